@@ -1,0 +1,93 @@
+"""lockd's configuration: flags, environment, defaults, validated at start-up.
+
+Every flag can also be set as TIMESLICE_<FLAG> in the environment (dashes
+become underscores, e.g. --etcd-endpoints = TIMESLICE_ETCD_ENDPOINTS); a flag
+on the command line wins. Invalid or inconsistent timing fails start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass, field
+
+from lockd.plan import Policy
+from lockd.sessions import SessionLimits
+from tscore import defaults as D
+from tscore.errors import ConfigError
+from tscore.etcd.client import EtcdConfig
+from tscore.etcd.timing import ElectionTiming
+from tscore.ids import check_id
+from tscore.keys import Keys
+
+
+@dataclass(frozen=True)
+class LockdConfig:
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    prefix: str = D.KEY_PREFIX
+    listen: str = f"0.0.0.0:{D.LOCKD_PORT}"
+    replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    metrics_port: int = D.LOCKD_METRICS_PORT      # -1: no metrics endpoint
+    election: ElectionTiming = field(default_factory=ElectionTiming)
+    sessions: SessionLimits = field(default_factory=SessionLimits)
+    policy: Policy = field(default_factory=Policy)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        Keys(self.prefix)                           # raises on a malformed prefix
+        check_id("replica", self.replica_id)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"--listen {self.listen!r} is not host:port")
+        if self.policy.swap_timeout_ms <= 0:
+            raise ConfigError("--swap-timeout must be > 0")
+
+
+def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
+    env = "TIMESLICE_" + name.lstrip("-").replace("-", "_").upper()
+    if env in os.environ:
+        kw["default"] = os.environ[env]
+    kw["help"] = (kw.get("help", "") + f" [env {env}]").strip()
+    p.add_argument(name, **kw)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
+    _flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
+    _flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
+    _flag(p, "--etcd-key", default=None, help="client key for etcd")
+    _flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
+    _flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    _flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
+    _flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
+    _flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
+    _flag(p, "--lease-ttl", type=int, default=5, help="leader lease TTL, s")
+    _flag(p, "--renew-deadline", type=float, default=3.5, help="leader steps down after failing to renew, s")
+    _flag(p, "--retry-period", type=float, default=1.0, help="leader keepalive / campaign period, s")
+    _flag(p, "--session-ttl", type=int, default=10, help="default job session TTL, s")
+    _flag(p, "--swap-timeout", type=float, default=120.0, help="an agent op not reported by then fails, s")
+    _flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")
+    _flag(p, "--tls-cert", default=None, help="server certificate (turns on TLS)")
+    _flag(p, "--tls-key", default=None, help="server key")
+    _flag(p, "--log-level", default="info")
+
+
+def from_args(a: argparse.Namespace) -> LockdConfig:
+    etcd = EtcdConfig.parse(
+        a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
+        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
+        password=os.environ.get(D.ENV_ETCD_PASSWORD))
+    kw = {}
+    if a.replica_id:
+        kw["replica_id"] = a.replica_id
+    return LockdConfig(
+        etcd=etcd, prefix=a.prefix, listen=a.listen, metrics_port=int(a.metrics_port),
+        election=ElectionTiming(int(a.lease_ttl), float(a.renew_deadline), float(a.retry_period)),
+        sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl))),
+        policy=Policy(swap_timeout_ms=int(float(a.swap_timeout) * 1000),
+                      device_margin_bytes=int(a.device_margin_bytes)),
+        tls_cert=a.tls_cert, tls_key=a.tls_key, log_level=a.log_level, **kw)

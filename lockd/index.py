@@ -1,0 +1,138 @@
+"""StateIndex: the reflector's mirror, organised by group, node and job.
+
+The reflector holds raw keys; the scheduler and the Acquire waiters need
+"the queue of group g in FIFO order" or "the workers of job j on node n" in
+O(size of the answer), not by scanning every key. The index is updated
+incrementally from each watch batch and rebuilt on a reflector reset.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aetcd import rpc
+
+from tscore.etcd.watch import WatchEvent
+from tscore.keys import Keys
+from tscore.records import GroupSpec
+
+KV = rpc.KeyValue
+
+
+@dataclass
+class GroupState:
+    spec: KV | None = None
+    queue: dict[str, KV] = field(default_factory=dict)      # job -> queue entry
+    grant: KV | None = None
+    failures: dict[str, KV] = field(default_factory=dict)   # job -> failure
+
+    def fifo(self) -> list[tuple[str, KV]]:
+        """Queue entries in FIFO order (create revision = token)."""
+        return sorted(self.queue.items(), key=lambda item: item[1].create_revision)
+
+
+@dataclass
+class NodeState:
+    agent: KV | None = None
+    intents: dict[str, KV] = field(default_factory=dict)    # job -> intent
+    statuses: dict[str, KV] = field(default_factory=dict)   # job -> status
+
+
+@dataclass
+class JobState:
+    session: KV | None = None
+    workers: dict[tuple[str, int], KV] = field(default_factory=dict)  # (node, pid) -> worker
+
+    def nodes(self) -> set[str]:
+        return {n for n, _ in self.workers}
+
+
+class StateIndex:
+    def __init__(self, keys: Keys):
+        self.keys = keys
+        self.groups: dict[str, GroupState] = {}
+        self.nodes: dict[str, NodeState] = {}
+        self.jobs: dict[str, JobState] = {}
+        self.leader: dict[bytes, KV] = {}
+
+    def rebuild(self, kvs: dict[bytes, KV]) -> None:
+        self.groups, self.nodes, self.jobs, self.leader = {}, {}, {}, {}
+        for kv in kvs.values():
+            self._apply(kv.key, kv)
+
+    def apply(self, events: list[WatchEvent]) -> set[tuple[str, str]]:
+        """Apply a batch; returns what it touched as {("group"|"node"|"job", id)}."""
+        touched: set[tuple[str, str]] = set()
+        for ev in events:
+            t = self._apply(ev.kv.key, ev.kv if ev.is_put else None)
+            if t is not None:
+                touched.add(t)
+        return touched
+
+    def _apply(self, key: bytes, kv: KV | None) -> tuple[str, str] | None:
+        try:
+            parts = self.keys.parse(key)
+        except ValueError:
+            return None
+        kind = parts[0]
+        if kind == "groups" and len(parts) >= 3:
+            return self._apply_group(parts, kv)
+        if kind == "nodes" and len(parts) >= 3:
+            return self._apply_node(parts, kv)
+        if kind == "jobs" and len(parts) >= 3:
+            return self._apply_job(parts, kv)
+        if kind == "leader":
+            _set(self.leader, key, kv)
+        return None
+
+    def _apply_group(self, parts, kv) -> tuple[str, str]:
+        g = parts[1]
+        gs = self.groups.setdefault(g, GroupState())
+        sub = parts[2]
+        if sub == "spec":
+            gs.spec = kv
+        elif sub == "grant":
+            gs.grant = kv
+        elif sub == "queue" and len(parts) == 4:
+            _set(gs.queue, parts[3], kv)
+        elif sub == "failures" and len(parts) == 4:
+            _set(gs.failures, parts[3], kv)
+        if gs.spec is None and not gs.queue and gs.grant is None and not gs.failures:
+            del self.groups[g]
+        return ("group", g)
+
+    def _apply_node(self, parts, kv) -> tuple[str, str]:
+        n = parts[1]
+        ns = self.nodes.setdefault(n, NodeState())
+        sub = parts[2]
+        if sub == "agent":
+            ns.agent = kv
+        elif sub == "intents" and len(parts) == 4:
+            _set(ns.intents, parts[3], kv)
+        elif sub == "status" and len(parts) == 4:
+            _set(ns.statuses, parts[3], kv)
+        return ("node", n)
+
+    def _apply_job(self, parts, kv) -> tuple[str, str]:
+        j = parts[1]
+        js = self.jobs.setdefault(j, JobState())
+        if parts[2] == "session":
+            js.session = kv
+        elif parts[2] == "workers" and len(parts) == 5 and parts[4].isdigit():
+            _set(js.workers, (parts[3], int(parts[4])), kv)
+        if js.session is None and not js.workers:
+            del self.jobs[j]
+        return ("job", j)
+
+    def groups_on_node(self, node: str) -> list[str]:
+        return [g for g, gs in self.groups.items()
+                if gs.spec is not None and node in GroupSpec.load(gs.spec.value).node_names()]
+
+    def groups_of_job(self, job: str) -> list[str]:
+        return [g for g, gs in self.groups.items() if job in gs.queue]
+
+
+def _set(d: dict, k, kv) -> None:
+    if kv is None:
+        d.pop(k, None)
+    else:
+        d[k] = kv

@@ -1,0 +1,152 @@
+"""Acquire and Yield as any replica serves them (the leader grants; see scheduler.py).
+
+Acquire = one idempotent enqueue transaction, then a wait on this replica's
+mirror for one of three outcomes concerning this job only: a grant naming
+our token (granted), a failure record with our token (the swap failed), or
+our queue entry gone (session lost). A cancelled or timed-out Acquire deletes
+its own entry, guarded by its token, so no ghost waiter stays behind.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from aetcd import rpc
+
+from lockd.errors import AcquireTimeout, NotFound, SwapFailed
+from lockd.index import StateIndex
+from lockd.waiters import Waiters
+from tscore import records as R
+from tscore.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
+from tscore.etcd import ops
+from tscore.etcd.client import EtcdClient
+from tscore.etcd.mirror import Reflector
+from tscore.etcd.queue import FifoQueue
+from tscore.ids import check_id
+from tscore.keys import Keys
+
+
+@dataclass(frozen=True)
+class Granted:
+    token: int
+    grant: R.GrantValue
+    waited_ms: float
+
+
+class Locks:
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, reflector: Reflector,
+                 waiters: Waiters, replica: str):
+        self.client, self.keys, self.index = client, keys, index
+        self.reflector, self.waiters, self.replica = reflector, waiters, replica
+
+    async def _require_group(self, group: str) -> None:
+        gs = self.index.groups.get(group)
+        if gs is not None and gs.spec is not None:
+            return
+        r = await self.client.range(ops.range_req(self.keys.spec(group)))
+        if not r.kvs:
+            raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
+
+    async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None) -> Granted:
+        t0 = time.monotonic()
+        check_id("job", job), check_id("group", group)
+        if hint < 0:
+            raise InvalidIdError("device_bytes_hint must be >= 0")
+        await self._require_group(group)
+        queue = FifoQueue(self.client, self.keys.queue(group))
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica).dump()
+        entry = await queue.enqueue(job, value, lease)
+        if entry.lease != lease:
+            raise LockError(f"job {job!r} is queued on {group!r} under an older session")
+        wake = self.waiters.register(group, job)
+        try:
+            # Our own write must be in the mirror before we judge "entry gone".
+            await self.reflector.wait_revision(entry.revision, timeout)
+            deadline = None if timeout is None else t0 + timeout
+            while True:
+                wake.clear()
+                outcome = self._outcome(group, job, entry.token)
+                if outcome is not None:
+                    return Granted(entry.token, outcome, (time.monotonic() - t0) * 1000)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise AcquireTimeout(f"{job!r} was not granted {group!r} within {timeout:.3f}s; "
+                                         "its place in the queue was given up")
+                try:
+                    await asyncio.wait_for(wake.wait(), remaining)
+                except asyncio.TimeoutError:
+                    continue
+        except BaseException:
+            # Cancelled, timed out or failed: leave no ghost waiter. If the grant
+            # raced in, this also releases it (an unclaimed grant is a yield).
+            await asyncio.shield(self._abandon(group, job, entry.token))
+            raise
+        finally:
+            self.waiters.unregister(group, job, wake)
+
+    def _outcome(self, group: str, job: str, token: int) -> R.GrantValue | None:
+        gs = self.index.groups.get(group)
+        if gs is not None and gs.grant is not None:
+            g = R.GrantValue.load(gs.grant.value)
+            if g.job == job and g.token == token:
+                return g
+        fkv = gs.failures.get(job) if gs else None
+        if fkv is not None:
+            f = R.FailureValue.load(fkv.value)
+            if f.token == token:
+                raise SwapFailed(f"{job!r} could not be granted {group!r}: {f.reason}")
+        if gs is None or job not in gs.queue or gs.queue[job].create_revision != token:
+            if gs is None or gs.spec is None:
+                raise NotFound(f"group {group!r} was deleted while {job!r} waited")
+            raise SessionLost(f"{job!r} lost its place in {group!r}: its session lease expired")
+        return None
+
+    async def _abandon(self, group: str, job: str, token: int) -> None:
+        try:
+            await self._release(group, job, token)
+        except Exception:
+            pass  # the session lease removes the entry anyway when the job dies
+
+    async def _release(self, group: str, job: str, token: int) -> rpc.TxnResponse:
+        qkey, gkey = self.keys.queue_entry(group, job), self.keys.grant(group)
+        gs = self.index.groups.get(group)
+        success = [ops.delete(qkey), ops.first_in(self.keys.queue(group))]
+        if gs is not None and gs.grant is not None and R.GrantValue.load(gs.grant.value).job == job:
+            # Drop our grant in the same revision, but only that exact grant.
+            success.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
+                compare=[ops.value_is(gkey, "==", gs.grant.value)], success=[ops.delete(gkey)])))
+        # Guarded by the token: a stale Yield can never delete a newer entry of the job.
+        return await self.client.txn([ops.create_rev(qkey, "==", token)], success, [ops.get(qkey)])
+
+    @staticmethod
+    def _granted(kv, job: str, token: int) -> bool:
+        if kv is None:
+            return False
+        g = R.GrantValue.load(kv.value)
+        return g.job == job and g.token == token
+
+    async def yield_(self, job: str, group: str, token: int) -> tuple[bool, bool]:
+        """Returns (released, deferred_snapshot)."""
+        check_id("job", job), check_id("group", group)
+        if token <= 0:
+            raise InvalidIdError("token must be the positive token Acquire returned")
+        await self._require_group(group)
+        gs = self.index.groups.get(group)
+        kv = gs.queue.get(job) if gs else None
+        if kv is not None and kv.create_revision == token and not self._granted(gs.grant, job, token):
+            # The mirror may not show a grant made a moment ago: ask etcd itself.
+            r = await self.client.range(ops.range_req(self.keys.grant(group)))
+            if not r.kvs or not self._granted(r.kvs[0], job, token):
+                raise NotHolder(f"not_holder: {job!r} is waiting for {group!r}, it does not hold it; "
+                                "cancel the Acquire instead")
+        resp = await self._release(group, job, token)
+        if not resp.succeeded:
+            kvs = resp.responses[0].response_range.kvs
+            if kvs:
+                raise StaleToken(f"stale_token: token {token} is not {job!r}'s current token "
+                                 f"{kvs[0].create_revision} on {group!r}")
+            raise NotHolder(f"not_queued: {job!r} does not hold {group!r} (already yielded, or never "
+                            "acquired)")
+        nobody_waits = not resp.responses[1].response_range.kvs
+        return True, nobody_waits

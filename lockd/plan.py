@@ -1,0 +1,168 @@
+"""The scheduler's decisions, sans-IO: state in, actions out.
+
+``plan_group`` looks at one group (its queue, grant, the agents, intents and
+statuses of its nodes, the jobs' workers) and says what the leader must write
+next. It never performs I/O and never waits, so every branch is unit-tested
+with hand-made states, and a new leader simply calls it again on what etcd
+holds: every step is resumable because the state *is* the plan's input.
+
+The swap for head job B (token t), per node of the group:
+  1. jobs other than B resident on the node, when B does not fit beside them
+     → snapshot intents for them (carrying t); wait for the agent's reports;
+  2. B snapshotted on the node → restore intent for B; wait;
+  3. every node settled → grant {B, t, epoch}.
+A failed or refused step, a dead agent, or an agent silent past the swap
+timeout fails B's Acquire with the reason; the group moves on to the next job.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lockd.index import GroupState, JobState, NodeState
+from tscore import records as R
+
+
+@dataclass(frozen=True)
+class Policy:
+    swap_timeout_ms: int = 120_000        # an agent op not reported by then fails the swap
+    device_margin_bytes: int = 0          # kept free beside a restored/elided job
+    evict_unknown: bool = True            # footprint unknown (never ran, no hint): make room
+
+
+@dataclass(frozen=True)
+class WriteIntent:
+    node: str
+    job: str
+    op: str
+    token: int
+    expect_mod_revision: int              # 0: the intent key must be absent
+
+
+@dataclass(frozen=True)
+class WriteGrant:
+    job: str
+    token: int
+    lease: int
+    restored: bool
+    elided: bool
+    bytes_moved: int
+
+
+@dataclass(frozen=True)
+class DropGrant:
+    raw: bytes                            # the stale grant's exact value (compare-and-delete)
+    job: str
+
+
+@dataclass(frozen=True)
+class FailWaiter:
+    job: str
+    token: int
+    lease: int
+    reason: str
+    node: str = ""
+
+
+Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
+
+
+def _status(ns: NodeState | None, job: str) -> tuple[R.StatusValue | None, int]:
+    kv = ns.statuses.get(job) if ns else None
+    return (R.StatusValue.load(kv.value), 0) if kv else (None, 0)
+
+
+def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
+    """Where a job's context is on a node: running | snapshotted | gone | absent."""
+    st, _ = _status(ns, job)
+    if not on_node:
+        return "absent"
+    if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING):
+        return "running"
+    if st.state in (R.SNAPSHOTTED, R.RESTORING):
+        return "snapshotted"
+    return "gone"                                         # gone or lost: nothing to move
+
+
+def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
+               now_ms: int, policy: Policy = Policy()) -> list[Action]:
+    fifo = group.fifo()
+    grant = R.GrantValue.load(group.grant.value) if group.grant else None
+    head_job, head_kv = fifo[0] if fifo else (None, None)
+    if grant is not None and (head_kv is None or grant.job != head_job
+                              or grant.token != head_kv.create_revision):
+        # The holder yielded or died; its grant must go before anyone else's comes.
+        return [DropGrant(group.grant.value, grant.job)]
+    if head_kv is None or grant is not None:
+        return []                                         # idle, or the head already holds
+    token, lease = head_kv.create_revision, head_kv.lease
+    hint = R.QueueValue.load(head_kv.value).device_bytes_hint
+    spec = R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec()
+
+    actions: list[Action] = []
+    waiting = restored = elided = False
+    moved = 0
+    for node in spec.node_names():
+        ns = nodes.get(node)
+        on_node = {j for j, js in jobs.items() if node in js.nodes()}
+        # 0. Intents of this swap on the node: wait for them, time them out, or read their result.
+        node_waiting = False
+        for job, ikv in (ns.intents.items() if ns else ()):
+            intent = R.IntentValue.load(ikv.value)
+            if intent.token != token:
+                continue
+            st, _ = _status(ns, job)
+            if st is None or st.intent_revision != ikv.mod_revision or not st.outcome:
+                if now_ms - intent.issued_ms > policy.swap_timeout_ms:
+                    return [FailWaiter(head_job, token, lease, node=node, reason=(
+                        f"agent on node {node} did not report the {intent.op} of job {job} "
+                        f"within {policy.swap_timeout_ms / 1000:.0f}s"))]
+                node_waiting = True
+                continue
+            bad = st.outcome in (R.FAILED, R.REFUSED) or (
+                job == head_job and st.outcome == R.PROCESS_GONE)
+            if bad:
+                return [FailWaiter(head_job, token, lease, node=node, reason=(
+                    f"{intent.op} of job {job} on node {node} {st.outcome}: "
+                    f"{st.error or 'processes gone'}"))]
+            moved += st.bytes
+            restored |= intent.op == R.RESTORE and job == head_job
+        if node_waiting:
+            waiting = True
+            continue
+        residents = sorted(j for j in on_node
+                           if j != head_job and residency(ns, j, True) == "running")
+        b_where = residency(ns, head_job, head_job in on_node)
+        if (residents or b_where != "absent") and (ns is None or ns.agent is None):
+            return [FailWaiter(head_job, token, lease, node=node,
+                               reason=f"node agent on {node} is not alive")]
+        agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
+        need: int | None
+        if b_where == "snapshotted":
+            need = _status(ns, head_job)[0].device_bytes
+        elif b_where == "running":
+            have = agent.job_device_bytes.get(head_job, 0) if agent else 0
+            need = max(0, hint - have)
+        else:
+            need = hint or None
+        if residents:
+            free = (agent.device_free_bytes if agent else 0) - policy.device_margin_bytes
+            must_evict = policy.evict_unknown if need is None else need > free
+            if must_evict:
+                actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
+                continue
+            elided = True
+        if b_where == "snapshotted":
+            actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+    actions = [a for a in actions if a is not None]
+    if waiting or actions:
+        return actions
+    return [WriteGrant(head_job, token, lease, restored, elided, moved)]
+
+
+def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int) -> WriteIntent | None:
+    kv = ns.intents.get(job) if ns else None
+    if kv is not None:
+        cur = R.IntentValue.load(kv.value)
+        if cur.op == op and cur.token == token:
+            return None                                   # already issued: wait for its report
+    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0)

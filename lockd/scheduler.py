@@ -1,0 +1,158 @@
+"""The leader's scheduler: runs plan.py per group and applies its actions.
+
+Only the leader runs it. Every write is a transaction guarded by the leader
+epoch (``Leadership.txn``) and by the token or revision it acts on, so a
+deposed leader writes nothing and a repeated write is a harmless no-op.
+Groups are worked on concurrently, each by at most one task at a time.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from lockd import plan as P
+from lockd.index import StateIndex
+from lockd.metrics import Metrics
+from tscore import records as R
+from tscore.errors import NotLeader, OutcomeUnknown, TimesliceError
+from tscore.etcd import ops
+from tscore.etcd.election import Leadership
+from tscore.etcd.mirror import Reflector
+from tscore.keys import Keys
+
+log = structlog.get_logger("lockd.scheduler")
+
+
+class Scheduler:
+    def __init__(self, leadership: Leadership, keys: Keys, index: StateIndex, reflector: Reflector,
+                 policy: P.Policy, metrics: Metrics, tick: float = 1.0):
+        self.lead, self.keys, self.index, self.reflector = leadership, keys, index, reflector
+        self.policy, self.metrics, self.tick = policy, metrics, tick
+        self._dirty: set[str] = set()
+        self._workers: dict[str, asyncio.Task] = {}
+        self._head_seen: dict[str, tuple[int, float]] = {}   # group -> (token, first seen)
+        self._swap_start: dict[str, tuple[int, float]] = {}
+        self.deposed = asyncio.Event()
+        self.deposed_reason = ""
+
+    # --- triggering ------------------------------------------------------------
+    def on_touched(self, touched: set[tuple[str, str]]) -> None:
+        for kind, ident in touched:
+            if kind == "group":
+                self._mark(ident)
+            elif kind == "node":
+                for g in self.index.groups_on_node(ident):
+                    self._mark(g)
+            elif kind == "job":
+                for g in self.index.groups_of_job(ident):
+                    self._mark(g)
+
+    def mark_all(self) -> None:
+        for g in list(self.index.groups):
+            self._mark(g)
+
+    def _mark(self, group: str) -> None:
+        self._dirty.add(group)
+        if group not in self._workers and not self.deposed.is_set():
+            self._workers[group] = asyncio.create_task(self._work(group), name=f"sched-{group}")
+
+    async def run(self) -> None:
+        """Re-plan every group each tick (agent timeouts need the clock), until deposed."""
+        self.mark_all()
+        try:
+            while not self.deposed.is_set():
+                await asyncio.sleep(self.tick)
+                self.mark_all()
+        finally:
+            for t in list(self._workers.values()):
+                t.cancel()
+
+    # --- one group -------------------------------------------------------------
+    async def _work(self, group: str) -> None:
+        try:
+            while group in self._dirty and not self.deposed.is_set():
+                self._dirty.discard(group)
+                gs = self.index.groups.get(group)
+                if gs is None:
+                    continue
+                self._note_head(group, gs)
+                actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy)
+                revs = []
+                for action in actions:
+                    rev = await self._apply(group, action)
+                    if rev:
+                        revs.append(rev)
+                if revs:
+                    # Re-plan only on a mirror that includes our own writes.
+                    await self.reflector.wait_revision(max(revs), timeout=10)
+                    self._dirty.add(group)
+        except NotLeader as e:
+            self.deposed_reason = str(e)
+            self.deposed.set()
+        except OutcomeUnknown as e:
+            log.warning("scheduler_outcome_unknown", group=group, error=str(e))
+            self._dirty.add(group)        # the mirror will show what happened; re-plan then
+        except (TimesliceError, asyncio.TimeoutError) as e:
+            log.warning("scheduler_step_failed", group=group, error=str(e))
+        finally:
+            self._workers.pop(group, None)
+            if group in self._dirty and not self.deposed.is_set():
+                await asyncio.sleep(0.05)
+                self._mark(group)
+
+    def _note_head(self, group: str, gs) -> None:
+        fifo = gs.fifo()
+        depth = len(fifo)
+        self.metrics.queue_depth.labels(group).set(depth)
+        if fifo:
+            tok = fifo[0][1].create_revision
+            if self._head_seen.get(group, (0, 0))[0] != tok:
+                self._head_seen[group] = (tok, time.monotonic())
+
+    async def _apply(self, group: str, a: P.Action) -> int:
+        k, epoch = self.keys, self.lead.epoch
+        if isinstance(a, P.WriteGrant):
+            qkey, gkey = k.queue_entry(group, a.job), k.grant(group)
+            val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+            resp = await self.lead.txn(
+                [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0)],
+                [ops.put(gkey, val.dump(), a.lease)])   # the grant dies with the holder's session
+            if resp.succeeded:
+                self._granted(group, a)
+            return resp.header.revision if resp.succeeded else 0
+        if isinstance(a, P.WriteIntent):
+            key = k.intent(a.node, a.job)
+            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms())
+            resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, val.dump())])
+            if resp.succeeded:
+                self._swap_start.setdefault(group, (a.token, time.monotonic()))
+                log.info("intent", group=group, job=a.job, node=a.node, op=a.op, token=a.token, epoch=epoch)
+            return resp.header.revision if resp.succeeded else 0
+        if isinstance(a, P.DropGrant):
+            resp = await self.lead.txn([ops.value_is(k.grant(group), "==", a.raw)], [ops.delete(k.grant(group))])
+            return resp.header.revision if resp.succeeded else 0
+        if isinstance(a, P.FailWaiter):
+            qkey = k.queue_entry(group, a.job)
+            val = R.FailureValue(a.token, a.reason, a.node, R.now_ms())
+            resp = await self.lead.txn([ops.create_rev(qkey, "==", a.token)],
+                                       [ops.put(k.failure(group, a.job), val.dump(), a.lease), ops.delete(qkey)])
+            if resp.succeeded:
+                self.metrics.swap_failures.inc()
+                log.warning("swap_failed", group=group, job=a.job, token=a.token, epoch=epoch, reason=a.reason)
+            return resp.header.revision if resp.succeeded else 0
+        raise TypeError(f"unknown action {a!r}")
+
+    def _granted(self, group: str, a: P.WriteGrant) -> None:
+        now = time.monotonic()
+        tok, seen = self._head_seen.get(group, (a.token, now))
+        self.metrics.grants.inc()
+        self.metrics.handoff.observe(now - seen if tok == a.token else 0.0)
+        if a.elided:
+            self.metrics.elided.inc()
+        stok, sstart = self._swap_start.pop(group, (0, now))
+        if stok == a.token:
+            self.metrics.swap.observe(now - sstart)
+        log.info("grant", group=group, job=a.job, token=a.token, epoch=self.lead.epoch,
+                 restored=a.restored, elided=a.elided, bytes_moved=a.bytes_moved)

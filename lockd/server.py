@@ -1,0 +1,80 @@
+"""Serving a replica: gRPC (with health), metrics, signals, graceful stop."""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from lockd.config import LockdConfig
+from lockd.replica import Replica
+from lockd.servicer import LockdServicer
+from tsproto import lockd_pb2_grpc as pbg
+
+log = structlog.get_logger("lockd.server")
+SERVICE_NAME = "timeslice.v1.Lockd"
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Build the server and bind it; returns (server, bound port, health servicer)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    if config.tls_cert:
+        creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))])
+        port = server.add_secure_port(config.listen, creds)
+    else:
+        port = server.add_insecure_port(config.listen)
+    if port == 0:
+        raise OSError(f"could not bind {config.listen}")
+    return server, port, health_servicer
+
+
+async def _health_loop(replica: Replica, hs: health.aio.HealthServicer, period: float = 2.0) -> None:
+    # SERVING only while this replica can reach etcd: a load balancer then
+    # sends clients to replicas that can actually answer them.
+    while True:
+        ok = await replica.etcd_healthy()
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await hs.set(name, status)
+        replica.metrics.etcd_connected.set(1 if ok else 0)
+        await asyncio.sleep(period)
+
+
+async def serve(config: LockdConfig, ready=None) -> None:
+    replica = Replica(config)
+    await replica.start()
+    server, port, hs = create_server(config, replica)
+    await server.start()
+    if config.metrics_port >= 0:
+        start_http_server(config.metrics_port, registry=replica.metrics.registry)
+    health_task = asyncio.create_task(_health_loop(replica, hs))
+    log.info("serving", replica=config.replica_id, port=port, metrics_port=config.metrics_port,
+             tls=bool(config.tls_cert))
+    # Machine-readable line for launchers and tests that bind port 0.
+    print(f"LOCKD_READY port={port} replica={config.replica_id}", flush=True)
+    if ready is not None:
+        ready(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping", replica=config.replica_id)
+    health_task.cancel()
+    await hs.enter_graceful_shutdown()
+    # Resign before draining: the next replica takes over while we finish.
+    await replica.leader.resign()
+    await server.stop(grace=2.0)
+    await replica.stop()
+    log.info("stopped", replica=config.replica_id)

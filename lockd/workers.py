@@ -1,0 +1,51 @@
+"""Worker registration: which processes of a job hold device memory on which node.
+
+A worker key lives under the job and is attached to the job's session lease,
+so a job that dies takes its worker records with it; the node agent reads
+them to know which pids to snapshot and restore.
+"""
+from __future__ import annotations
+
+from lockd.index import StateIndex
+from tsproto import lockd_pb2 as pb
+from tscore import records as R
+from tscore.errors import InvalidIdError
+from tscore.etcd import ops
+from tscore.etcd.client import EtcdClient
+from tscore.ids import check_id
+from tscore.keys import Keys
+
+MAX_PID = 2**22          # Linux pid_max upper bound
+
+
+class Workers:
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex):
+        self.client, self.keys, self.index = client, keys, index
+
+    @staticmethod
+    def _check(node: str, pid: int) -> None:
+        check_id("node", node)
+        if not 0 < pid <= MAX_PID:
+            raise InvalidIdError(f"pid must be in 1..{MAX_PID}, got {pid}")
+
+    async def register(self, job: str, lease: int, node: str, pid: int, device_bytes: int) -> None:
+        self._check(node, pid)
+        if device_bytes < 0:
+            raise InvalidIdError("device_bytes must be >= 0")
+        val = R.WorkerValue(pid, node, device_bytes, R.now_ms())
+        # Re-registering overwrites: a plain put is idempotent here.
+        await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease)])
+
+    async def unregister(self, job: str, node: str, pid: int) -> None:
+        self._check(node, pid)
+        await self.client.txn([], [ops.delete(self.keys.worker(job, node, pid))])
+
+    def job_list(self) -> list[pb.JobInfo]:
+        out = []
+        for job, js in sorted(self.index.jobs.items()):
+            if js.session is None:
+                continue
+            lease = R.SessionValue.load(js.session.value).lease
+            out.append(pb.JobInfo(job_id=job, lease_id=lease, groups=self.index.groups_of_job(job),
+                                  workers=len(js.workers)))
+        return out

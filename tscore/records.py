@@ -1,0 +1,142 @@
+"""The JSON values stored under each key (see keys.py), shared by every component.
+
+One dataclass per kind of value; ``dump()`` gives compact, sorted JSON and
+``load()`` ignores unknown fields, so a newer writer never breaks an older
+reader during a rolling upgrade.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound="Record")
+
+# Where a job's context is on a node (status.state), written by the agent.
+RUNNING = "running"            # on the device (restored, or never moved)
+SNAPSHOTTING = "snapshotting"  # an op is in progress
+SNAPSHOTTED = "snapshotted"    # in host memory; the process is alive and paused
+RESTORING = "restoring"
+GONE = "gone"                  # the job's processes no longer exist
+LOST = "lost"                  # a restore failed in a way the driver cannot undo
+TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST})
+
+# How the op an intent asked for ended (status.outcome); "" while in progress.
+OK = "ok"
+FAILED = "failed"              # tried and failed; error says why; state says where the context is
+REFUSED = "refused"            # not attempted (stale token, no room): nothing changed
+PROCESS_GONE = "gone"          # nothing to do: the processes are gone (not an error of the group)
+
+SNAPSHOT = "snapshot"
+RESTORE = "restore"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Record:
+    def dump(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def load(cls: type[T], raw: bytes | str) -> T:
+        data: dict[str, Any] = json.loads(raw)
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class GroupSpec(Record):
+    nodes: list[dict] = field(default_factory=list)   # [{"node": str, "gpus": [int]}]
+    created_ms: int = 0
+
+    def node_names(self) -> list[str]:
+        return [n["node"] for n in self.nodes]
+
+
+@dataclass
+class QueueValue(Record):
+    job: str
+    session: int = 0                  # lease id, hex in logs
+    device_bytes_hint: int = 0
+    enqueued_ms: int = 0
+    replica: str = ""
+
+
+@dataclass
+class GrantValue(Record):
+    job: str
+    token: int
+    leader_epoch: int
+    restored: bool = False
+    elided: bool = False
+    bytes_moved: int = 0
+    granted_ms: int = 0
+
+
+@dataclass
+class FailureValue(Record):
+    token: int
+    reason: str
+    node: str = ""
+    failed_ms: int = 0
+
+
+@dataclass
+class SessionValue(Record):
+    lease: int
+    secret_sha256: str
+    opened_ms: int = 0
+    replica: str = ""
+
+
+@dataclass
+class WorkerValue(Record):
+    pid: int
+    node: str
+    device_bytes: int = 0
+    registered_ms: int = 0
+
+
+@dataclass
+class AgentValue(Record):
+    node: str
+    backend: str
+    version: str = ""
+    gpus: list[dict] = field(default_factory=list)   # [{index, uuid, total_bytes, free_bytes}]
+    device_total_bytes: int = 0
+    device_free_bytes: int = 0
+    host_free_bytes: int = 0
+    job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
+    updated_ms: int = 0
+    endpoint: str = ""
+
+
+@dataclass
+class IntentValue(Record):
+    op: str                      # snapshot | restore
+    job: str
+    group: str
+    token: int                   # the fencing token of the grant this swap serves
+    leader_epoch: int
+    issued_ms: int = 0
+
+
+@dataclass
+class StatusValue(Record):
+    state: str
+    job: str
+    op: str = ""
+    outcome: str = ""
+    group: str = ""
+    intent_revision: int = 0     # mod_revision of the intent this answers (0: agent's own report)
+    token: int = 0
+    bytes: int = 0               # bytes moved by the op
+    device_bytes: int = 0        # the job's footprint on this node's devices (snapshot size)
+    elapsed_ms: float = 0.0
+    error: str = ""
+    pids: list[int] = field(default_factory=list)
+    updated_ms: int = 0

@@ -1,0 +1,83 @@
+"""pytest fixtures over the etcd harness; enable with
+``pytest_plugins = ["tscore.testing.pytest_plugin"]`` in a top-level conftest.
+
+- ``etcd``: one single-member cluster for the whole session (fast);
+- ``etcd3``: a 3-member cluster per module, for failover tests;
+- ``fresh_etcd``: a single member of the test's own, for tests that break it;
+- ``key_prefix``: a key namespace of the test's own, so shared clusters are safe;
+- ``proc_reaper``: kills whatever processes the test registered, pass or fail.
+
+Shared clusters are healed (paused members resumed, stopped ones restarted)
+before each test that uses them, so one test's faults do not leak into the
+next. When a test fails, the log tail of every live etcd member is attached to
+its report, next to the traceback.
+"""
+from __future__ import annotations
+
+import re
+import secrets
+
+import pytest
+
+from tscore.testing.etcd import EtcdCluster, live_clusters
+from tscore.testing.procs import ProcReaper
+
+
+@pytest.fixture(scope="session")
+def etcd():
+    """A single-member etcd shared by the session: use ``key_prefix`` for your keys."""
+    with EtcdCluster(size=1, name_prefix="s") as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def etcd3():
+    """A 3-member etcd shared by the module; tests may kill, pause and restart members."""
+    with EtcdCluster(size=3, name_prefix="c") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def fresh_etcd():
+    """A single-member etcd owned by this test alone."""
+    with EtcdCluster(size=1, name_prefix="f") as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _heal_shared_etcd(request):
+    # Only for tests that use a shared cluster; touching the fixture otherwise
+    # would start a cluster nobody asked for.
+    for name in ("etcd", "etcd3"):
+        if name in request.fixturenames:
+            request.getfixturevalue(name).heal()
+
+
+@pytest.fixture
+def key_prefix(request) -> str:
+    """``/t-<test name>-<random>/``: a namespace no other test (or rerun) shares."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", request.node.name).strip("-")[:48]
+    return f"/t-{name}-{secrets.token_hex(4)}/"
+
+
+@pytest.fixture
+def proc_reaper():
+    """A ``ProcReaper``: ``spawn(argv)`` or ``register(popen_or_pid)``; reaped at teardown."""
+    reaper = ProcReaper()
+    try:
+        yield reaper
+    finally:
+        reaper.reap()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    # Attach the logs while the failing test's clusters still run: by fixture
+    # teardown a function-scoped cluster's log dir is gone, and output printed
+    # from a passing teardown is not shown.
+    report = yield
+    if report.failed:
+        for cluster in live_clusters():
+            report.sections.append(
+                (f"etcd logs ({', '.join(cluster.endpoints)})", cluster.dump_logs()))
+    return report
