@@ -1,0 +1,346 @@
+"""What every benchmark shares: the stack under test, a raw-stub job client, statistics,
+process accounting, machine facts, tables and result files.
+
+The job client talks to lockd through the generated gRPC stubs only (no client
+library), so the overhead a benchmark measures is the RPC itself and nothing
+else. It does the minimal failover a production client needs: on UNAVAILABLE
+it re-sends the same call to the next replica (Acquire and Yield-with-token are
+idempotent, see proto/tsproto/lockd.proto).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import grpc
+
+from tsproto import lockd_pb2 as pb
+from tsproto import lockd_pb2_grpc as pbg
+from tscore.testing.etcd import EtcdCluster
+from tscore.testing.lockd import LockdCluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+SHARED_CORES_NOTE = ("client, lockd replicas and etcd all run on this one machine and share its "
+                     "{n} CPU core(s); every figure includes that contention")
+
+
+# --- statistics ---------------------------------------------------------------
+
+def percentile(sorted_vals: list[float], p: float) -> float:
+    """Nearest-rank percentile of an already sorted list (p in [0, 100])."""
+    if not sorted_vals:
+        return float("nan")
+    k = max(0, min(len(sorted_vals) - 1, int(round(p / 100 * len(sorted_vals) + 0.5)) - 1))
+    return sorted_vals[k]
+
+
+def summarize(vals: list[float]) -> dict:
+    """n, min, p50, p90, p99, max, mean of ``vals`` (same unit as given), rounded to 3 places."""
+    s = sorted(vals)
+    if not s:
+        return {"n": 0}
+    out = {"n": len(s), "min": s[0], "p50": percentile(s, 50), "p90": percentile(s, 90),
+           "p99": percentile(s, 99), "max": s[-1], "mean": sum(s) / len(s)}
+    return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+# --- machine facts and result files ------------------------------------------
+
+def _run(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine_facts() -> dict:
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    etcd_v = _run(["etcd", "--version"]).splitlines()
+    commit = _run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
+    dirty = bool(_run(["git", "-C", ROOT, "status", "--porcelain", "--", "lockd", "tscore", "proto"]))
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "loadavg_at_start": os.getloadavg(),
+        "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "grpcio": grpc.__version__,
+        "etcd": etcd_v[0].split(":", 1)[1].strip() if etcd_v else "unknown",
+        "git_commit": commit + ("+dirty" if dirty else ""),
+        "etcd_data_dir": os.environ.get("TIMESLICE_ETCD_TMPDIR") or "/dev/shm (tmpfs: no disk fsync)",
+    }
+
+
+def command_line(module: str, argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", "-m", module, *map(shlex.quote, argv)])
+
+
+def write_result(name: str, command: str, params: dict, figures: dict, **extra) -> str:
+    os.makedirs(RESULTS, exist_ok=True)
+    doc = {"benchmark": name, "command": command,
+           "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "machine": machine_facts(),
+           "note": SHARED_CORES_NOTE.format(n=os.cpu_count()),
+           "params": params, "figures": figures, **extra}
+    path = os.path.join(RESULTS, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    return path
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), sep, *map(line, cells[1:])])
+
+
+def _fmt(c) -> str:
+    if isinstance(c, float):
+        return f"{c:.3f}" if abs(c) < 10 else f"{c:.1f}"
+    return str(c)
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("PASS" if ok else "MISS")
+
+
+# --- process accounting (/proc) -----------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` (its threads included), seconds; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK   # fields 14, 15 of stat(5)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return round(int(f.read().split()[1]) * _PAGE / 2**20, 1)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CpuMeter:
+    """CPU seconds used by named processes between ``start()`` and ``stop()``."""
+
+    def __init__(self, pids: dict[str, int]):
+        self.pids = dict(pids)
+        self._t0 = 0.0
+        self._c0: dict[str, float] = {}
+        self.result: dict[str, dict] = {}
+
+    def start(self) -> "CpuMeter":
+        self._t0 = time.monotonic()
+        self._c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        return self
+
+    def stop(self) -> dict[str, dict]:
+        wall = time.monotonic() - self._t0
+        self.result = {n: {"pid": p, "cpu_s": round(cpu_seconds(p) - self._c0[n], 2),
+                           "cpu_pct_of_one_core": round(100 * (cpu_seconds(p) - self._c0[n]) / wall, 1),
+                           "rss_mb": rss_mb(p)} for n, p in self.pids.items()}
+        return self.result
+
+
+# --- the stack under test -----------------------------------------------------
+
+class Stack:
+    """``etcd_size`` etcd members plus ``replicas`` lockd processes on one fresh prefix."""
+
+    def __init__(self, etcd_size: int = 1, replicas: int = 3, lockd_args: list[str] | None = None):
+        self.etcd_size, self.n, self.lockd_args = etcd_size, replicas, list(lockd_args or [])
+        self.prefix = f"/bench-{uuid.uuid4().hex[:8]}/"
+        self.etcd: EtcdCluster | None = None
+        self.lockd: LockdCluster | None = None
+
+    def start(self) -> "Stack":
+        self.etcd = EtcdCluster(size=self.etcd_size).start()
+        try:
+            self.lockd = LockdCluster(self.etcd.endpoints_str, self.prefix, n=self.n,
+                                      extra=self.lockd_args).start()
+            self.lockd.leader(self.etcd)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.lockd is not None:
+            self.lockd.stop()
+        if self.etcd is not None:
+            self.etcd.stop()
+
+    def __enter__(self) -> "Stack":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def roles(self):
+        """(leader, [followers]) as LockdProcess objects."""
+        lead, _ = self.lockd.leader(self.etcd)
+        return lead, [r for r in self.lockd.replicas if r is not lead and r.alive()]
+
+    def pids(self) -> dict[str, int]:
+        lead, _ = self.lockd.leader(self.etcd)
+        out = {f"lockd-{r.replica_id}{'(leader)' if r is lead else ''}": r.pid
+               for r in self.lockd.replicas if r.alive()}
+        out.update({f"etcd-{m.name}": m.pid for m in self.etcd.members if m.is_running()})
+        return out
+
+    def etcd_counts(self) -> tuple[int, int]:
+        """(keys under the prefix, current store revision), read with etcdctl."""
+        out = json.loads(self.etcd.etcdctl("get", self.prefix, "--prefix", "--count-only", "-w", "json"))
+        return int(out.get("count", 0)), int(out["header"]["revision"])
+
+
+# --- raw-stub job client with failover ----------------------------------------
+
+class Channels:
+    """grpc.aio channels to lockd targets, ``per_target`` connections each (shared by jobs)."""
+
+    def __init__(self, per_target: int = 1):
+        self.per_target = per_target
+        self._ch: dict[tuple[str, int], grpc.aio.Channel] = {}
+
+    def stub(self, target: str, slot: int = 0) -> pbg.LockdStub:
+        key = (target, slot % self.per_target)
+        ch = self._ch.get(key)
+        if ch is None:
+            ch = self._ch[key] = grpc.aio.insecure_channel(
+                target, options=[("grpc.initial_reconnect_backoff_ms", 50),
+                                 ("grpc.max_reconnect_backoff_ms", 200)])
+        return pbg.LockdStub(ch)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(c.close() for c in self._ch.values()), return_exceptions=True)
+        self._ch.clear()
+
+
+class GiveUp(RuntimeError):
+    pass
+
+
+@dataclass
+class Job:
+    """One job's session and its calls, with failover over ``targets`` starting at ``home``."""
+
+    job_id: str
+    targets: list[str]
+    channels: Channels
+    home: int = 0
+    slot: int = 0
+    secret: str = ""
+    failovers: int = 0
+    resends: list = field(default_factory=list)   # (method, code) of each re-sent call
+
+    def __post_init__(self) -> None:
+        self._i = self.home % len(self.targets)
+
+    @property
+    def target(self) -> str:
+        return self.targets[self._i]
+
+    async def _call(self, method: str, req, deadline: float | None, retry: bool = True):
+        """One logical call; on UNAVAILABLE re-send it to the next replica until ``deadline``."""
+        delay = 0.02
+        while True:
+            timeout = None if deadline is None else deadline - time.monotonic()
+            if timeout is not None and timeout <= 0:
+                raise GiveUp(f"{self.job_id}: {method} not answered before its deadline")
+            try:
+                return await getattr(self.channels.stub(self.target, self.slot), method)(req, timeout=timeout)
+            except grpc.aio.AioRpcError as e:
+                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                self.resends.append((method, e.code().name))
+                self.failovers += 1
+                self._i = (self._i + 1) % len(self.targets)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    async def open(self, ttl: int = 0, timeout: float = 30.0) -> None:
+        # OpenSession is not idempotent (ALREADY_EXISTS on a lost reply), so it is
+        # not re-sent: benchmarks open sessions before any fault.
+        r = await self._call("OpenSession", pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=ttl),
+                             time.monotonic() + timeout, retry=False)
+        self.secret = r.session_secret
+
+    async def keepalive(self, timeout: float = 5.0) -> int:
+        r = await self._call("KeepAlive", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
+                             time.monotonic() + timeout)
+        return r.ttl_seconds
+
+    async def keepalive_loop(self, period: float) -> None:
+        while True:
+            await asyncio.sleep(period)
+            try:
+                await self.keepalive()
+            except (grpc.aio.AioRpcError, GiveUp):
+                pass
+
+    async def close(self) -> None:
+        try:
+            await self._call("CloseSession", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
+                             time.monotonic() + 5, retry=False)
+        except grpc.aio.AioRpcError:
+            pass
+
+    async def acquire(self, group: str, timeout: float = 60.0) -> pb.AcquireReply:
+        req = pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret, group_id=group)
+        return await self._call("Acquire", req, time.monotonic() + timeout)
+
+    async def yield_(self, group: str, token: int, timeout: float = 30.0) -> bool:
+        """Release; True if this call released it, False if a re-sent Yield found it already done."""
+        req = pb.YieldRequest(job_id=self.job_id, session_secret=self.secret, group_id=group, token=token)
+        resent = len(self.resends)
+        try:
+            r = await self._call("Yield", req, time.monotonic() + timeout)
+            return r.released
+        except grpc.aio.AioRpcError as e:
+            # A re-sent Yield that finds the job no longer queued: the first one was applied.
+            if (len(self.resends) > resent and e.code() == grpc.StatusCode.FAILED_PRECONDITION
+                    and "not_queued" in (e.details() or "")):
+                return False
+            raise
+
+
+async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench-node",)) -> None:
+    """Create ``group`` on nodes that run no agent and no workers: nothing ever moves."""
+    stub = stub_or_job
+    if isinstance(stub_or_job, Job):
+        stub = stub_or_job.channels.stub(stub_or_job.target)
+    await stub.CreateGroup(pb.CreateGroupRequest(group_id=group, nodes=[pb.NodeSpec(node=n) for n in nodes]),
+                           timeout=10)
+
+
+def now() -> float:
+    return time.monotonic()

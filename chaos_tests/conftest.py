@@ -1,0 +1,1 @@
+pytest_plugins = ["tscore.testing.pytest_plugin"]

@@ -1,0 +1,193 @@
+"""The checker catches each kind of violation in hand-made histories and passes a good one;
+the recorder, loader and fenced resource produce histories it can judge."""
+from __future__ import annotations
+
+import multiprocessing
+import random
+
+import pytest
+
+from chaos_tests.checker import check
+from chaos_tests.history import FencedResource, HistoryRecorder, load_history
+
+MS = 1_000_000
+
+
+def ev(t_ms: float, kind: str, job: str, group: str = "g", **fields) -> dict:
+    return {"ev": kind, "t": int(t_ms * MS), "job": job, "group": group, **fields}
+
+
+def turn(t: float, job: str, token: int, group: str = "g", queued_at: float | None = None):
+    """A complete, well-behaved turn: request, grant, fenced section, yield."""
+    req = t if queued_at is None else queued_at
+    return [ev(req, "acquire_req", job, group), ev(req + 0.1, "enqueued", job, group, token=token),
+            ev(t + 1, "granted", job, group, token=token),
+            ev(t + 1.1, "fence_ok", job, group, token=token),
+            ev(t + 1.2, "cs_start", job, group, token=token),
+            ev(t + 5, "fence_ok", job, group, token=token),
+            ev(t + 5.1, "cs_end", job, group, token=token),
+            ev(t + 6, "yield", job, group, token=token)]
+
+
+def good_history() -> list[dict]:
+    # B queues while A holds; A then queues again behind B; a second group runs beside.
+    return (turn(0, "A", 10) + turn(10, "B", 12, queued_at=2) + turn(20, "A", 15, queued_at=12)
+            + turn(0, "C", 11, group="h")
+            + [ev(40, "data_check", "A", ok=True), ev(40, "data_check", "B", ok=True)])
+
+
+def test_good_history_passes_in_any_order():
+    events = good_history()
+    random.Random(7).shuffle(events)
+    report = check(events, expected_order={"g": ["A", "B", "A"], "h": ["C"]})
+    assert report.ok, report.violations
+    assert (report.grants, report.groups, report.jobs, report.acquires) == (4, 2, 3, 4)
+    assert report.critical_sections == 4
+    assert report.max_grant_gap_s == pytest.approx(0.010)
+    assert report.max_wait_s == pytest.approx(0.009)
+
+
+def test_overlapping_sections_are_a_mutex_violation():
+    events = turn(0, "A", 10) + turn(3, "B", 12, queued_at=1)  # B enters at 4.2, A leaves at 5.1
+    assert check(events).of_kind("mutex")
+
+
+def test_section_fenced_off_after_lease_loss_is_not_a_violation():
+    # A pauses inside its section, loses its lease; B is granted and fences A off.
+    events = [ev(0, "acquire_req", "A"), ev(1, "granted", "A", token=10),
+              ev(1.1, "cs_start", "A", token=10), ev(1.2, "fence_ok", "A", token=10),
+              ev(2, "acquire_req", "B"), ev(20, "granted", "B", token=12),
+              ev(20.1, "fence_ok", "B", token=12), ev(20.2, "cs_start", "B", token=12),
+              ev(25, "fence_reject", "A", token=10, highest=12), ev(25.1, "cs_end", "A", token=10),
+              ev(26, "error", "A", message="session lost"),
+              ev(30, "fence_ok", "B", token=12), ev(30.1, "cs_end", "B", token=12)]
+    report = check(events)
+    assert report.ok, report.violations
+    assert (report.fence_rejections, report.fenced_sections, report.errors) == (1, 1, 1)
+
+
+def test_stale_token_accepted_by_the_fence_is_a_violation():
+    events = [ev(0, "acquire_req", "A"), ev(1, "granted", "A", token=10),
+              ev(1.1, "cs_start", "A", token=10),
+              ev(2, "acquire_req", "B"), ev(20, "granted", "B", token=12),
+              ev(20.1, "fence_ok", "B", token=12), ev(20.2, "cs_start", "B", token=12),
+              ev(25, "fence_ok", "A", token=10), ev(25.1, "cs_end", "A", token=10),
+              ev(30, "cs_end", "B", token=12)]
+    report = check(events)
+    assert report.of_kind("stale-token")
+    assert report.of_kind("mutex")
+
+
+def test_section_with_a_token_the_job_does_not_hold():
+    events = [ev(0, "acquire_req", "A"), ev(1, "granted", "A", token=10),
+              ev(2, "cs_start", "A", token=9), ev(3, "cs_end", "A", token=9)]
+    assert check(events).of_kind("stale-token")
+
+
+def test_tokens_going_back_in_grant_order():
+    events = turn(0, "A", 10, queued_at=0) + turn(10, "B", 8, queued_at=0.05)
+    [violation] = check(events).of_kind("token-order")
+    assert "B was overtaken" in violation
+
+
+def test_token_not_following_request_order_is_a_fifo_violation():
+    # A was queued (token 20) before B even asked, yet B got the smaller token 15.
+    events = [ev(0, "acquire_req", "A"), ev(1, "enqueued", "A", token=20),
+              ev(2, "acquire_req", "B"), ev(3, "granted", "B", token=15),
+              ev(4, "yield", "B", token=15), ev(5, "granted", "A", token=20)]
+    assert check(events).of_kind("fifo")
+
+
+def test_expected_order_is_enforced():
+    events = turn(0, "A", 10) + turn(10, "B", 12, queued_at=2)
+    assert check(events, expected_order=["A", "B"]).ok
+    assert check(events, expected_order=["B", "A"]).of_kind("fifo")
+    assert check(events, expected_order={"g": ["B", "A"]}).of_kind("fifo")
+
+
+@pytest.mark.parametrize("ending,ok", [(None, False), ("error", True), ("abandoned", True)])
+def test_every_waiter_is_resolved(ending, ok):
+    events = turn(0, "A", 10) + [ev(2, "acquire_req", "B")]
+    if ending:
+        events.append(ev(50, ending, "B", message="gave up"))
+    report = check(events)
+    assert report.ok is ok and bool(report.of_kind("lost-waiter")) is not ok
+    assert report.abandoned == (ending == "abandoned")
+
+
+def test_second_request_before_the_first_resolved_loses_a_waiter():
+    events = [ev(0, "acquire_req", "A"), ev(1, "acquire_req", "A"), ev(2, "granted", "A", token=5)]
+    assert check(events).of_kind("lost-waiter")
+
+
+def test_failed_data_check():
+    events = turn(0, "A", 10) + [ev(9, "data_check", "A", ok=False, detail="3 of 4 ops")]
+    assert check(events).of_kind("data") == ["[data] g: A at +0.009s: 3 of 4 ops"]
+
+
+def test_protocol_breaches():
+    events = [ev(0, "granted", "A", token=3), ev(1, "cs_start", "A", token=3),
+              ev(2, "acquire_req", "B"), ev(3, "granted", "B", token=4), ev(4, "cs_end", "B", token=4)]
+    kinds = check(events).of_kind("protocol")
+    assert any("without acquire_req" in v for v in kinds)
+    assert any("never ended" in v for v in kinds)
+    assert any("cs_end without" in v for v in kinds)
+
+
+def test_empty_history_is_ok():
+    assert check([]).ok
+
+
+def test_recorder_loader_and_fence_round_trip(tmp_path):
+    fence = FencedResource(str(tmp_path / "gpu"))
+    a = HistoryRecorder(str(tmp_path / "h"), name="client-a", job="A")
+    b = HistoryRecorder(str(tmp_path / "h"), name="client-b", job="B")
+    a.acquire_req("g"), a.granted("g", 10), a.cs_start("g", 10)
+    assert fence.apply(a, "g", 10)
+    b.acquire_req("g"), b.granted("g", 12)
+    assert fence.apply(b, "g", 12)
+    b.cs_start("g", 12)
+    assert not fence.apply(a, "g", 10)  # A was deposed: fenced off
+    a.cs_end("g", 10), a.error("g", "session lost")
+    assert fence.apply(b, "g", 12)
+    b.cs_end("g", 12), b.yielded("g", 12)
+    assert fence.verify(b, "g", 2) and not fence.verify(a, "g", 2)
+    a.close(), b.close()
+    with open(b.path, "a") as f:
+        f.write('{"ev": "cs_st')  # a writer killed mid-line
+    events = load_history(str(tmp_path / "h"))
+    report = check(events)
+    assert report.of_kind("data") and len(report.violations) == 1, report.violations
+    assert (report.grants, report.fence_rejections, report.fenced_sections) == (2, 1, 1)
+
+
+def test_loader_refuses_corruption_in_the_middle(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"ev": "acquire_req", "t": 1}\nnot json\n{"t": 2}\n')
+    with pytest.raises(ValueError, match="corrupt"):
+        load_history(str(tmp_path))
+
+
+def _hammer(path: str, directory: str, job: str, token: int, n: int) -> None:
+    rec = HistoryRecorder(directory, name=job, job=job)
+    fence = FencedResource(path)
+    for _ in range(n):
+        fence.apply(rec, "g", token)
+    rec.close()
+
+
+def test_fence_serialises_processes(tmp_path):
+    path, hist = str(tmp_path / "gpu"), str(tmp_path / "h")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_hammer, args=(path, hist, job, tok, 200))
+             for job, tok in (("old", 5), ("new", 7))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    events = load_history(hist)
+    oks = [e for e in events if e["ev"] == "fence_ok"]
+    assert [e["token"] for e in oks] == sorted(e["token"] for e in oks)  # never back to 5
+    rejects = sum(e["ev"] == "fence_reject" for e in events)
+    assert len(oks) + rejects == 400
+    assert FencedResource(path).ops("g", "new") == 200
+    assert check(events).fence_rejections == rejects

@@ -1,0 +1,210 @@
+"""The client's exception tree, and the one table that maps a gRPC status to it.
+
+Every error the client raises on purpose is a ``TimesliceClientError`` (itself a
+``tscore.errors.TimesliceError``), so ``except TimesliceClientError`` catches
+them all. Each carries the gRPC ``code`` name it came from (or ``None`` for
+errors made on the client side), the server's ``reason`` prefix when there is
+one (``not_holder``, ``stale_token``, ``not_queued``), and a message that ends
+with what to do about it.
+
+The mapping lives in ``_TABLE`` below, in one place: ``(code, reason)`` first,
+then ``(code, None)``. Only the status *code* and the reason prefix are used to
+choose a class; the rest of the server's message is kept verbatim.
+"""
+from __future__ import annotations
+
+from tscore.errors import TimesliceError
+
+
+class TimesliceClientError(TimesliceError):
+    """Root of every error the timeslice client raises."""
+
+    code: str | None = None
+    #: What a caller should do about it; appended to the message.
+    hint = ""
+
+    def __init__(self, message: str = "", *, code: str | None = None, reason: str | None = None,
+                 details: str = "", method: str | None = None):
+        self.details = details or message
+        self.reason = reason
+        self.method = method
+        if code is not None:
+            self.code = code
+        text = message or details or type(self).__name__
+        if self.hint and self.hint not in text:
+            text = f"{text} — {self.hint}"
+        super().__init__(text)
+
+
+class SessionLostError(TimesliceClientError):
+    """The job's session lease is gone: every hold and worker record went with it."""
+
+    code = "ABORTED"
+    hint = ("the job no longer holds any group; stop using the GPUs, then call "
+            "client.reset_session() (or make a new client) to start a fresh session")
+
+
+class SessionConflictError(TimesliceClientError):
+    """Another live session already owns this job id."""
+
+    code = "ALREADY_EXISTS"
+    hint = ("another process is using this job id; give each job its own id "
+            "(TIMESLICE_JOB_ID), or wait for the old session's TTL to pass")
+
+
+class AuthError(TimesliceClientError):
+    """The session secret does not open the job's session (it was replaced)."""
+
+    code = "UNAUTHENTICATED"
+    hint = ("the job's session now belongs to another process with the same job id; "
+            "this client's session is lost")
+
+
+class NotHolderError(TimesliceClientError):
+    """Yield by a job that does not hold the group (waiting, already yielded, or never acquired)."""
+
+    code = "FAILED_PRECONDITION"
+    hint = "only yield a group after acquire() returned it, and only once"
+
+
+class StaleTokenError(TimesliceClientError):
+    """A fencing token older than the job's current one was presented."""
+
+    code = "FAILED_PRECONDITION"
+    hint = "use the token of the latest acquire() of this group"
+
+
+class PreconditionError(TimesliceClientError):
+    """The request is valid but the state forbids it now (e.g. a group with jobs queued)."""
+
+    code = "FAILED_PRECONDITION"
+    hint = "check the group with `timeslice status GROUP` and retry when the state allows it"
+
+
+class GroupBusyError(PreconditionError):
+    """delete_group on a group that still has jobs queued."""
+
+    hint = "wait until the group is idle, or pass force=True (--force) to delete it anyway"
+
+
+class UnknownGroupError(TimesliceClientError):
+    """The group does not exist (or was deleted while the job waited)."""
+
+    code = "NOT_FOUND"
+    hint = "create it first (`timeslice group create NAME`) or check the name with `timeslice groups`"
+
+
+class AlreadyExistsError(TimesliceClientError):
+    """The object exists already, with other settings."""
+
+    code = "ALREADY_EXISTS"
+    hint = "delete it first, or use the settings it already has"
+
+
+class InvalidArgumentError(TimesliceClientError):
+    """An id outside the grammar, a missing field or a bad value."""
+
+    code = "INVALID_ARGUMENT"
+    hint = ("ids are 1-127 characters of letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit")
+
+
+class DeadlineError(TimesliceClientError):
+    """A call did not finish within its deadline (after failover and retries)."""
+
+    code = "DEADLINE_EXCEEDED"
+    hint = "lockd is slow or unreachable; check `timeslice groups` and the lockd replicas, then retry"
+
+
+class AcquireTimeoutError(DeadlineError):
+    """acquire() was not granted within its timeout; the job's place in the queue was given up."""
+
+    hint = "the group stayed busy; retry later, or pass a longer timeout (None waits forever)"
+
+
+class SwapFailedError(TimesliceClientError):
+    """The scheduler could not swap this job in (agent refused, failed or dead); the waiter was removed."""
+
+    code = "RESOURCE_EXHAUSTED"
+    hint = "read the reason above; check `timeslice status GROUP` for the node agents, then acquire again"
+
+
+class UnavailableError(TimesliceClientError):
+    """No lockd replica could serve the call within the failover deadline."""
+
+    code = "UNAVAILABLE"
+    hint = ("check that lockd runs and can reach etcd, and that TIMESLICE_TARGET (or target=) "
+            "lists its address(es)")
+
+
+class CancelledError(TimesliceClientError):
+    """The call was cancelled before it finished."""
+
+    code = "CANCELLED"
+
+
+class ClientClosedError(TimesliceClientError):
+    """The client was used after close()."""
+
+    hint = "make a new client"
+
+
+class InternalError(TimesliceClientError):
+    """lockd failed in an unexpected way (a bug, or a status this client does not know)."""
+
+    code = "INTERNAL"
+    hint = "look at the lockd logs; retrying may help"
+
+
+# ---------------------------------------------------------------------------
+# The one mapping from gRPC status (and reason prefix) to exception.
+# (code, reason) is looked up first, then (code, None); Acquire's deadline is
+# the only per-method case (it means "not granted in time", not "lockd slow").
+# ---------------------------------------------------------------------------
+_TABLE: dict[tuple[str, str | None], type[TimesliceClientError]] = {
+    ("FAILED_PRECONDITION", "not_holder"): NotHolderError,
+    ("FAILED_PRECONDITION", "not_queued"): NotHolderError,
+    ("FAILED_PRECONDITION", "stale_token"): StaleTokenError,
+    ("FAILED_PRECONDITION", None): PreconditionError,
+    ("ABORTED", None): SessionLostError,
+    ("UNAUTHENTICATED", None): AuthError,
+    ("NOT_FOUND", None): UnknownGroupError,
+    ("INVALID_ARGUMENT", None): InvalidArgumentError,
+    ("OUT_OF_RANGE", None): InvalidArgumentError,
+    ("ALREADY_EXISTS", None): AlreadyExistsError,
+    ("DEADLINE_EXCEEDED", None): DeadlineError,
+    ("RESOURCE_EXHAUSTED", None): SwapFailedError,
+    ("UNAVAILABLE", None): UnavailableError,
+    ("CANCELLED", None): CancelledError,
+}
+_PER_METHOD: dict[tuple[str, str], type[TimesliceClientError]] = {
+    ("Acquire", "DEADLINE_EXCEEDED"): AcquireTimeoutError,
+    ("OpenSession", "ALREADY_EXISTS"): SessionConflictError,
+    ("DeleteGroup", "FAILED_PRECONDITION"): GroupBusyError,
+}
+
+
+def reason_of(details: str) -> str | None:
+    """The reason code a message starts with (``not_holder: ...`` → ``not_holder``), if any."""
+    head, sep, _ = (details or "").partition(":")
+    if sep and head and head.replace("_", "").isalpha() and head.islower():
+        return head
+    return None
+
+
+def error_class(code: str, details: str = "", method: str | None = None) -> type[TimesliceClientError]:
+    reason = reason_of(details)
+    if (code, reason) in _TABLE and reason is not None:
+        return _TABLE[(code, reason)]
+    if method is not None and (method, code) in _PER_METHOD:
+        return _PER_METHOD[(method, code)]
+    return _TABLE.get((code, None), InternalError)
+
+
+def from_status(code: str, details: str = "", method: str | None = None,
+                note: str = "") -> TimesliceClientError:
+    """The exception for a gRPC status ``code`` name (e.g. ``"NOT_FOUND"``) and its message."""
+    cls = error_class(code, details, method)
+    where = f"{method}: " if method else ""
+    msg = f"{where}{details or code}{note}"
+    return cls(msg, code=code, reason=reason_of(details), details=details, method=method)

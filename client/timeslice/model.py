@@ -1,0 +1,191 @@
+"""What the client returns: small frozen dataclasses, converted from the protos here.
+
+Callers never see protobuf messages. Every type has ``to_dict()`` (plain JSON
+types, stable keys) for ``timeslice ... --json`` and for scripts.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from tsproto import lockd_pb2 as pb
+
+
+class _Dict:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Grant(_Dict):
+    """The result of acquire(): this job holds ``group_id`` under fencing ``token``."""
+
+    group_id: str
+    job_id: str
+    token: int                 # fencing token: strictly increasing per group; carried by yield
+    leader_epoch: int          # epoch of the lockd leader that granted
+    waited_ms: float           # from the request's arrival at lockd to the grant
+    restored: bool             # this job's context was restored onto the devices for this grant
+    elided: bool               # another job stayed resident beside this one (nothing moved)
+    bytes_moved: int           # snapshot + restore bytes moved on this job's behalf
+
+    @classmethod
+    def from_pb(cls, r: pb.AcquireReply) -> "Grant":
+        return cls(r.group_id, r.job_id, r.token, r.leader_epoch, r.waited_ms, r.restored,
+                   r.elided, r.bytes_moved)
+
+
+@dataclass(frozen=True)
+class Released(_Dict):
+    """The result of yield_()."""
+
+    group_id: str
+    token: int
+    released: bool             # False: the job was not queued any more (an earlier attempt released it)
+    deferred_snapshot: bool    # nobody waited: the job stays resident until someone needs the GPUs
+
+
+@dataclass(frozen=True)
+class NodeSpec(_Dict):
+    node: str
+    gpus: tuple[int, ...] = ()   # empty = every GPU of the node
+
+    @classmethod
+    def parse(cls, text: str) -> "NodeSpec":
+        """``"node"`` or ``"node:0,1"`` (GPU indices)."""
+        node, sep, gpus = text.partition(":")
+        if not sep:
+            return cls(node)
+        try:
+            return cls(node, tuple(int(g) for g in gpus.split(",") if g.strip() != ""))
+        except ValueError:
+            raise ValueError(f"bad node spec {text!r}: expected NODE or NODE:GPU[,GPU...]") from None
+
+    @classmethod
+    def coerce(cls, value: "NodeSpec | str | tuple | list") -> "NodeSpec":
+        if isinstance(value, NodeSpec):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        node, gpus = value
+        return cls(node, tuple(gpus or ()))
+
+    def to_pb(self) -> pb.NodeSpec:
+        return pb.NodeSpec(node=self.node, gpus=list(self.gpus))
+
+    @classmethod
+    def from_pb(cls, n: pb.NodeSpec) -> "NodeSpec":
+        return cls(n.node, tuple(n.gpus))
+
+    def __str__(self) -> str:
+        return self.node + (":" + ",".join(map(str, self.gpus)) if self.gpus else "")
+
+
+@dataclass(frozen=True)
+class Group(_Dict):
+    group_id: str
+    nodes: tuple[NodeSpec, ...] = ()
+
+    @classmethod
+    def from_pb(cls, g: pb.Group) -> "Group":
+        return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes))
+
+
+@dataclass(frozen=True)
+class Waiter(_Dict):
+    job_id: str
+    token: int
+
+
+@dataclass(frozen=True)
+class GrantInfo(_Dict):
+    """The grant as ``status()`` shows it."""
+
+    job_id: str
+    token: int
+    leader_epoch: int
+    restored: bool
+    elided: bool
+    bytes_moved: int
+    granted_unix_ms: int
+
+
+@dataclass(frozen=True)
+class JobState(_Dict):
+    job_id: str
+    state: str                 # running | snapshotting | snapshotted | restoring | failed | gone | refused
+    bytes: int = 0
+    elapsed_ms: float = 0.0
+    error: str = ""
+    token: int = 0
+
+
+@dataclass(frozen=True)
+class NodeStatus(_Dict):
+    node: str
+    agent_alive: bool
+    backend: str
+    resident_jobs: tuple[str, ...]
+    jobs: tuple[JobState, ...]
+    device_free_bytes: int
+    device_total_bytes: int
+
+
+@dataclass(frozen=True)
+class GroupStatus(_Dict):
+    group_id: str
+    nodes: tuple[NodeSpec, ...]
+    holder: Waiter | None          # head of the queue (granted, or being swapped in)
+    grant: GrantInfo | None        # set once the holder is granted
+    waiters: tuple[Waiter, ...]    # behind the holder, FIFO
+    node_status: tuple[NodeStatus, ...]
+    leader_epoch: int
+    revision: int = field(default=0, compare=False)   # etcd revision the picture was read at
+
+    @classmethod
+    def from_pb(cls, s: pb.GroupStatus) -> "GroupStatus":
+        holder = Waiter(s.holder.job_id, s.holder.token) if s.HasField("holder") and s.holder.job_id else None
+        grant = None
+        if s.HasField("grant") and s.grant.job_id:
+            g = s.grant
+            grant = GrantInfo(g.job_id, g.token, g.leader_epoch, g.restored, g.elided, g.bytes_moved,
+                              g.granted_unix_ms)
+        nodes = tuple(
+            NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
+                       tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token)
+                             for j in n.jobs),
+                       n.device_free_bytes, n.device_total_bytes)
+            for n in s.node_status)
+        return cls(s.group_id, tuple(NodeSpec.from_pb(n) for n in s.nodes), holder, grant,
+                   tuple(Waiter(w.job_id, w.token) for w in s.waiters), nodes, s.leader_epoch, s.revision)
+
+    @property
+    def queue(self) -> tuple[Waiter, ...]:
+        """Holder first, then the waiters: the whole FIFO."""
+        return ((self.holder,) if self.holder else ()) + self.waiters
+
+
+@dataclass(frozen=True)
+class JobInfo(_Dict):
+    job_id: str
+    lease_id: int
+    groups: tuple[str, ...]
+    workers: int
+
+    @classmethod
+    def from_pb(cls, j: pb.JobInfo) -> "JobInfo":
+        return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers)
+
+
+def node_specs(nodes: Iterable["NodeSpec | str | tuple"] | None) -> list[NodeSpec]:
+    return [NodeSpec.coerce(n) for n in (nodes or ())]
+
+
+@dataclass(frozen=True)
+class Worker(_Dict):
+    """A registered worker process of the job (see register_worker)."""
+
+    node: str
+    pid: int
+    device_bytes: int = 0

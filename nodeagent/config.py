@@ -1,0 +1,162 @@
+"""The node agent's configuration: flags, environment, defaults, validated at start-up.
+
+Every flag can also be set as TIMESLICE_<FLAG> in the environment (dashes
+become underscores: --etcd-endpoints = TIMESLICE_ETCD_ENDPOINTS); a flag on
+the command line wins. ``--node`` also falls back to TIMESLICE_NODE_NAME (what
+the DaemonSet sets from spec.nodeName) and then to the host name. The
+simulator's flags share their variables with the simulator itself
+(TIMESLICE_SIM_DIR, TIMESLICE_SIM_CAPACITY_BYTES, ...), so a worker started
+with the same environment finds the same device.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from dataclasses import dataclass, field
+
+from nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
+from nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
+from nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES
+from tscore import defaults as D
+from tscore.errors import ConfigError
+from tscore.etcd.client import EtcdConfig
+from tscore.etcd.timing import SessionTiming
+from tscore.ids import check_id
+from tscore.keys import Keys
+
+# Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
+BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")
+_ALIASES = {"cuda-checkpoint": "cuda-cli"}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """Everything ``serve`` needs. Defaults are the production ones.
+
+    refresh_interval: seconds between refreshes of the liveness key's figures
+        (free memory, resident jobs); it is also rewritten after every op, in
+        the op's own status transaction. Default 2 s.
+    session: the agent's lease; the leader declares a node's agent dead once
+        its key is gone, i.e. at most ``ttl`` (default 10 s) after the agent died.
+    lock_timeout_ms: how long a checkpoint lock may wait for the job's queued
+        GPU work before the snapshot fails (process left running). Default 10 s.
+    """
+
+    node: str
+    etcd: EtcdConfig = field(default_factory=EtcdConfig)
+    prefix: str = D.KEY_PREFIX
+    listen: str = f"0.0.0.0:{D.NODEAGENT_PORT}"
+    advertise: str = ""                       # endpoint written in the agent key; "" = derived
+    metrics_port: int = D.NODEAGENT_METRICS_PORT   # -1: no metrics endpoint
+    backend: str = "auto"
+    state_dir: str = DEFAULT_STATE_DIR
+    host_reserve_bytes: int = DEFAULT_HOST_RESERVE_BYTES
+    lock_timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS
+    refresh_interval: float = 2.0
+    session: SessionTiming = field(default_factory=SessionTiming)
+    sim_dir: str | None = None
+    sim_capacity_bytes: int | None = None
+    sim_checkpoint_gbps: float | None = None
+    sim_restore_gbps: float | None = None
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        check_id("node", self.node)
+        Keys(self.prefix)                      # raises on a malformed prefix
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        for name, addr in (("--listen", self.listen), ("--advertise", self.advertise)):
+            host, _, port = addr.rpartition(":")
+            if addr and (not host or not port.isdigit()):
+                raise ConfigError(f"{name} {addr!r} is not host:port")
+        if self.host_reserve_bytes < 0:
+            raise ConfigError("--host-reserve-bytes must be >= 0")
+        if self.lock_timeout_ms <= 0:
+            raise ConfigError("--lock-timeout-ms must be > 0: an unbounded lock can wedge the agent")
+        if not 0 < self.refresh_interval < self.session.ttl:
+            raise ConfigError(f"--refresh-interval must be in (0, session ttl {self.session.ttl}s)")
+        if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
+            raise ConfigError("--sim-capacity-bytes must be > 0")
+        for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
+                        ("--sim-restore-gbps", self.sim_restore_gbps)):
+            if v is not None and v < 0:
+                raise ConfigError(f"{name} must be >= 0 (0 = unthrottled)")
+
+    @property
+    def backend_name(self) -> str:
+        """The name ``pick_backend`` knows."""
+        return _ALIASES.get(self.backend, self.backend)
+
+    def endpoint(self, port: int) -> str:
+        """Where other components reach this agent's gRPC API."""
+        if self.advertise:
+            return self.advertise
+        host = self.listen.rpartition(":")[0].strip("[]")
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.gethostname()
+        return f"{host}:{port}"
+
+
+def _env(name: str) -> str:
+    return "TIMESLICE_" + name.lstrip("-").replace("-", "_").upper()
+
+
+def _flag(p: argparse.ArgumentParser, name: str, *fallback_env: str, **kw) -> None:
+    envs = (_env(name), *fallback_env)
+    for env in envs:
+        if env in os.environ:
+            kw["default"] = os.environ[env]
+            break
+    kw["help"] = (kw.get("help", "") + f" [env {' or '.join(envs)}]").strip()
+    p.add_argument(name, **kw)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _flag(p, "--node", D.ENV_NODE_NAME, default=None, help="this node's name (default: host name)")
+    _flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
+    _flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
+    _flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
+    _flag(p, "--etcd-key", default=None, help="client key for etcd")
+    _flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
+    _flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    _flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
+    _flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
+    _flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
+    _flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
+    _flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
+          help="local state (fencing tokens, snapshot size records)")
+    _flag(p, "--host-reserve-bytes", type=int, default=DEFAULT_HOST_RESERVE_BYTES,
+          help="host memory kept free: a snapshot that would dip into it is refused")
+    _flag(p, "--lock-timeout-ms", type=int, default=DEFAULT_LOCK_TIMEOUT_MS,
+          help="checkpoint lock wait for in-flight GPU work, ms")
+    _flag(p, "--refresh-interval", type=float, default=2.0, help="agent key refresh period, s")
+    _flag(p, "--session-ttl", type=int, default=10, help="agent lease TTL, s")
+    _flag(p, "--sim-dir", default=None, help="simulated device directory (backend sim)")
+    _flag(p, "--sim-capacity-bytes", type=int, default=None, help="simulated device capacity")
+    _flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
+    _flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
+    _flag(p, "--log-level", default="info")
+
+
+def _opt(v, cast):
+    return None if v is None or v == "" else cast(v)
+
+
+def from_args(a: argparse.Namespace) -> AgentConfig:
+    etcd = EtcdConfig.parse(
+        a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
+        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
+        password=os.environ.get(D.ENV_ETCD_PASSWORD))
+    try:
+        return AgentConfig(
+            node=a.node or socket.gethostname(), etcd=etcd, prefix=a.prefix, listen=a.listen,
+            advertise=a.advertise or "", metrics_port=int(a.metrics_port), backend=a.backend,
+            state_dir=a.state_dir, host_reserve_bytes=int(a.host_reserve_bytes),
+            lock_timeout_ms=int(a.lock_timeout_ms), refresh_interval=float(a.refresh_interval),
+            session=SessionTiming(ttl=int(a.session_ttl)), sim_dir=a.sim_dir or None,
+            sim_capacity_bytes=_opt(a.sim_capacity_bytes, int),
+            sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
+            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e

@@ -1,0 +1,106 @@
+"""Admission: will the bytes fit where they are going? Asked before any process is touched.
+
+Invariant 7 of DESIGN.md in code:
+
+* a snapshot is refused up front unless host memory can take it: on the H200
+  host we measured, two 75 GB snapshots at once made the kernel OOM-kill a
+  job, and an OOM kill of a checkpointed process loses the job for good;
+* a restore is refused up front unless every device it lands on has room for
+  the *whole* recorded snapshot: a restore that fails for lack of device
+  memory leaves the process checkpointed with its context lost.
+
+"Free host memory" is ``MemAvailable`` from ``/proc/meminfo`` (the kernel's own
+estimate of what can be allocated without swapping) minus a reserve kept for
+everything else on the node. The reserve defaults to
+``DEFAULT_HOST_RESERVE_BYTES`` and can be set with the environment variable
+``TIMESLICE_HOST_RESERVE_BYTES``. ``proc_root`` is a parameter so tests can
+point it at a fixture meminfo.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from tscore.errors import ConfigError
+from nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
+
+ENV_HOST_RESERVE = "TIMESLICE_HOST_RESERVE_BYTES"
+# 4 GiB: room for the kernel, the agent, the jobs' own host allocations growing
+# while a swap is in flight. An operator with big hosts may want more.
+DEFAULT_HOST_RESERVE_BYTES = 4 << 30
+# Device headroom kept free on restore: the driver allocates a little beyond
+# the process's recorded usage when it rebuilds a context. 256 MiB is more than
+# a CUDA context's own footprint on the GPUs we know.
+DEFAULT_DEVICE_HEADROOM_BYTES = 256 << 20
+
+
+def read_meminfo(proc_root: str | os.PathLike = "/proc") -> dict[str, int]:
+    """``/proc/meminfo`` as a dict of bytes (the kernel writes kB, meaning KiB)."""
+    out: dict[str, int] = {}
+    for line in (Path(proc_root) / "meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if not parts:
+            continue
+        value = int(parts[0])
+        if len(parts) > 1 and parts[1] == "kB":
+            value *= 1024
+        out[key.strip()] = value
+    return out
+
+
+class HostMemory:
+    """Free host memory as admission sees it: MemAvailable minus a reserve."""
+
+    def __init__(self, proc_root: str | os.PathLike = "/proc", reserve_bytes: int | None = None):
+        if reserve_bytes is None:
+            raw = os.environ.get(ENV_HOST_RESERVE)
+            try:
+                reserve_bytes = int(raw) if raw else DEFAULT_HOST_RESERVE_BYTES
+            except ValueError:
+                raise ConfigError(f"{ENV_HOST_RESERVE}={raw!r} is not a byte count") from None
+        if reserve_bytes < 0:
+            raise ConfigError(f"host memory reserve must be >= 0, got {reserve_bytes}")
+        self.proc_root = proc_root
+        self.reserve_bytes = reserve_bytes
+
+    def available_bytes(self) -> int:
+        """Bytes a snapshot may take now (never negative)."""
+        info = read_meminfo(self.proc_root)
+        # MemAvailable exists since Linux 3.14; MemFree is the pessimistic fallback.
+        avail = info.get("MemAvailable", info.get("MemFree", 0))
+        return max(0, avail - self.reserve_bytes)
+
+    def admit_snapshot(self, need_bytes: int) -> None:
+        """Raise ``HostMemoryRefused`` unless ``need_bytes`` fit in free host memory."""
+        free = self.available_bytes()
+        if need_bytes > free:
+            raise HostMemoryRefused(
+                f"snapshot refused: needs {need_bytes} bytes of host memory, {free} free "
+                f"(MemAvailable minus a {self.reserve_bytes}-byte reserve)",
+                need_bytes=need_bytes, free_bytes=free)
+
+
+def admit_restore(need: Mapping[str, int], free: Mapping[str, int] | None,
+                  headroom_bytes: int = DEFAULT_DEVICE_HEADROOM_BYTES) -> None:
+    """Raise ``DeviceMemoryRefused`` unless every device in ``need`` has room for it.
+
+    ``need`` is the sum over all processes being restored together, per device:
+    two processes restored in parallel onto one GPU must fit *together*.
+    Unknown free memory (``None``) or a device that is not there refuses too:
+    not knowing is not room.
+    """
+    for dev, nbytes in need.items():
+        if nbytes <= 0:
+            continue
+        have = None if free is None else free.get(dev)
+        if have is None:
+            raise DeviceMemoryRefused(
+                f"restore refused: free memory of device {dev} is unknown; {nbytes} bytes needed",
+                need_bytes=nbytes, free_bytes=0)
+        if nbytes + headroom_bytes > have:
+            raise DeviceMemoryRefused(
+                f"restore refused: device {dev} has {have} bytes free, the snapshot needs "
+                f"{nbytes} + {headroom_bytes} headroom",
+                need_bytes=nbytes + headroom_bytes, free_bytes=have)

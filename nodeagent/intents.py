@@ -1,0 +1,148 @@
+"""What to do with an intent, sans-IO: intent, status and picture in, decision and status out.
+
+The leader writes ``nodes/<node>/intents/<job>`` = {op, job, group, token,
+leader_epoch}; the agent answers in ``nodes/<node>/status/<job>`` with the
+intent's mod revision. An intent is answered when
+``status.intent_revision == intent.mod_revision and status.outcome != ""``;
+until then the leader waits (and the agent, restarted, runs it again).
+
+Per intent, in this order:
+  1. unreadable intent, or a token older than one already acted on for the
+     group → refused, nothing touched;
+  2. no live process of the job on this node → gone (not an error);
+  3. already in the target state (snapshotted for a snapshot, running for a
+     restore) → ok, nothing redone;
+  4. otherwise run the backend op.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from aetcd import rpc
+
+from nodeagent.backends.ops import JobResult, Outcome
+from nodeagent.picture import Picture
+from tscore import records as R
+
+RUN, REPORT, REFUSE = "run", "report", "refuse"
+IN_PROGRESS = {R.SNAPSHOT: R.SNAPSHOTTING, R.RESTORE: R.RESTORING}
+
+
+@dataclass(frozen=True)
+class Intent:
+    job: str
+    revision: int                      # the intent key's mod_revision
+    value: R.IntentValue | None
+    error: str = ""                    # why the value could not be used
+
+    @classmethod
+    def from_kv(cls, job: str, kv: rpc.KeyValue) -> "Intent":
+        try:
+            v = R.IntentValue.load(kv.value)
+        except (ValueError, TypeError) as e:
+            return cls(job, kv.mod_revision, None, f"unreadable intent: {e}")
+        if v.op not in IN_PROGRESS:
+            return cls(job, kv.mod_revision, v, f"unknown op {v.op!r}; expected snapshot or restore")
+        if not isinstance(v.token, int) or v.token <= 0:
+            return cls(job, kv.mod_revision, v, f"intent token {v.token!r} is not a positive integer")
+        return cls(job, kv.mod_revision, v)
+
+    @property
+    def op(self) -> str:
+        return self.value.op if self.value else ""
+
+    @property
+    def group(self) -> str:
+        return self.value.group if self.value else ""
+
+    @property
+    def token(self) -> int:
+        return self.value.token if self.value and isinstance(self.value.token, int) else 0
+
+    def log_ctx(self) -> dict:
+        return {"job": self.job, "op": self.op, "group": self.group, "token": self.token,
+                "intent_revision": self.revision,
+                "epoch": self.value.leader_epoch if self.value else 0}
+
+
+def answered(intent: Intent, status: R.StatusValue | None) -> bool:
+    return status is not None and status.intent_revision == intent.revision and status.outcome != ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    kind: str                          # run | report | refuse
+    outcome: str = ""                  # for report / refuse
+    reason: str = ""
+
+
+def decide(intent: Intent, picture: Picture, stale_reason: str) -> Decision:
+    if intent.error:
+        return Decision(REFUSE, R.REFUSED, intent.error)
+    if stale_reason:
+        return Decision(REFUSE, R.REFUSED, stale_reason)
+    if picture.state == R.GONE:
+        return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
+    if not picture.needs(intent.op):
+        return Decision(REPORT, R.OK, f"already {picture.state}: nothing to do")
+    return Decision(RUN)
+
+
+def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
+           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = ()) -> R.StatusValue:
+    """The status answering ``intent`` (outcome "" = still in progress)."""
+    return R.StatusValue(
+        state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
+        intent_revision=intent.revision, token=intent.token, bytes=bytes_moved,
+        device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
+        pids=sorted(pids), updated_ms=R.now_ms())
+
+
+def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
+    return status(intent, IN_PROGRESS[intent.op], "", device_bytes=picture.device_bytes,
+                  pids=picture.live_pids)
+
+
+def outcome_of(result: JobResult) -> str:
+    if result.refused:
+        return R.REFUSED
+    if result.all_gone:
+        return R.PROCESS_GONE
+    return R.OK if result.ok else R.FAILED
+
+
+def moved_bytes(*results: JobResult | None) -> int:
+    """Bytes actually copied (a process already in the target state moved nothing)."""
+    return sum(r.bytes for res in results if res is not None for r in res.results
+               if r.outcome is Outcome.DONE)
+
+
+def final(intent: Intent, result: JobResult, after: Picture, elapsed_ms: float,
+          rollback: JobResult | None = None) -> R.StatusValue:
+    """The status that answers ``intent`` once its op ran; the state is read, not assumed."""
+    error = result.error
+    if rollback is not None:
+        error += ("; the processes already checkpointed were restored (the job is left running)"
+                  if rollback.ok else f"; restoring the processes already checkpointed failed too: "
+                  f"{rollback.error}")
+    return status(intent, after.state, outcome_of(result), bytes_moved=moved_bytes(result, rollback),
+                  device_bytes=after.device_bytes, elapsed_ms=elapsed_ms, error=error,
+                  pids=after.live_pids)
+
+
+def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
+    """``old`` with its state and figures brought in line with reality, or None if they already are.
+
+    Keeps the answer to the intent (revision, outcome, token) as it was: only
+    where the context is changes (a process died, a direct API call moved it).
+    """
+    if old.outcome == "":
+        return None                    # an op in progress: its driver writes the status
+    # A running job's size moves with its allocator; the leader reads it from the
+    # agent key. Only a snapshot's size, which a restore needs, is kept exact here.
+    if old.state == after.state and sorted(old.pids) == after.live_pids and \
+            (after.state != R.SNAPSHOTTED or old.device_bytes == after.device_bytes):
+        return None
+    return R.StatusValue(**{**old.__dict__, "state": after.state, "device_bytes": after.device_bytes,
+                            "pids": after.live_pids, "updated_ms": R.now_ms()})

@@ -1,0 +1,31 @@
+"""A lock contender in its own process: acquire a FifoLock, record the hold, release.
+
+argv: endpoints queue_prefix name out_file [hold_seconds] [ttl]
+Writes one JSON line {name, token, start, end} (monotonic clock, comparable across processes).
+"""
+import asyncio
+import json
+import sys
+import time
+
+from tscore.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming
+
+
+async def main(endpoints, prefix, name, out, hold=0.02, ttl=5):
+    client = EtcdClient(EtcdConfig.parse(endpoints))
+    async with Session(client, SessionTiming(ttl=int(ttl))) as session:
+        lock = FifoLock(FifoQueue(client, prefix.encode()), name, session)
+        held = await lock.acquire()
+        start = time.monotonic()
+        with open(out + ".holding", "w") as f:
+            f.write(str(held.token))
+        await asyncio.sleep(float(hold))
+        end = time.monotonic()
+        await lock.release()
+    with open(out, "a") as f:
+        f.write(json.dumps({"name": name, "token": held.token, "start": start, "end": end}) + "\n")
+    await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:]))
