@@ -141,9 +141,17 @@ def main() -> int:
     be = CudaDriverBackend(records=SnapshotRecords(tempfile.mkdtemp(prefix="ts-bench-records-")))
     info = {"machine": machine(), "driver_api_version": be.driver.version,
             "command": " ".join([Path(sys.executable).name] + sys.argv), "date": dt.datetime.now().isoformat()}
-    results = [case(be, f"1 process, {g:g} GiB", g, 1, a.reps if g <= 8 else 1) for g in a.sizes_gib]
+    plan = [(f"1 process, {g:g} GiB", g, 1, a.reps if g <= 8 else 1) for g in a.sizes_gib]
     if a.parallel_gib:
-        results.append(case(be, f"2 processes in parallel, {a.parallel_gib:g} GiB each", a.parallel_gib, 2, 1))
+        plan.append((f"2 processes in parallel, {a.parallel_gib:g} GiB each", a.parallel_gib, 2, 1))
+    results = []
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for label, gib, nproc, reps in plan:
+        results.append(case(be, label, gib, nproc, reps))
+        print(f"done: {label}: {json.dumps(results[-1]['best'])}", flush=True)
+        # Written after every case, so a run cut short still leaves its figures.
+        out.write_text(json.dumps({**info, "results": results}, indent=2))
     be.close()
 
     hdr = (f"{'case':<38} {'bytes':>8} | {'ckpt direct':>11} {'agent':>7} {'+%':>6} {'GB/s':>5} | "
@@ -157,9 +165,7 @@ def main() -> int:
               f"{b['agent_snapshot_s']:>6.2f}s {r['checkpoint_overhead_pct']:>+5.1f}% {r['direct_checkpoint_gbps']:>5.2f} | "
               f"{b['direct_restore_s']:>13.2f}s {b['agent_restore_s']:>6.2f}s {r['restore_overhead_pct']:>+5.1f}% "
               f"{r['direct_restore_gbps']:>5.2f} | {'yes' if ok else 'NO: ' + '; '.join(x['error'] for x in r['runs'])}")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({**info, "results": results}, indent=2))
-    print(f"wrote {a.out}")
+    print(f"wrote {out}")
     return 0
 
 

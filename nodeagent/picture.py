@@ -13,6 +13,7 @@ from nodeagent.backends.base import Backend, ProcState
 from tscore import records as R
 
 _ON_DEVICE = (ProcState.RUNNING, ProcState.LOCKED)
+_IN_FLIGHT = (ProcState.CHECKPOINTED, ProcState.LOCKED, ProcState.FAILED)
 
 
 def job_state(states: Mapping[int, ProcState]) -> str:
@@ -35,8 +36,17 @@ def job_state(states: Mapping[int, ProcState]) -> str:
 @dataclass(frozen=True)
 class Picture:
     states: dict[int, ProcState] = field(default_factory=dict)
-    resident_bytes: int = 0        # on the devices now
-    snapshot_bytes: int = 0        # in host memory (recorded at checkpoint)
+    bytes: dict[int, int] = field(default_factory=dict)   # pid -> on device, or its snapshot size
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes on the devices now."""
+        return sum(self.bytes.get(p, 0) for p, s in self.states.items() if s in _ON_DEVICE)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes in host memory (recorded at checkpoint)."""
+        return sum(self.bytes.get(p, 0) for p, s in self.states.items() if s is ProcState.CHECKPOINTED)
 
     @property
     def state(self) -> str:
@@ -63,14 +73,25 @@ class Picture:
         return {str(p): str(s) for p, s in sorted(self.states.items())}
 
 
-def take(backend: Backend, pids: Iterable[int]) -> Picture:
+def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) -> Picture:
+    """The picture of a job's processes: ``pids`` (registered now) and ``remembered`` ones.
+
+    A remembered pid (from the agent's own last status of the job, whose
+    registration may have lapsed with the job's session) counts only while it
+    holds something of the job's in flight: checkpointed, locked or failed.
+    A remembered pid that runs normally may be a reused pid of another
+    process, and must never be acted on.
+    """
     states: dict[int, ProcState] = {}
-    resident = snap = 0
-    for pid in sorted(set(pids)):
+    sizes: dict[int, int] = {}
+    pids = set(pids)
+    for pid in sorted(pids | set(remembered)):
         s = backend.get_state(pid)
+        if pid not in pids and s not in _IN_FLIGHT:
+            continue
         states[pid] = s
         if s in _ON_DEVICE:
-            resident += backend.device_bytes(pid) or 0
+            sizes[pid] = backend.device_bytes(pid) or 0
         elif s is ProcState.CHECKPOINTED:
-            snap += backend.snapshot_bytes(pid) or 0
-    return Picture(states, resident, snap)
+            sizes[pid] = backend.snapshot_bytes(pid) or 0
+    return Picture(states, sizes)

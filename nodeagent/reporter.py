@@ -39,11 +39,13 @@ Build = Callable[[], tuple[list, list, list]]
 
 class Reporter:
     def __init__(self, client: EtcdClient, keys: Keys, node: str, lease: Callable[[], int],
-                 renew_lease: Callable[[], Awaitable[None]], max_delay: float = 2.0):
+                 renew_lease: Callable[[int], Awaitable[None]], max_delay: float = 2.0):
         self.client, self.keys, self.node = client, keys, node
         self.lease, self.renew_lease = lease, renew_lease
         self.max_delay = max_delay
         self.last_agent: R.AgentValue | None = None
+        self.newer_revision = 0          # of the intent that superseded the last answer
+        self._used_lease = 0
 
     async def _txn(self, what: str, build: Build) -> rpc.TxnResponse:
         delay = 0.05
@@ -57,13 +59,14 @@ class Reporter:
                 if "lease not found" not in str(e):
                     raise
                 log.warning("agent_lease_gone", what=what, error=str(e))
-                await self.renew_lease()
+                await self.renew_lease(self._used_lease)
                 continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_delay)
 
-    def _agent_put(self, agent: R.AgentValue, raw: bytes) -> rpc.RequestOp:
-        return ops.put(self.keys.agent(self.node), raw, self.lease())
+    def _agent_put(self, raw: bytes) -> rpc.RequestOp:
+        self._used_lease = self.lease()
+        return ops.put(self.keys.agent(self.node), raw, self._used_lease)
 
     async def answer(self, intent: Intent, status: R.StatusValue, agent: R.AgentValue | None = None) -> int:
         """Write ``status`` if the intent is still the one it answers. Returns the revision, or 0."""
@@ -73,7 +76,7 @@ class Reporter:
         def build():
             success = [ops.put(skey, raw_status)]
             if agent is not None:
-                success.append(self._agent_put(agent, raw_agent))
+                success.append(self._agent_put(raw_agent))
             # One RPC: the guard is the intent's mod revision, the failure branch
             # tells us what replaced it (for the log).
             return [ops.mod_rev(ikey, "==", intent.revision)], success, [ops.get(ikey)]
@@ -81,8 +84,9 @@ class Reporter:
         resp = await self._txn("status", build)
         if not resp.succeeded:
             kvs = resp.responses[0].response_range.kvs
+            self.newer_revision = kvs[0].mod_revision if kvs else 0
             log.info("status_superseded", **intent.log_ctx(), state=status.state, outcome=status.outcome,
-                     newer_revision=kvs[0].mod_revision if kvs else 0)
+                     newer_revision=self.newer_revision)
             return 0
         if agent is not None:
             self.last_agent = agent
@@ -90,7 +94,7 @@ class Reporter:
 
     async def put_agent(self, agent: R.AgentValue) -> int:
         raw = agent.dump()
-        resp = await self._txn("agent", lambda: ([], [self._agent_put(agent, raw)], []))
+        resp = await self._txn("agent", lambda: ([], [self._agent_put(raw)], []))
         self.last_agent = agent
         return resp.header.revision
 

@@ -59,8 +59,8 @@ class Runner:
         lk = self._locks.get(job)
         return lk is not None and lk.locked()
 
-    async def picture(self, pids: Sequence[int]) -> P.Picture:
-        return await asyncio.to_thread(P.take, self.backend, pids)
+    async def picture(self, pids: Sequence[int], remembered: Sequence[int] = ()) -> P.Picture:
+        return await asyncio.to_thread(P.take, self.backend, pids, remembered)
 
     def admit(self, op: str, pids: Sequence[int]) -> None:
         """Admission for the whole job, as the op itself will do it; raises AdmissionRefused.

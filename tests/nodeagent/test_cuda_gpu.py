@@ -84,14 +84,15 @@ def test_pytorch_worker_off_the_gpu_and_back(backend, workers):
 
     snap = snapshot_processes(backend, [a.pid], lock_timeout_ms=10_000, host=HostMemory(reserve_bytes=GiB))
     r = snap.by_pid()[a.pid]
-    assert snap.ok and r.outcome is Outcome.DONE and r.bytes == held, snap
+    # Measured again under the lock, so a kernel's scratch allocated since may count too.
+    assert snap.ok and r.outcome is Outcome.DONE and r.bytes >= held, snap
     assert backend.get_state(a.pid) is ProcState.CHECKPOINTED
     assert (backend.device_bytes(a.pid) or 0) == 0          # NVML: its device memory is released
-    assert backend.snapshot_bytes(a.pid) == held            # ...and its size is on record
+    assert backend.snapshot_bytes(a.pid) == r.bytes         # ...and its size is on record
     assert b.ask("verify") == f"VERIFY OK {b.checksum}"     # the other job runs meanwhile
 
     rest = restore_processes(backend, [a.pid])
-    assert rest.ok and rest.by_pid()[a.pid].outcome is Outcome.DONE and rest.bytes == held, rest
+    assert rest.ok and rest.by_pid()[a.pid].outcome is Outcome.DONE and rest.bytes == r.bytes, rest
     assert backend.get_state(a.pid) is ProcState.RUNNING
     assert a.ask("verify") == f"VERIFY OK {a.checksum}"
     assert backend.device_bytes(a.pid) >= 2 * GiB

@@ -1,0 +1,213 @@
+"""State and rules shared by the sync and the async client; no I/O here.
+
+``ClientCore`` holds what both drivers need: the resolved configuration, which
+target is current, the session (secret, lease) and whether it was lost, the
+grants this client holds, the user's hooks, and ``react``: the one place that
+turns a failed attempt into "re-send", "that was success", "verify the
+session" or an exception, using retry.py's decision. The drivers (client.py,
+aio.py) only send requests, wait and sleep.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import structlog
+
+from timeslice import errors as E
+from timeslice.config import ClientConfig, node_name, valid_id
+from timeslice.model import Grant, Worker, node_specs
+from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
+from tsproto import lockd_pb2 as pb
+
+log = structlog.get_logger("timeslice.client")
+
+#: Returned by an attempt when the error proved an earlier attempt was applied.
+ALREADY_APPLIED = object()
+#: Calls made on behalf of the job's session (they carry its secret).
+SESSION_CALLS = frozenset({Call.KEEPALIVE, Call.ACQUIRE, Call.YIELD, Call.REGISTER_WORKER,
+                           Call.UNREGISTER_WORKER})
+
+
+@dataclass(frozen=True)
+class Session:
+    secret: str
+    lease_id: int
+    ttl: int
+    opened_at: float          # monotonic, just before OpenSession was sent
+
+
+class ClientCore:
+    """Everything but the I/O. Not thread-safe by itself: the sync driver locks ``_mu``."""
+
+    def __init__(self, target: str | Sequence[str] | None, job_id: str | None, *, session_ttl: int,
+                 timeout: float, on_session_lost: Callable[[E.SessionLostError], Any] | None,
+                 release_cache: bool, before_yield: Callable[[Grant], Any] | None,
+                 after_acquire: Callable[[Grant], Any] | None, credentials: Any, retry: RetryPolicy | None):
+        self.config = ClientConfig.build(target, job_id, session_ttl, timeout, retry)
+        self.release_cache = release_cache
+        self.before_yield, self.after_acquire = before_yield, after_acquire
+        self._on_session_lost = on_session_lost
+        self._credentials = credentials
+        self._mu = threading.RLock()
+        self._cur = 0                       # index of the current target
+        self._gen = 0                       # bumped on every failover
+        self._session: Session | None = None
+        self._lost: E.SessionLostError | None = None
+        self._closed = False
+        self._closing = False
+        self._held: dict[str, Grant] = {}
+        if self.config.job_id_generated:
+            log.info("job_id_generated", job=self.config.job_id,
+                     hint="set TIMESLICE_JOB_ID or pass job_id= to choose it")
+
+    # -- public read-only state ---------------------------------------------
+    @property
+    def job_id(self) -> str:
+        return self.config.job_id
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self.config.targets
+
+    @property
+    def target(self) -> str:
+        """The lockd address calls go to now."""
+        return self.config.targets[self._cur]
+
+    @property
+    def session_lost(self) -> bool:
+        """True once the session was lost, until ``reset_session()``."""
+        return self._lost is not None
+
+    @property
+    def lease_id(self) -> int | None:
+        """The session's etcd lease id, once opened."""
+        s = self._session
+        return s.lease_id if s else None
+
+    @property
+    def held(self) -> dict[str, Grant]:
+        """Groups this client holds now (by its own acquire/yield calls), with their grants."""
+        with self._mu:
+            return dict(self._held)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- targets --------------------------------------------------------------
+    def _failover(self, idx: int, why: str) -> None:
+        """Move off target ``idx`` (no-op if another thread already did)."""
+        with self._mu:
+            if self._cur != idx or len(self.config.targets) == 1:
+                return
+            self._cur = (idx + 1) % len(self.config.targets)
+            self._gen += 1
+            new = self.config.targets[self._cur]
+        log.info("failover", job=self.job_id, frm=self.config.targets[idx], to=new, why=why)
+
+    # -- session state --------------------------------------------------------
+    def _check_usable(self, call: Call | None = None) -> None:
+        if self._closed:
+            raise E.ClientClosedError(f"client of job {self.job_id!r} is closed")
+        if self._lost is not None and (call is None or call in SESSION_CALLS):
+            raise self._lost_error()
+
+    def _lost_error(self) -> E.SessionLostError:
+        lost = self._lost
+        assert lost is not None
+        return E.SessionLostError(str(lost), code=lost.code, reason=lost.reason, details=lost.details)
+
+    def _take_loss(self, err: E.SessionLostError, session: Session | None) -> Callable | None:
+        """Record the loss of ``session``; returns the callback to fire (once), if any."""
+        with self._mu:
+            if self._lost is not None or self._closing or self._closed or (session is not None and session is not self._session):
+                return None
+            self._lost = err
+            lost_groups = sorted(self._held)
+            self._held.clear()
+            cb = self._on_session_lost
+        log.warning("session_lost", job=self.job_id, lease=self.lease_id, groups=lost_groups, reason=str(err))
+        return cb
+
+    def _loss_from(self, call: Call, err: E.TimesliceClientError) -> E.SessionLostError | None:
+        """The session loss an error of a session-bound call proves, if any."""
+        if call not in SESSION_CALLS:
+            return None
+        if isinstance(err, E.SessionLostError):
+            return err
+        if isinstance(err, E.AuthError):
+            return E.SessionLostError(f"session of job {self.job_id!r} was replaced: {err.details}",
+                                      code=err.code, details=err.details)
+        return None
+
+    # -- the reaction to one failed attempt ------------------------------------
+    def react(self, st: CallState, idx: int, code: str, details: str) -> object:
+        """Returns ``ALREADY_APPLIED`` or ``Action.VERIFY_SESSION``; raises ``TryAgain`` or the mapped error."""
+        d = st.decide(code, details)
+        log.debug("attempt_failed", job=self.job_id, method=st.call.method, target=self.config.targets[idx],
+                  code=code, action=d.action.value, why=d.why)
+        if d.failover:
+            self._failover(idx, f"{code}: {details}"[:200])
+        if d.action is Action.RETRY:
+            raise TryAgain(code, details)
+        if d.action is Action.SUCCEED:
+            return ALREADY_APPLIED
+        if d.action is Action.VERIFY_SESSION:
+            return Action.VERIFY_SESSION
+        raise E.from_status(code, details, st.call.method)
+
+    def exhausted(self, st: CallState, last: TryAgain) -> E.TimesliceClientError:
+        """The error for a call whose re-sends ran out (deadline or failover window)."""
+        note = (f" (gave up after {st.attempts} attempt(s) over {', '.join(self.config.targets)})")
+        return E.from_status(last.code, last.details, st.call.method, note=note)
+
+    # -- requests -------------------------------------------------------------
+    def _ref(self) -> pb.SessionRef:
+        return pb.SessionRef(job_id=self.job_id, session_secret=self._secret())
+
+    def _secret(self) -> str:
+        s = self._session
+        return s.secret if s else ""
+
+    def _worker_req(self, pid: int | None, node: str | None, device_bytes: int) -> tuple[pb.WorkerRequest, Worker]:
+        w = Worker(valid_id("node", node) if node else node_name(), int(pid or os.getpid()), int(device_bytes))
+        req = pb.WorkerRequest(job_id=self.job_id, session_secret=self._secret(), node=w.node, pid=w.pid,
+                               device_bytes=w.device_bytes)
+        return req, w
+
+    @staticmethod
+    def _create_req(group_id: str, nodes) -> pb.CreateGroupRequest:
+        try:
+            specs = node_specs(nodes)
+        except (ValueError, TypeError) as e:
+            raise E.InvalidArgumentError(str(e)) from None
+        return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs])
+
+    def _grant_held(self, grant: Grant) -> None:
+        with self._mu:
+            self._held[grant.group_id] = grant
+
+    def _token_for(self, group_id: str, token: int | None) -> tuple[int, Grant | None]:
+        held = self._held.get(group_id)
+        if token is None:
+            if held is None:
+                raise E.NotHolderError(
+                    f"not_holder: job {self.job_id!r} holds no grant of {group_id!r} in this client",
+                    reason="not_holder")
+            return held.token, held
+        return int(token), held if held is not None and held.token == token else None
+
+    def _forget(self, group_id: str, token: int) -> None:
+        with self._mu:
+            g = self._held.get(group_id)
+            if g is not None and g.token == token:
+                del self._held[group_id]
+
+    @staticmethod
+    def _deadline(timeout: float | None) -> float | None:
+        return None if timeout is None else time.monotonic() + max(0.0, float(timeout))

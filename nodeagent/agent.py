@@ -1,0 +1,305 @@
+"""The node agent: intents in, checkpoint ops out, revisioned statuses back.
+
+Two mirrors (``Reflector``: read at revision R, watch from R+1, re-read on
+compaction) keep the agent's view of etcd: ``nodes/<node>/`` (its intents and
+statuses) and ``jobs/`` (worker registrations, to know each job's pids here).
+The intent loop is level-triggered: for a job, the *current* intent is run
+unless the job's status already answers it, so the newest intent per job wins,
+a repeated event is harmless, and a restarted agent simply runs whatever is
+still unanswered. One driver task per job runs its intents one at a time;
+different jobs run concurrently.
+
+Nothing the agent remembers matters across a restart: etcd holds the intents
+and statuses (with the fencing tokens), the processes hold their own
+checkpoint state, and ``start`` rebuilds everything from those two.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import structlog
+
+from nodeagent import intents as I
+from nodeagent.backends import pick_backend
+from nodeagent.backends.base import Backend, ProcState
+from nodeagent.config import AgentConfig
+from nodeagent.discovery import local_registered_pids
+from nodeagent.hostmem import HostMemory
+from nodeagent.inventory import Inventory, differs
+from nodeagent.jobs import LocalJobs
+from nodeagent.metrics import Metrics
+from nodeagent.picture import Picture, take
+from nodeagent.reporter import Reporter
+from nodeagent.runner import Runner
+from nodeagent.tokens import TokenBook
+from tscore import records as R
+from tscore.errors import ConfigError, TimesliceError
+from tscore.etcd import ops
+from tscore.etcd.client import EtcdClient
+from tscore.etcd.mirror import Reflector
+from tscore.etcd.session import Session
+from tscore.keys import Keys
+
+log = structlog.get_logger("nodeagent.agent")
+
+
+def make_backend(cfg: AgentConfig) -> Backend:
+    opts: dict = {"sim_dir": cfg.sim_dir, "capacity_bytes": cfg.sim_capacity_bytes,
+                  "checkpoint_gbps": cfg.sim_checkpoint_gbps, "restore_gbps": cfg.sim_restore_gbps}
+    if cfg.backend_name != "sim":
+        from nodeagent.backends.records import SnapshotRecords
+        opts["records"] = SnapshotRecords(cfg.state_dir)
+    return pick_backend(cfg.backend_name, **opts)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig, backend: Backend | None = None, metrics: Metrics | None = None):
+        self.cfg, self.node, self.keys = cfg, cfg.node, Keys(cfg.prefix)
+        self.metrics = metrics or Metrics()
+        try:
+            self.tokens = TokenBook(Path(cfg.state_dir) / f"tokens-{cfg.node}.json")
+        except OSError as e:
+            raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
+        self.backend = backend or make_backend(cfg)
+        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
+        self.inventory = Inventory(self.backend, self.host)
+        self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
+        self.client = EtcdClient(cfg.etcd)
+        self.session: Session | None = None
+        self.node_mirror = Reflector(self.client, self.keys.node(self.node))
+        self.jobs_mirror = Reflector(self.client, self.keys.jobs())
+        self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
+        self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.session.lease_id,
+                                 self._renew_session)
+        self.endpoint = ""
+        self.stopping = False
+        self._drivers: dict[str, asyncio.Task] = {}
+        self._answered: dict[str, int] = {}          # job -> intent revision answered by this process
+        self._agent_lock = asyncio.Lock()            # one writer of the liveness key at a time
+        self._session_lock = asyncio.Lock()
+        self._refresh_soon = asyncio.Event()
+        self._force_put = False
+        self._tasks: list[asyncio.Task] = []
+
+    # --- life cycle ----------------------------------------------------------
+    async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
+        self.endpoint = endpoint
+        self.session = await Session(self.client, self.cfg.session).open()
+        for m in (self.node_mirror, self.jobs_mirror):
+            m.start()
+        await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
+                               sync_timeout)
+        self.tokens.recover(self.jobs.statuses())
+        await self._reconcile()
+        await self.refresh(force=True)
+        self.node_mirror.add_listener(self._on_node_batch)
+        self.jobs_mirror.add_listener(self._on_jobs_batch)
+        self._tasks.append(asyncio.create_task(self._refresh_loop(), name="agent-refresh"))
+        self._kick_all()
+        log.info("agent_started", node=self.node, backend=self.backend.name, why=self.backend.why,
+                 lease=f"{self.session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
+
+    async def stop(self, grace: float = 30.0) -> None:
+        """Finish the ops in flight (up to ``grace`` s), then give the lease back."""
+        self.stopping = True
+        if self._drivers:
+            await asyncio.wait(list(self._drivers.values()), timeout=grace)
+        for t in [*self._tasks, *self._drivers.values()]:
+            t.cancel()
+        await asyncio.gather(*self._tasks, *self._drivers.values(), return_exceptions=True)
+        for m in (self.node_mirror, self.jobs_mirror):
+            await m.stop()
+        if self.session is not None:
+            try:
+                await self.session.close()      # the liveness key goes with the lease
+            except TimesliceError as e:
+                log.warning("session_close_failed", error=str(e))
+        self.inventory.close()
+        self.backend.close()
+        await self.client.close()
+
+    async def _renew_session(self, failed_lease: int | None = None) -> None:
+        """Replace a lost lease (etcd unreachable past the TTL, or said so by a write)."""
+        async with self._session_lock:
+            s = self.session
+            if (s.lease_id != failed_lease) if failed_lease is not None else s.alive:
+                return                          # renewed already, or nothing wrong
+            s.orphan()
+            self.session = await Session(self.client, self.cfg.session).open()
+            log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{self.session.lease_id:x}")
+            self._force_put = True              # the liveness key must move to the new lease
+            self._refresh_soon.set()
+
+    # --- triggers (mirror listeners: synchronous, called for every batch) -------
+    def _on_node_batch(self, events, reset: bool) -> None:
+        if reset:
+            self._kick_all()
+            return
+        for ev in events:
+            job = self.jobs.intent_job(ev.kv.key)
+            if job is not None and ev.is_put:
+                self._kick(job)
+
+    def _on_jobs_batch(self, events, reset: bool) -> None:
+        if reset or any(self.jobs.is_local_worker(ev.kv.key) for ev in events):
+            self._refresh_soon.set()
+
+    def _kick_all(self) -> None:
+        for job in self.jobs.intent_jobs():
+            self._kick(job)
+
+    def _kick(self, job: str) -> None:
+        if not self.stopping and job not in self._drivers:
+            self._drivers[job] = asyncio.create_task(self._drive(job), name=f"intent-{job}")
+
+    # --- the intent loop ---------------------------------------------------------
+    def _pending(self, job: str) -> I.Intent | None:
+        """The job's current intent if nobody has answered it yet."""
+        kv = self.jobs.intent_kv(job)
+        if kv is None:
+            return None
+        intent = I.Intent.from_kv(job, kv)
+        if self._answered.get(job) == intent.revision or I.answered(intent, self.jobs.status(job)):
+            return None
+        return intent
+
+    async def _drive(self, job: str) -> None:
+        delay = 0.1
+        try:
+            while not self.stopping:
+                intent = self._pending(job)
+                if intent is None:
+                    return              # no await since the check: a new event starts a new driver
+                try:
+                    await self._handle(intent)
+                    delay = 0.1
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - etcd down, a bug: retry the intent later
+                    log.exception("intent_retry", **intent.log_ctx(), error=str(e))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            self._drivers.pop(job, None)
+
+    async def pids(self, job: str) -> tuple[list[int], list[int]]:
+        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
+        prefix = self.keys.workers(job) + f"{self.node}/".encode()
+        r = await self.client.range(ops.range_req(prefix, prefix=True))
+        entries = [R.WorkerValue.load(kv.value).__dict__ for kv in r.kvs]
+        registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
+        registered |= self.jobs.adopted.get(job, set())
+        return sorted(registered), sorted(self.jobs.remembered(job) - registered)
+
+    async def _handle(self, intent: I.Intent) -> None:
+        ctx = intent.log_ctx()
+        async with self.runner.lock(intent.job):
+            registered, remembered = await self.pids(intent.job)
+            pic = await self.runner.picture(registered, remembered)
+            stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
+            d = I.decide(intent, pic, stale)
+            if d.kind != I.RUN:
+                st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes,
+                              error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
+                if await self._answer(intent, st):
+                    self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()
+                    say = log.warning if d.kind == I.REFUSE else log.info
+                    say("intent_refused" if d.kind == I.REFUSE else "intent_reported", **ctx,
+                        outcome=d.outcome, state=pic.state, reason=d.reason)
+                return
+            await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
+            if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
+                return
+            log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
+            rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent")
+            st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
+            rev = await self._answer(intent, st)
+            say = log.info if st.outcome in (R.OK, R.PROCESS_GONE) else log.error
+            say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
+                device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
+
+    async def _answer(self, intent: I.Intent, st: R.StatusValue, refresh: bool = True) -> int:
+        """Write ``st`` for ``intent`` (with the refreshed agent key if ``refresh``); 0 if superseded."""
+        if not refresh:
+            rev = await self.reporter.answer(intent, st)
+        else:
+            async with self._agent_lock:
+                agent = await self._agent_value()
+                rev = await self.reporter.answer(intent, st, agent)
+        if rev and st.outcome:
+            self._answered[intent.job] = intent.revision
+        if not rev:
+            self.metrics.superseded.inc()
+            # Let the mirror catch up with the intent that replaced this one
+            # before looking again, or the driver would chase the old one.
+            try:
+                await self.node_mirror.wait_revision(self.reporter.newer_revision, timeout=5)
+            except asyncio.TimeoutError:
+                pass
+        return rev
+
+    # --- the picture, the liveness key, reconciliation ------------------------------
+    async def pictures(self) -> dict[str, Picture]:
+        local = self.jobs.local()
+
+        def work():
+            return {job: take(self.backend, reg, rem) for job, (reg, rem) in local.items()}
+        return await asyncio.to_thread(work)
+
+    async def _agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
+        pictures = pictures if pictures is not None else await self.pictures()
+        resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
+        agent = await asyncio.to_thread(self.inventory.agent_value, self.node, self.endpoint, resident)
+        self.metrics.host_free.set(agent.host_free_bytes)
+        self.metrics.device_free.set(agent.device_free_bytes)
+        return agent
+
+    async def refresh(self, force: bool = False) -> None:
+        """Rewrite the liveness key if its figures changed; correct statuses that drifted."""
+        async with self._agent_lock:
+            pictures = await self.pictures()
+            agent = await self._agent_value(pictures)
+            if force or self._force_put or differs(self.reporter.last_agent, agent):
+                self._force_put = False
+                await self.reporter.put_agent(agent)
+        for job, pic in pictures.items():
+            skv = self.jobs.status_kv(job)
+            if skv is None or self.runner.busy(job) or job in self._drivers:
+                continue
+            new = I.corrected(R.StatusValue.load(skv.value), pic)
+            if new is not None and await self.reporter.correct(job, new, skv.mod_revision):
+                log.info("status_corrected", job=job, state=new.state, pids=new.pids)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._refresh_soon.wait(), self.cfg.refresh_interval)
+                await asyncio.sleep(0.02)           # coalesce a burst of registrations
+            except asyncio.TimeoutError:
+                pass
+            self._refresh_soon.clear()
+            try:
+                if not self.session.alive:
+                    await self._renew_session()
+                await self.refresh()
+                self.metrics.etcd_connected.set(1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep refreshing whatever happens
+                self.metrics.etcd_connected.set(0)
+                log.warning("refresh_failed", error=str(e))
+
+    async def _reconcile(self) -> None:
+        """After a restart: unlock processes an op of a dead agent left locked, unless an intent
+        still wants them (its re-run finishes the op instead)."""
+        for job, pic in (await self.pictures()).items():
+            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED]
+            if not locked or self._pending(job) is not None:
+                continue
+            for pid in locked:
+                try:
+                    await asyncio.to_thread(self.backend.unlock, pid)
+                    log.warning("reconcile_unlocked", job=job, pid=pid)
+                except Exception as e:  # noqa: BLE001
+                    log.error("reconcile_unlock_failed", job=job, pid=pid, error=str(e))

@@ -1,0 +1,93 @@
+"""The jobs of this node as etcd shows them: intents, statuses, registered workers.
+
+Read from the agent's two mirrors, never from etcd directly (the op path
+reads registrations fresh; see ``Agent.pids``). A job's pids here come from
+three places:
+
+* registered: ``jobs/<job>/workers/<node>/<pid>``, leased to the job's
+  session (they vanish when the job dies);
+* adopted: pids named in a direct gRPC call, for services that never register;
+* remembered: the pids in the agent's own last status of the job, which
+  outlive a registration that lapsed while the job was snapshotted, so a
+  snapshotted job is never forgotten (``picture.take`` counts them only while
+  they hold something in flight).
+"""
+from __future__ import annotations
+
+from aetcd import rpc
+
+from tscore import records as R
+from tscore.etcd.mirror import Reflector
+from tscore.keys import Keys
+
+
+class LocalJobs:
+    def __init__(self, keys: Keys, node: str, node_mirror: Reflector, jobs_mirror: Reflector):
+        self.keys, self.node = keys, node
+        self.node_mirror, self.jobs_mirror = node_mirror, jobs_mirror
+        self.adopted: dict[str, set[int]] = {}
+
+    # --- keys -------------------------------------------------------------------
+    def _parts(self, key: bytes) -> tuple[str, ...]:
+        try:
+            return self.keys.parse(key)
+        except ValueError:
+            return ()
+
+    def intent_job(self, key: bytes) -> str | None:
+        p = self._parts(key)
+        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == self.node and p[2] == "intents" else None
+
+    def _status_job(self, key: bytes) -> str | None:
+        p = self._parts(key)
+        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == self.node and p[2] == "status" else None
+
+    def _local_worker(self, key: bytes) -> tuple[str, int] | None:
+        p = self._parts(key)
+        if len(p) == 5 and p[0] == "jobs" and p[2] == "workers" and p[3] == self.node and p[4].isdigit():
+            return p[1], int(p[4])
+        return None
+
+    def is_local_worker(self, key: bytes) -> bool:
+        return self._local_worker(key) is not None
+
+    # --- intents and statuses --------------------------------------------------------
+    def intent_jobs(self) -> list[str]:
+        jobs = (self.intent_job(k) for k, _ in self.node_mirror.items(self.keys.intents(self.node)))
+        return sorted(j for j in jobs if j)
+
+    def intent_kv(self, job: str) -> rpc.KeyValue | None:
+        return self.node_mirror.get(self.keys.intent(self.node, job))
+
+    def status_kv(self, job: str) -> rpc.KeyValue | None:
+        return self.node_mirror.get(self.keys.status(self.node, job))
+
+    def status(self, job: str) -> R.StatusValue | None:
+        kv = self.status_kv(job)
+        return R.StatusValue.load(kv.value) if kv else None
+
+    def statuses(self) -> list[R.StatusValue]:
+        return [R.StatusValue.load(kv.value) for _, kv in self.node_mirror.items(self.keys.statuses(self.node))]
+
+    # --- pids -------------------------------------------------------------------------
+    def adopt(self, job: str, pids: list[int]) -> None:
+        self.adopted.setdefault(job, set()).update(pids)
+
+    def remembered(self, job: str) -> set[int]:
+        st = self.status(job)
+        return set(st.pids) if st else set()
+
+    def local(self) -> dict[str, tuple[list[int], list[int]]]:
+        """job -> (registered or adopted pids, remembered-only pids), for every job known here."""
+        reg: dict[str, set[int]] = {j: set(p) for j, p in self.adopted.items()}
+        for key, _ in self.jobs_mirror.items(self.keys.jobs()):
+            hit = self._local_worker(key)
+            if hit:
+                reg.setdefault(hit[0], set()).add(hit[1])
+        rem: dict[str, set[int]] = {}
+        for key, kv in self.node_mirror.items(self.keys.statuses(self.node)):
+            job = self._status_job(key)
+            if job:
+                rem[job] = set(R.StatusValue.load(kv.value).pids)
+        return {j: (sorted(reg.get(j, ())), sorted(rem.get(j, set()) - reg.get(j, set())))
+                for j in sorted(set(reg) | set(rem))}

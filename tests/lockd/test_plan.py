@@ -1,0 +1,136 @@
+"""The swap planner, sans-IO: hand-made states in, actions out."""
+from aetcd import rpc
+
+from lockd import plan as P
+from lockd.index import GroupState, JobState, NodeState
+from tscore import records as R
+
+GB = 1 << 30
+
+
+def kv(key, value, create=1, mod=None, lease=0):
+    return rpc.KeyValue(key=key.encode(), value=value if isinstance(value, bytes) else value.dump(),
+                        create_revision=create, mod_revision=mod or create, lease=lease)
+
+
+def group(queue, grant=None, nodes=("n1",)):
+    gs = GroupState(spec=kv("spec", R.GroupSpec([{"node": n, "gpus": []} for n in nodes])))
+    for job, tok, hint in queue:
+        gs.queue[job] = kv(f"q/{job}", R.QueueValue(job, 100 + tok, hint), create=tok, lease=100 + tok)
+    if grant:
+        job, tok = grant
+        gs.grant = kv("grant", R.GrantValue(job, tok, 7))
+    return gs
+
+
+def agent(free, total=80 * GB, jobs=None):
+    return kv("agent", R.AgentValue("n1", "sim", device_total_bytes=total, device_free_bytes=free,
+                                    job_device_bytes=jobs or {}))
+
+
+def workers(*jobs, node="n1"):
+    return {j: JobState(session=kv("s", b"{}"), workers={(node, 1000 + i): kv("w", b"{}")})
+            for i, j in enumerate(jobs)}
+
+
+def status(job, state, outcome="", intent_rev=0, token=0, bytes_=0, device_bytes=0, error=""):
+    return kv(f"st/{job}", R.StatusValue(state, job, outcome=outcome, intent_revision=intent_rev,
+                                         token=token, bytes=bytes_, device_bytes=device_bytes, error=error))
+
+
+def intent(job, op, token, mod, issued_ms=1000):
+    return kv(f"in/{job}", R.IntentValue(op, job, "g", token, 7, issued_ms), create=mod, mod=mod)
+
+
+def test_idle_and_held_groups_need_nothing():
+    assert P.plan_group(group([]), {}, {}, 0) == []
+    assert P.plan_group(group([("A", 5, 0)], grant=("A", 5)), {}, {}, 0) == []
+
+
+def test_stale_grant_is_dropped_before_anything_else():
+    acts = P.plan_group(group([("B", 9, 0)], grant=("A", 5)), {}, {}, 0)
+    assert len(acts) == 1 and isinstance(acts[0], P.DropGrant) and acts[0].job == "A"
+
+
+def test_no_workers_means_plain_grant():
+    acts = P.plan_group(group([("B", 9, 0), ("C", 11, 0)]), {}, {}, 0)
+    assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
+
+
+def test_resident_other_job_and_unknown_footprint_is_snapshotted():
+    nodes = {"n1": NodeState(agent=agent(free=70 * GB))}
+    acts = P.plan_group(group([("B", 9, 0)]), nodes, workers("A"), 0)
+    assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+
+
+def test_fits_beside_resident_job_is_elided():
+    nodes = {"n1": NodeState(agent=agent(free=40 * GB))}
+    acts = P.plan_group(group([("B", 9, 10 * GB)]), nodes, workers("A"), 0)
+    assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=True, bytes_moved=0)]
+
+
+def test_does_not_fit_evicts_then_restores_then_grants():
+    jobs = workers("A", "B")
+    ns = NodeState(agent=agent(free=5 * GB), statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=30 * GB)})
+    nodes = {"n1": ns}
+    # 1. B is snapshotted and needs 30 GB; only 5 free: evict A.
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0) == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    # 2. Intent written, no report yet: wait.
+    ns.intents["A"] = intent("A", R.SNAPSHOT, 9, mod=20)
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 2000) == []
+    # 3. A snapshotted (answering the intent): restore B.
+    ns.statuses["A"] = status("A", R.SNAPSHOTTED, R.OK, intent_rev=20, token=9, bytes_=25 * GB)
+    ns.agent = agent(free=75 * GB)
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 2000) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+    # 4. B restored: grant, with the bytes of both ops.
+    ns.intents["B"] = intent("B", R.RESTORE, 9, mod=22)
+    ns.statuses["B"] = status("B", R.RUNNING, R.OK, intent_rev=22, token=9, bytes_=30 * GB)
+    acts = P.plan_group(group([("B", 9, 0)]), nodes, jobs, 3000)
+    assert acts == [P.WriteGrant("B", 9, 109, restored=True, elided=False, bytes_moved=55 * GB)]
+
+
+def test_failed_snapshot_fails_the_waiter_with_reason():
+    ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=20)},
+                   statuses={"A": status("A", R.RUNNING, R.FAILED, intent_rev=20, token=9, error="lock timed out")})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 2000)
+    assert len(acts) == 1 and isinstance(acts[0], P.FailWaiter)
+    assert acts[0].job == "B" and "lock timed out" in acts[0].reason and acts[0].node == "n1"
+
+
+def test_stale_report_is_not_taken_for_the_current_intent():
+    ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=25)},
+                   statuses={"A": status("A", R.SNAPSHOTTED, R.OK, intent_rev=20, token=9)})
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 2000) == []
+
+
+def test_silent_agent_times_out():
+    ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=20, issued_ms=1000)})
+    pol = P.Policy(swap_timeout_ms=5000)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 5999, pol) == []
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 6001, pol)
+    assert isinstance(acts[0], P.FailWaiter) and "did not report" in acts[0].reason
+
+
+def test_dead_agent_fails_waiter_when_something_must_move():
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": NodeState()}, workers("A"), 0)
+    assert isinstance(acts[0], P.FailWaiter) and "not alive" in acts[0].reason
+
+
+def test_gone_processes_are_not_residents():
+    ns = NodeState(agent=agent(free=1 * GB), statuses={"A": status("A", R.GONE, R.PROCESS_GONE)})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0)
+    assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
+
+
+def test_already_issued_intent_is_not_rewritten_and_older_one_is_replaced():
+    ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 3, mod=15)},
+                   statuses={"A": status("A", R.RUNNING, R.OK, intent_rev=15, token=3)})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0)
+    assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 15)]
+
+
+def test_two_nodes_both_must_settle():
+    jobs = {"A": JobState(workers={("n1", 1): kv("w", b"{}"), ("n2", 2): kv("w", b"{}")})}
+    nodes = {"n1": NodeState(agent=agent(free=1 * GB)), "n2": NodeState(agent=agent(free=1 * GB))}
+    acts = P.plan_group(group([("B", 9, 0)], nodes=("n1", "n2")), nodes, jobs, 0)
+    assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0), P.WriteIntent("n2", "A", R.SNAPSHOT, 9, 0)]
