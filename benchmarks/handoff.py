@@ -117,6 +117,30 @@ async def _wait_blocked(job: C.Job, group: str, newer_than: int, timeout: float 
     raise TimeoutError(f"{job.job_id} never showed as a waiter of {group}")
 
 
+async def one_handoff(holder: C.Job, waiter: C.Job, group: str, token: int, settle_s: float,
+                      pre_yield=None):
+    """One handoff: start ``waiter``'s Acquire, wait until it is blocked, settle, then ``holder``
+    yields ``token``. Returns (ms from the Yield call to the Acquire's return, reply, t0, t_yield_returned).
+
+    ``pre_yield`` (an awaitable factory) runs between the settle and the Yield (the polling
+    baseline uses it to land the Yield at a random phase of its poll).
+    """
+    w_task = asyncio.create_task(_timed(waiter.acquire(group)))
+    try:
+        await _wait_blocked(waiter, group, token)
+        await asyncio.sleep(settle_s)
+        if pre_yield is not None:
+            await pre_yield()
+        t0 = C.now()
+        await holder.yield_(group, token)
+        t_y = C.now()
+        reply, t1 = await w_task
+    except BaseException:
+        w_task.cancel()
+        raise
+    return (t1 - t0) * 1000, reply, t0, t_y
+
+
 async def run_members(members: int, handoffs: int, block: int, settle_ms: float, warmup: int,
                       phases_on: bool = False) -> dict:
     with C.Stack(etcd_size=members, replicas=3) as st:
@@ -155,14 +179,7 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
             done = 0
             while done < total:
                 for _ in range(min(block, total - done)):
-                    w_task = asyncio.create_task(_timed(waiter.acquire(GROUP)))
-                    await _wait_blocked(waiter, GROUP, token)
-                    await asyncio.sleep(settle_ms / 1000)
-                    t0 = C.now()
-                    await holder.yield_(GROUP, token)
-                    t_y = C.now()
-                    reply, t1 = await w_task
-                    ms = (t1 - t0) * 1000
+                    ms, reply, t0, t_y = await one_handoff(holder, waiter, GROUP, token, settle_ms / 1000)
                     if done >= warmup and seen is not None:
                         t_rel = await seen.wait_seen(seen.deleted_at, token)
                         t_gr = await seen.wait_seen(seen.granted_at, reply.token)

@@ -225,7 +225,7 @@ class Agent:
             rev = await self.reporter.answer(intent, st)
         else:
             async with self._agent_lock:
-                agent = await self._agent_value()
+                agent = await self.agent_value()
                 rev = await self.reporter.answer(intent, st, agent)
         if rev and st.outcome:
             self._answered[intent.job] = intent.revision
@@ -247,7 +247,7 @@ class Agent:
             return {job: take(self.backend, reg, rem) for job, (reg, rem) in local.items()}
         return await asyncio.to_thread(work)
 
-    async def _agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
+    async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
         pictures = pictures if pictures is not None else await self.pictures()
         resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
         agent = await asyncio.to_thread(self.inventory.agent_value, self.node, self.endpoint, resident)
@@ -259,7 +259,7 @@ class Agent:
         """Rewrite the liveness key if its figures changed; correct statuses that drifted."""
         async with self._agent_lock:
             pictures = await self.pictures()
-            agent = await self._agent_value(pictures)
+            agent = await self.agent_value(pictures)
             if force or self._force_put or differs(self.reporter.last_agent, agent):
                 self._force_put = False
                 await self.reporter.put_agent(agent)

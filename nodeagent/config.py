@@ -70,6 +70,8 @@ class AgentConfig:
             host, _, port = addr.rpartition(":")
             if addr and (not host or not port.isdigit()):
                 raise ConfigError(f"{name} {addr!r} is not host:port")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"--log-level {self.log_level!r}: debug, info, warning or error")
         if self.host_reserve_bytes < 0:
             raise ConfigError("--host-reserve-bytes must be >= 0")
         if self.lock_timeout_ms <= 0:

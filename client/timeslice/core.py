@@ -149,8 +149,9 @@ class ClientCore:
     def react(self, st: CallState, idx: int, code: str, details: str) -> object:
         """Returns ``ALREADY_APPLIED`` or ``Action.VERIFY_SESSION``; raises ``TryAgain`` or the mapped error."""
         d = st.decide(code, details)
-        log.debug("attempt_failed", job=self.job_id, method=st.call.method, target=self.config.targets[idx],
-                  code=code, action=d.action.value, why=d.why)
+        if d.action is not Action.RAISE:
+            log.debug("attempt_failed", job=self.job_id, method=st.call.method,
+                      target=self.config.targets[idx], code=code, action=d.action.value, why=d.why)
         if d.failover:
             self._failover(idx, f"{code}: {details}"[:200])
         if d.action is Action.RETRY:

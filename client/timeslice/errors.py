@@ -91,7 +91,7 @@ class UnknownGroupError(TimesliceClientError):
     """The group does not exist (or was deleted while the job waited)."""
 
     code = "NOT_FOUND"
-    hint = "create it first (`timeslice group create NAME`) or check the name with `timeslice groups`"
+    hint = "check the name with `timeslice groups`"
 
 
 class AlreadyExistsError(TimesliceClientError):

@@ -1,0 +1,38 @@
+"""`nodeagent serve ...`: run the node agent of one GPU node."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from nodeagent import config as C
+from nodeagent.backends.errors import BackendUnavailable
+from tscore import logs
+from tscore.errors import ConfigError, TimesliceError
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="nodeagent", description="timeslice node agent")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run snapshot/restore intents for this node; serve the direct API")
+    C.add_arguments(s)
+    a = p.parse_args(argv)
+    try:
+        cfg = C.from_args(a)
+    except TimesliceError as e:         # ConfigError, InvalidIdError (a bad --node)
+        print(f"nodeagent: invalid configuration: {e}", file=sys.stderr)
+        return 2
+    logs.configure("nodeagent", cfg.log_level)
+    from nodeagent.server import serve
+    try:
+        asyncio.run(serve(cfg))
+    except KeyboardInterrupt:
+        pass
+    except (ConfigError, BackendUnavailable) as e:
+        print(f"nodeagent: cannot start: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Direct operations: Snapshot / Restore asked over gRPC, outside the orchestrator.
+
+``submit`` checks the request (ids, pids, admission) and answers at once with
+an operation id; the op then runs in the background through the same runner
+(and per-job lock) as the intents, and ``get`` reports it. The job's status in
+etcd is kept truthful afterwards, so the leader's picture of the node stays
+right: where the job has an intent-answering status, only its state and
+figures change; otherwise the status records the direct op (intent_revision 0).
+The last ``keep`` operations are remembered (in memory: an operation id does
+not survive an agent restart; the processes' state does).
+"""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import structlog
+
+from nodeagent import intents as I
+from nodeagent.backends.base import ProcState
+from tscore import records as R
+from tscore.errors import InvalidIdError, TimesliceError
+from tscore.ids import check_id
+
+log = structlog.get_logger("nodeagent.operations")
+
+PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
+MAX_PID = 2**22
+
+
+class UnknownOperation(TimesliceError):
+    code = "NOT_FOUND"
+
+
+class NoProcesses(TimesliceError):
+    code = "NOT_FOUND"
+
+
+class AgentStopping(TimesliceError):
+    code = "UNAVAILABLE"
+
+
+@dataclass
+class Operation:
+    operation_id: str
+    op: str
+    job_id: str
+    state: str = PENDING
+    bytes: int = 0
+    elapsed_ms: float = 0.0
+    error: str = ""
+    pids: list[int] = field(default_factory=list)
+
+
+class Operations:
+    def __init__(self, agent, keep: int = 1000):
+        self.agent = agent
+        self.keep = keep
+        self._ops: OrderedDict[str, Operation] = OrderedDict()
+        self._tasks: set[asyncio.Task] = set()
+
+    def get(self, operation_id: str) -> Operation:
+        op = self._ops.get(operation_id)
+        if op is None:
+            raise UnknownOperation(f"unknown operation {operation_id!r} (ids do not survive an agent restart)")
+        return op
+
+    async def submit(self, op: str, job: str, pids: list[int]) -> Operation:
+        check_id("job", job)
+        bad = [p for p in pids if not 0 < p <= MAX_PID]
+        if bad:
+            raise InvalidIdError(f"pids must be in 1..{MAX_PID}, got {bad}")
+        if self.agent.stopping:
+            raise AgentStopping("the agent is stopping; retry on its successor")
+        runner = self.agent.runner
+        if pids:
+            pic = await runner.picture(pids)
+            gone = [p for p, s in pic.states.items() if s is ProcState.GONE]
+            if gone:
+                raise NoProcesses(f"no such process on node {self.agent.node}: {gone}")
+            chosen = sorted(set(pids))
+        else:
+            registered, remembered = await self.agent.pids(job)
+            pic = await runner.picture(registered, remembered)
+            chosen = pic.live_pids
+            if not chosen:
+                raise NoProcesses(f"job {job!r} has no live registered process on node {self.agent.node}; "
+                                  "register its workers, or name the pids")
+        # Refuse up front what the op would refuse: RESOURCE_EXHAUSTED, nothing touched.
+        await asyncio.to_thread(runner.admit, op, chosen)
+        o = Operation(uuid.uuid4().hex, op, job, pids=chosen)
+        self._ops[o.operation_id] = o
+        while len(self._ops) > self.keep:
+            self._ops.popitem(last=False)
+        if pids:
+            self.agent.jobs.adopt(job, chosen)
+        t = asyncio.create_task(self._run(o), name=f"direct-{o.operation_id[:8]}")
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+        log.info("direct_op_submitted", operation=o.operation_id, op=op, job=job, pids=chosen)
+        return o
+
+    async def _run(self, o: Operation) -> None:
+        agent = self.agent
+        try:
+            async with agent.runner.lock(o.job_id):
+                o.state = RUNNING
+                rr = await agent.runner.run(o.op, o.job_id, o.pids, "direct")
+                o.bytes, o.elapsed_ms = rr.bytes_moved, round(rr.elapsed_ms, 3)
+                o.error = rr.result.error
+                if rr.outcome == R.PROCESS_GONE:
+                    o.error = "the processes are gone"
+                o.state = DONE if rr.outcome == R.OK else FAILED
+                await self._record(o, rr)
+        except asyncio.CancelledError:
+            o.state, o.error = FAILED, "the agent stopped during the operation"
+            raise
+        except Exception as e:  # noqa: BLE001 - reported through GetOperation
+            log.exception("direct_op_failed", operation=o.operation_id)
+            if o.state != DONE:
+                o.state, o.error = FAILED, f"{type(e).__name__}: {e}"
+        log.info("direct_op_done", operation=o.operation_id, op=o.op, job=o.job_id, state=o.state,
+                 bytes=o.bytes, elapsed_ms=o.elapsed_ms, error=o.error)
+
+    async def _record(self, o: Operation, rr) -> None:
+        """Bring the job's status in etcd (and the liveness key) in line with what the op did."""
+        agent = self.agent
+        skv = agent.jobs.status_kv(o.job_id)
+        old = R.StatusValue.load(skv.value) if skv else None
+        if old is not None and old.intent_revision:
+            new = I.corrected(old, rr.after)
+        else:
+            new = R.StatusValue(
+                state=rr.after.state, job=o.job_id, op=o.op, outcome=rr.outcome, bytes=o.bytes,
+                device_bytes=rr.after.device_bytes, elapsed_ms=o.elapsed_ms, error=o.error,
+                pids=rr.after.live_pids, updated_ms=R.now_ms())
+        if new is not None:
+            await agent.reporter.correct(o.job_id, new, skv.mod_revision if skv else 0)
+        await agent.refresh()
+
+    async def stop(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -1,0 +1,89 @@
+"""Serving a node agent: the intent loop, the direct gRPC API (with health), metrics, signals.
+
+``serve`` prints ``NODEAGENT_READY port=N node=NAME backend=B`` once the agent
+has rebuilt its picture, registered its liveness key and serves gRPC, so
+launchers and tests that bind port 0 know where it is and that it is ready.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from nodeagent.agent import Agent
+from nodeagent.config import AgentConfig
+from nodeagent.operations import Operations
+from nodeagent.servicer import NodeAgentServicer
+from tscore.etcd import ops
+from tsproto import nodeagent_pb2_grpc as pbg
+
+log = structlog.get_logger("nodeagent.server")
+SERVICE_NAME = "timeslice.v1.NodeAgent"
+
+
+def create_server(agent: Agent, listen: str, operations: Operations | None = None,
+                  health_servicer: health.aio.HealthServicer | None = None) -> tuple[grpc.aio.Server, int]:
+    """Build the server and bind it (port 0: any free one); returns (server, bound port)."""
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    pbg.add_NodeAgentServicer_to_server(NodeAgentServicer(agent, operations or Operations(agent)), server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"could not bind {listen}")
+    return server, port
+
+
+async def _etcd_ok(agent: Agent, timeout: float = 2.0) -> bool:
+    try:
+        await agent.client.range(ops.range_req(agent.keys.agent(agent.node), count_only=True), timeout=timeout)
+        return agent.session is not None and agent.session.alive
+    except Exception:
+        return False
+
+
+async def _health_loop(agent: Agent, hs: health.aio.HealthServicer, period: float = 2.0) -> None:
+    # SERVING while the agent can reach etcd with a live lease: only then can
+    # it receive intents and report on them.
+    while True:
+        ok = await _etcd_ok(agent)
+        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            await hs.set(name, status)
+        agent.metrics.etcd_connected.set(1 if ok else 0)
+        await asyncio.sleep(period)
+
+
+async def serve(cfg: AgentConfig, ready=None) -> None:
+    agent = Agent(cfg)
+    operations = Operations(agent)
+    hs = health.aio.HealthServicer()
+    server, port = create_server(agent, cfg.listen, operations, hs)
+    await agent.start(endpoint=cfg.endpoint(port))
+    await server.start()
+    if cfg.metrics_port >= 0:
+        start_http_server(cfg.metrics_port, registry=agent.metrics.registry)
+    health_task = asyncio.create_task(_health_loop(agent, hs))
+    log.info("serving", node=cfg.node, port=port, metrics_port=cfg.metrics_port, backend=agent.backend.name,
+             simulated=agent.backend.name == "sim")
+    # Machine-readable line for launchers and tests that bind port 0.
+    print(f"NODEAGENT_READY port={port} node={cfg.node} backend={agent.backend.name}", flush=True)
+    if ready is not None:
+        ready(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("stopping", node=cfg.node)
+    agent.stopping = True
+    health_task.cancel()
+    await hs.enter_graceful_shutdown()
+    await server.stop(grace=2.0)
+    # An op in flight finishes (a half-copied snapshot is never abandoned on purpose).
+    await agent.stop()
+    await operations.stop()
+    log.info("stopped", node=cfg.node)

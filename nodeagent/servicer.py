@@ -1,0 +1,63 @@
+"""The direct gRPC API (proto/tsproto/nodeagent.proto): proto in, agent call, proto out.
+
+Errors are TimesliceErrors carrying the name of their gRPC status (admission
+refusals are RESOURCE_EXHAUSTED, unknown ids NOT_FOUND, bad input
+INVALID_ARGUMENT); ``_rpc`` maps them in one place.
+"""
+from __future__ import annotations
+
+import functools
+
+import grpc
+
+from nodeagent.operations import Operation, Operations
+from tscore.errors import TimesliceError
+from tsproto import nodeagent_pb2 as pb
+from tsproto import nodeagent_pb2_grpc as pbg
+from tscore import records as R
+
+
+def _rpc(fn):
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except TimesliceError as e:
+            await context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
+    return wrapper
+
+
+def _op(o: Operation) -> pb.Operation:
+    return pb.Operation(operation_id=o.operation_id, op=o.op, job_id=o.job_id, state=o.state, bytes=o.bytes,
+                        elapsed_ms=o.elapsed_ms, error=o.error, pids=o.pids)
+
+
+class NodeAgentServicer(pbg.NodeAgentServicer):
+    def __init__(self, agent, operations: Operations):
+        self.agent, self.ops = agent, operations
+
+    @_rpc
+    async def Snapshot(self, req, context):
+        return _op(await self.ops.submit(R.SNAPSHOT, req.job_id, list(req.pids)))
+
+    @_rpc
+    async def Restore(self, req, context):
+        return _op(await self.ops.submit(R.RESTORE, req.job_id, list(req.pids)))
+
+    @_rpc
+    async def GetOperation(self, req, context):
+        return _op(self.ops.get(req.operation_id))
+
+    @_rpc
+    async def Status(self, req, context):
+        pictures = await self.agent.pictures()
+        value = await self.agent.agent_value(pictures)
+        out = pb.AgentStatus(node=value.node, backend=value.backend, version=value.version,
+                             host_free_bytes=value.host_free_bytes)
+        out.gpus.extend(pb.Gpu(index=g["index"], uuid=g["uuid"], total_bytes=g["total_bytes"],
+                               free_bytes=g["free_bytes"]) for g in value.gpus)
+        for job, pic in sorted(pictures.items()):
+            out.processes.extend(pb.ProcessState(pid=pid, job_id=job, state=str(state),
+                                                 device_bytes=pic.bytes.get(pid, 0))
+                                 for pid, state in sorted(pic.states.items()))
+        return out

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Install everything timeslice needs on a fresh Debian/Ubuntu machine (Python >= 3.10):
+# etcd from Debian's packages when no `etcd` is on PATH, a virtualenv in .venv, and the
+# project with the extras given as arguments (default: test,demo). Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+EXTRAS="${1:-test,demo}"
+
+as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+
+if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; then
+    echo "==> installing etcd-server and etcd-client from apt"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
+    # Debian starts a system etcd on 2379; we start our own on free ports instead.
+    as_root systemctl disable --now etcd >/dev/null 2>&1 || true
+fi
+
+PY="${PYTHON:-python3}"
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
+    echo "timeslice needs Python >= 3.10 (found $("$PY" --version))" >&2
+    exit 1
+fi
+if ! "$PY" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    echo "==> installing python3-venv"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+fi
+if [ ! -x .venv/bin/python ]; then
+    echo "==> creating .venv"
+    "$PY" -m venv .venv
+fi
+echo "==> installing timeslice[$EXTRAS] into .venv"
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+echo "==> ready: etcd $(etcd --version | head -1 | awk '{print $3}'), $(.venv/bin/python --version)"
