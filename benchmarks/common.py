@@ -25,6 +25,8 @@ import grpc
 
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
+from tscore.etcd import ops
+from tscore.etcd.client import EtcdClient, EtcdConfig
 from tscore.testing.etcd import EtcdCluster
 from tscore.testing.lockd import LockdCluster
 
@@ -180,6 +182,7 @@ class Stack:
         self.prefix = f"/bench-{uuid.uuid4().hex[:8]}/"
         self.etcd: EtcdCluster | None = None
         self.lockd: LockdCluster | None = None
+        self._counter: EtcdClient | None = None
 
     def start(self) -> "Stack":
         self.etcd = EtcdCluster(size=self.etcd_size).start()
@@ -193,6 +196,7 @@ class Stack:
         return self
 
     def stop(self) -> None:
+        self._counter = None           # its channel dies with the event loop that made it
         if self.lockd is not None:
             self.lockd.stop()
         if self.etcd is not None:
@@ -216,10 +220,12 @@ class Stack:
         out.update({f"etcd-{m.name}": m.pid for m in self.etcd.members if m.is_running()})
         return out
 
-    def etcd_counts(self) -> tuple[int, int]:
-        """(keys under the prefix, current store revision), read with etcdctl."""
-        out = json.loads(self.etcd.etcdctl("get", self.prefix, "--prefix", "--count-only", "-w", "json"))
-        return int(out.get("count", 0)), int(out["header"]["revision"])
+    async def etcd_counts(self) -> tuple[int, int]:
+        """(keys under the prefix, current store revision): one count-only range request."""
+        if self._counter is None:
+            self._counter = EtcdClient(EtcdConfig.parse(self.etcd.endpoints_str))
+        r = await self._counter.range(ops.range_req(self.prefix.encode(), prefix=True, count_only=True))
+        return int(r.count), int(r.header.revision)
 
 
 # --- raw-stub job client with failover ----------------------------------------
@@ -344,3 +350,40 @@ async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench
 
 def now() -> float:
     return time.monotonic()
+
+
+# --- optional profiling of the lockd processes (py-spy) -----------------------
+
+class SpyRecorder:
+    """``py-spy record`` on some processes for a fixed window (``--py-spy DIR`` of a benchmark).
+
+    py-spy is not a project dependency: install it into the venv to use this
+    (``.venv/bin/pip install py-spy``). Output: DIR/<name>.txt in py-spy's raw
+    (collapsed stack) format; summarise with ``python -m benchmarks.spy_summary``.
+    """
+
+    def __init__(self, outdir: str | None, pids: dict[str, int], seconds: float, rate: int = 200):
+        self.outdir, self.pids, self.seconds, self.rate = outdir, pids, seconds, rate
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> "SpyRecorder":
+        if not self.outdir:
+            return self
+        os.makedirs(self.outdir, exist_ok=True)
+        exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        for name, pid in self.pids.items():
+            if name.startswith("etcd"):
+                continue                   # not a Python process
+            safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+            self.procs.append(subprocess.Popen(
+                [exe, "record", "-p", str(pid), "-d", str(max(1, int(self.seconds))), "-r", str(self.rate),
+                 "-f", "raw", "--nonblocking", "-o", os.path.join(self.outdir, f"{safe}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return self
+
+    def wait(self) -> None:
+        for p in self.procs:
+            try:
+                p.wait(self.seconds + 30)
+            except subprocess.TimeoutExpired:
+                p.kill()

@@ -138,7 +138,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
         need: int | None
         if b_where == "snapshotted":
-            need = _status(ns, head_job)[0].device_bytes
+            # The restore needs its snapshot's size; the phase then needs its peak (the hint).
+            need = max(_status(ns, head_job)[0].device_bytes, hint)
         elif b_where == "running":
             have = agent.job_device_bytes.get(head_job, 0) if agent else 0
             need = max(0, hint - have)

@@ -14,6 +14,7 @@ from lockd.metrics import Metrics
 from lockd.sessions import Sessions
 from lockd.waiters import Waiters
 from lockd.workers import Workers
+from tscore import records as R
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient
 from tscore.etcd.mirror import Reflector
@@ -50,6 +51,19 @@ class Replica:
         sched = self.leader.scheduler
         if sched is not None:
             sched.mark_all() if reset else sched.on_touched(touched)
+            self._observe_agent_ops(events)
+
+    def _observe_agent_ops(self, events: list[WatchEvent]) -> None:
+        # The leader records how long agents took, from their final reports.
+        for ev in events:
+            if not ev.is_put or b"/status/" not in ev.kv.key:
+                continue
+            try:
+                st = R.StatusValue.load(ev.kv.value)
+            except (ValueError, TypeError):
+                continue
+            if st.outcome == R.OK and st.op:
+                self.metrics.agent_op.labels(st.op).observe(st.elapsed_ms / 1000)
 
     async def start(self, sync_timeout: float = 30.0) -> None:
         self.reflector.start()

@@ -75,13 +75,14 @@ class Decision:
     kind: str                          # run | report | refuse
     outcome: str = ""                  # for report / refuse
     reason: str = ""
+    fence: int = 0                     # a stale-token refusal: the token that fences it out
 
 
-def decide(intent: Intent, picture: Picture, stale_reason: str) -> Decision:
+def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0) -> Decision:
     if intent.error:
         return Decision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
-        return Decision(REFUSE, R.REFUSED, stale_reason)
+        return Decision(REFUSE, R.REFUSED, stale_reason, fence)
     if picture.state == R.GONE:
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
@@ -90,11 +91,17 @@ def decide(intent: Intent, picture: Picture, stale_reason: str) -> Decision:
 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
-           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = ()) -> R.StatusValue:
-    """The status answering ``intent`` (outcome "" = still in progress)."""
+           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0) -> R.StatusValue:
+    """The status answering ``intent`` (outcome "" = still in progress).
+
+    ``token`` is the intent's, except in a stale-token refusal: there it is the
+    newer token that fences the intent out, so the status the refusal replaces
+    does not take the agent's only durable record of that token with it
+    (``TokenBook.recover`` reads it back after a restart).
+    """
     return R.StatusValue(
         state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
-        intent_revision=intent.revision, token=intent.token, bytes=bytes_moved,
+        intent_revision=intent.revision, token=token or intent.token, bytes=bytes_moved,
         device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
         pids=sorted(pids), updated_ms=R.now_ms())
 

@@ -63,9 +63,13 @@ class TokenBook:
             return True
 
     def recover(self, statuses: list[R.StatusValue]) -> None:
-        """Fold in what the agent's own statuses in etcd say it acted on."""
+        """Fold in what the agent's own statuses in etcd say it acted on.
+
+        Every status token counts: an op's is the token acted on, a stale-token
+        refusal's is the token that fenced it out (see ``intents.status``).
+        """
         for st in statuses:
-            if st.group and st.token > 0 and st.outcome != R.REFUSED:
+            if st.group and isinstance(st.token, int) and st.token > 0:
                 self.note(st.group, st.token)
 
     def snapshot(self) -> dict[str, int]:

@@ -119,6 +119,8 @@ class ClientConfig:
     def build(cls, target, job_id, session_ttl: int, timeout: float,
               retry: RetryPolicy | None = None) -> "ClientConfig":
         jid, generated = resolve_job_id(job_id)
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout!r}")
         return cls(tuple(parse_targets(target)), jid, generated, session_ttl, float(timeout),
                    retry or RetryPolicy(attempt_timeout=min(RetryPolicy.attempt_timeout, float(timeout))))
 

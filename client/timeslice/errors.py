@@ -105,8 +105,7 @@ class InvalidArgumentError(TimesliceClientError):
     """An id outside the grammar, a missing field or a bad value."""
 
     code = "INVALID_ARGUMENT"
-    hint = ("ids are 1-127 characters of letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit")
+    hint = "fix the value and retry; nothing was changed"
 
 
 class DeadlineError(TimesliceClientError):

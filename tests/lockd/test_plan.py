@@ -89,6 +89,14 @@ def test_does_not_fit_evicts_then_restores_then_grants():
     assert acts == [P.WriteGrant("B", 9, 109, restored=True, elided=False, bytes_moved=55 * GB)]
 
 
+def test_snapshotted_job_needs_room_for_its_peak_not_just_its_snapshot():
+    ns = NodeState(agent=agent(free=10 * GB), statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=8 * GB)})
+    jobs = workers("A", "B")
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+    assert P.plan_group(group([("B", 9, 12 * GB)]), {"n1": ns}, jobs, 0) == [
+        P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+
+
 def test_failed_snapshot_fails_the_waiter_with_reason():
     ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=20)},
                    statuses={"A": status("A", R.RUNNING, R.FAILED, intent_rev=20, token=9, error="lock timed out")})

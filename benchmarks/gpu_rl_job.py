@@ -1,0 +1,116 @@
+"""One synthetic RL job on a real GPU (PyTorch): generate → rewards (CPU) → train, looped.
+
+Used by benchmarks/gpu_timeslice.py. In --mode sliced, the two GPU phases run
+inside ``orchestrator.on_accelerators(group)``; in --mode standalone, without
+any lock. The job keeps ``--mem-gb`` of "weights" resident on the GPU, filled
+from a seed, and verifies their checksum at the start of every GPU phase — so
+a snapshot/restore that corrupted or lost device memory is caught. Every phase
+is written as a JSON line (monotonic time, token, restored/elided/bytes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+
+def checksum(ts: list[torch.Tensor]) -> int:
+    # Integer sum of the raw 32-bit words: exact, order independent, on the GPU.
+    return int(sum(int(t.view(torch.int32).sum(dtype=torch.int64).item()) for t in ts))
+
+
+def busy(seconds: float, a: torch.Tensor, b: torch.Tensor) -> int:
+    """Matmuls until ``seconds`` of GPU work have run; returns how many."""
+    n, t0 = 0, time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        for _ in range(4):
+            a = torch.tanh(a @ b)
+        torch.cuda.synchronize()
+        n += 4
+    return n
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--job", required=True)
+    p.add_argument("--mode", choices=["standalone", "sliced"], required=True)
+    p.add_argument("--target", default="")
+    p.add_argument("--group", default="gpu")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--gen-s", type=float, default=1.5)
+    p.add_argument("--reward-s", type=float, default=3.0)
+    p.add_argument("--train-s", type=float, default=1.5)
+    p.add_argument("--mem-gb", type=float, default=4.0)
+    p.add_argument("--scratch-gb", type=float, default=2.0, help="per-phase activations, freed after")
+    p.add_argument("--release-cache", type=int, default=1)
+    p.add_argument("--hint-bytes", type=int, default=0, help="peak device footprint, for swap elision")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    out = open(a.out, "a", buffering=1)
+
+    def rec(**kw):
+        kw.update(job=a.job, t=time.monotonic(), pid=os.getpid())
+        out.write(json.dumps(kw) + "\n")
+
+    torch.manual_seed(hash(a.job) % 2**31)
+    dev = torch.device("cuda")
+    chunk = 256 * 1024 * 1024 // 4                     # 256 MiB of float32 per tensor
+    weights = [torch.randn(chunk, device=dev) for _ in range(max(1, int(a.mem_gb * 4)))]
+    expected = checksum(weights)
+    torch.cuda.synchronize()
+    rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected)
+
+    client = None
+    if a.mode == "sliced":
+        from timeslice import OrchestratorClient
+        client = OrchestratorClient(target=a.target, job_id=a.job, release_cache=bool(a.release_cache))
+        client.register_worker(device_bytes=torch.cuda.memory_reserved())
+
+    side = int((a.scratch_gb * 2**30 / 2 / 2) ** 0.5) // 64 * 64   # two bf16 square matrices
+
+    def gpu_phase(name: str, seconds: float) -> None:
+        ctx = client.on_accelerators(a.group, device_bytes_hint=a.hint_bytes) if client else _Null()
+        t_req = time.monotonic()
+        with ctx as grant:
+            t0 = time.monotonic()
+            ok = checksum(weights) == expected
+            x = torch.randn(side, side, device=dev, dtype=torch.bfloat16)
+            w = torch.randn(side, side, device=dev, dtype=torch.bfloat16) / side ** 0.5
+            n = busy(seconds, x, w)
+            del x, w
+            t1 = time.monotonic()
+            rec(ev="phase", phase=name, gpu=True, t_req=t_req, start=t0, end=t1, matmuls=n, checksum_ok=ok,
+                token=getattr(grant, "token", 0), restored=getattr(grant, "restored", False),
+                elided=getattr(grant, "elided", False), bytes_moved=getattr(grant, "bytes_moved", 0),
+                waited_ms=getattr(grant, "waited_ms", 0.0), reserved=torch.cuda.memory_reserved())
+            if not ok:
+                raise SystemExit(f"{a.job}: weights corrupted after restore")
+            if client is None and a.release_cache:
+                torch.cuda.empty_cache()
+
+    t_start = time.monotonic()
+    for i in range(a.iters):
+        gpu_phase("generate", a.gen_s)
+        t0 = time.monotonic()
+        time.sleep(a.reward_s)                        # rewards: CPU only, GPU untouched
+        rec(ev="phase", phase="rewards", gpu=False, start=t0, end=time.monotonic())
+        gpu_phase("train", a.train_s)
+    rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=checksum(weights) == expected)
+    if client is not None:
+        client.close()
+    return 0
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,245 @@
+"""Proof on a real GPU: two PyTorch RL-style jobs time-sliced through lockd and nodeagent.
+
+Starts etcd, 3 lockd replicas and a node agent with the CUDA driver backend,
+then runs two jobs (benchmarks/gpu_rl_job.py) standalone one after the other
+and time-sliced, in three regimes:
+
+  fit            both jobs fit side by side: swaps are elided (nothing moved)
+  nofit          a ballast process leaves room for only one job: every handoff
+                 snapshots the resident job and restores the incoming one
+  nofit-nocache  as nofit, without releasing the allocator cache before yield
+
+Measures GPU duty cycle (phase timestamps, and NVML utilisation samples), wall
+time, swaps, elided swaps, bytes moved, time spent swapping; checks the
+weights' checksum after every restore and the token history (no overlap,
+tokens increasing). Writes JSON and a timeline PNG.
+
+    python -m benchmarks.gpu_timeslice --out benchmarks/results
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from tscore.testing.agent import AgentProcess
+from tscore.testing.etcd import EtcdCluster
+from tscore.testing.lockd import LockdCluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NODE = "gpu-node-0"
+GB = 1 << 30
+
+
+class NvmlSampler(threading.Thread):
+    """GPU utilisation every 50 ms: util.gpu is the share of the last period a kernel ran."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        import pynvml
+        pynvml.nvmlInit()
+        self.nvml, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        self.samples: list[tuple[float, int, int]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            u = self.nvml.nvmlDeviceGetUtilizationRates(self.h)
+            m = self.nvml.nvmlDeviceGetMemoryInfo(self.h)
+            self.samples.append((time.monotonic(), u.gpu, m.used))
+            time.sleep(0.05)
+
+    def mean_util(self, t0: float, t1: float) -> float:
+        xs = [u for t, u, _ in self.samples if t0 <= t <= t1]
+        return sum(xs) / len(xs) / 100 if xs else 0.0
+
+    def free_bytes(self) -> int:
+        return self.nvml.nvmlDeviceGetMemoryInfo(self.h).free
+
+
+def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0):
+    return [sys.executable, os.path.join(HERE, "gpu_rl_job.py"), "--job", job, "--mode", mode, "--out", out,
+            "--target", target, "--iters", str(a.iters), "--gen-s", str(a.gen_s), "--reward-s", str(a.reward_s),
+            "--train-s", str(a.train_s), "--mem-gb", str(a.mem_gb), "--scratch-gb", str(a.scratch_gb),
+            "--release-cache", str(release_cache), "--hint-bytes", str(hint)]
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def union_busy(intervals):
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def analyse(events, sampler, label):
+    phases = [e for e in events if e["ev"] == "phase"]
+    gpu = [e for e in phases if e["gpu"]]
+    t0 = min(e.get("t_req", e["start"]) for e in phases)
+    t1 = max(e["end"] for e in phases)
+    wall = t1 - t0
+    busy = union_busy([(e["start"], e["end"]) for e in gpu])
+    violations = []
+    by_start = sorted(gpu, key=lambda e: e["start"])
+    for x, y in zip(by_start, by_start[1:]):
+        if y["start"] < x["end"] and x["job"] != y["job"]:
+            violations.append(f"overlap: {x['job']} {x['phase']} and {y['job']} {y['phase']}")
+    toks = [e["token"] for e in by_start if e.get("token")]
+    if toks and any(b < a for a, b in zip(toks, toks[1:])):
+        # the same job holding through consecutive phases may reuse a token; a *decrease* is the bug
+        violations.append(f"tokens not increasing: {toks}")
+    bad = [e for e in gpu if not e["checksum_ok"]]
+    if bad:
+        violations.append(f"{len(bad)} checksum failures")
+    per_job = {}
+    for e in events:
+        if e["ev"] == "done":
+            per_job[e["job"]] = {"wall_s": round(e["wall"], 2), "checksum_ok": e["checksum_ok"]}
+    restored = [e for e in gpu if e.get("restored")]
+    return {
+        "label": label, "wall_s": round(wall, 2), "gpu_busy_s": round(busy, 2),
+        "duty_cycle_phases": round(busy / wall, 3) if wall else 0,
+        "duty_cycle_nvml": round(sampler.mean_util(t0, t1), 3),
+        "gpu_phases": len(gpu), "swaps_restored": len(restored),
+        "elided": sum(1 for e in gpu if e.get("elided")),
+        "bytes_moved": sum(e.get("bytes_moved", 0) for e in gpu),
+        "wait_s": round(sum(e.get("waited_ms", 0) for e in gpu) / 1000, 2),
+        "per_job": per_job, "violations": violations,
+        "timeline": [{k: e[k] for k in ("job", "phase", "start", "end", "gpu", "token", "restored", "elided")
+                      if k in e} for e in phases],
+        "t0": t0,
+    }
+
+
+def run_standalone(a, sampler, workdir):
+    out = os.path.join(workdir, "standalone.jsonl")
+    for job in ("job-a", "job-b"):
+        subprocess.run(job_cmd(job, "standalone", out, a), check=True)
+    return analyse(load(out), sampler, "standalone (one after the other)")
+
+
+def agent_ops(agent: AgentProcess):
+    ops = [e for e in agent.events() if "elapsed_ms" in e and e.get("op") in ("snapshot", "restore")
+           and e.get("outcome") == "ok"]
+    return {"ops": len(ops), "op_seconds": round(sum(e["elapsed_ms"] for e in ops) / 1000, 2),
+            "op_bytes": sum(e.get("bytes", 0) for e in ops)}
+
+
+def run_sliced(a, sampler, workdir, regime, release_cache):
+    tag = regime.replace(" ", "-")
+    logdir = os.path.join(workdir, tag)
+    os.makedirs(logdir, exist_ok=True)
+    ballast = None
+    peak = int((a.mem_gb + a.scratch_gb + 0.7) * GB)
+    with EtcdCluster(1, workdir=logdir) as etcd:
+        prefix = "/timeslice/"
+        lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=logdir,
+                             extra=["--device-margin-bytes", str(256 << 20), "--swap-timeout", "300"]).start()
+        agent = AgentProcess(etcd.endpoints_str, prefix, NODE, logdir, backend="cuda-driver").start()
+        try:
+            from timeslice import OrchestratorClient
+            admin = OrchestratorClient(target=",".join(lockd.targets), job_id="admin")
+            admin.create_group("gpu", nodes=[NODE])
+            if regime.startswith("nofit"):
+                # Leave room for both jobs' weights, but not for one job's activations beside the other.
+                keep = int((2 * a.mem_gb + 1.2) * GB) + 2 * int(0.6 * GB)
+                ballast_bytes = max(0, sampler.free_bytes() - keep)
+                ballast = subprocess.Popen([sys.executable, "-c", (
+                    "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
+                    "torch.cuda.synchronize(); print('ballast',flush=True); time.sleep(3600)"), str(ballast_bytes)],
+                    stdout=subprocess.PIPE)
+                ballast.stdout.readline()
+            out = os.path.join(logdir, "jobs.jsonl")
+            env = {**os.environ, "TIMESLICE_NODE_NAME": NODE}
+            procs = [subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache, peak),
+                                      env=env) for j in ("job-a", "job-b")]
+            rcs = [p.wait(a.job_timeout) for p in procs]
+            res = analyse(load(out), sampler, f"time-sliced, {regime}")
+            res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache),
+                       peak_bytes_hint=peak)
+            if any(rcs):
+                res["violations"].append(f"job exit codes {rcs}")
+            return res
+        finally:
+            if ballast:
+                ballast.kill()
+            agent.stop()
+            lockd.stop()
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [r for r in results if r.get("timeline")]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.6 * len(runs) + 0.6), squeeze=False)
+    colours = {"generate": "tab:blue", "train": "tab:orange", "rewards": "lightgrey"}
+    for ax, r in zip(axes[:, 0], runs):
+        for e in r["timeline"]:
+            y = 1 if e["job"] == "job-a" else 0
+            ax.barh(y, e["end"] - e["start"], left=e["start"] - r["t0"], color=colours[e["phase"]], height=0.6)
+            if e.get("restored"):
+                ax.plot(e["start"] - r["t0"], y + 0.4, "v", color="red", markersize=6)
+        ax.set_yticks([0, 1], ["job-b", "job-a"])
+        ax.set_title(f"{r['label']}: duty cycle {r['duty_cycle_phases']:.0%} (NVML {r['duty_cycle_nvml']:.0%})",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("seconds (blue: generate, orange: train, grey: rewards on CPU, red: restored)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--gen-s", type=float, default=1.5)
+    p.add_argument("--reward-s", type=float, default=3.0)
+    p.add_argument("--train-s", type=float, default=1.5)
+    p.add_argument("--mem-gb", type=float, default=4.0)
+    p.add_argument("--scratch-gb", type=float, default=2.0)
+    p.add_argument("--job-timeout", type=float, default=240)
+    p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
+    a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="gpu-ts-")
+    sampler = NvmlSampler()
+    sampler.start()
+    results = [run_standalone(a, sampler, workdir)]
+    for regime in a.regimes.split(","):
+        results.append(run_sliced(a, sampler, workdir, regime, release_cache=0 if "nocache" in regime else 1))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
+    sampler.stop.set()
+    ideal = min(1.0, 2 * (a.gen_s + a.train_s) / (a.gen_s + a.reward_s + a.train_s))
+    doc = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
+           "params": vars(a), "ideal_duty_cycle": ideal, "results": results}
+    png = os.path.join(a.out, "gpu_timeslice_timeline.png")
+    plot(results, png)
+    with open(os.path.join(a.out, "gpu_timeslice.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"{'run':38} {'wall s':>7} {'duty':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
+          f"{'op s':>6} {'viol':>4}")
+    for r in results:
+        print(f"{r['label']:38} {r['wall_s']:7.1f} {r['duty_cycle_phases']:6.0%} {r['duty_cycle_nvml']:6.0%} "
+              f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / GB:8.1f} "
+              f"{r.get('op_seconds', 0):6.1f} {len(r['violations']):4d}")
+    print(f"ideal duty cycle {ideal:.0%}; timeline: {png}")
+    return 1 if any(r["violations"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

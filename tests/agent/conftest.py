@@ -1,0 +1,73 @@
+"""Fixtures for the node agent loop's tests: real etcd, real agent processes on a
+SIMULATED device, real worker processes holding checksummed bytes."""
+from __future__ import annotations
+
+import pytest
+
+from nodeagent.sim.device import SimDevice
+from tscore.etcd import EtcdClient, EtcdConfig
+from tscore.keys import Keys
+from tscore.testing.agent import AgentProcess, SimWorker
+
+from agenthelpers import MiB, NODE
+
+
+@pytest.fixture
+def sim_dir(tmp_path):
+    """A 64 MiB simulated device of the test's own."""
+    d = tmp_path / "sim"
+    SimDevice(d, tmp_path / "host", capacity_bytes=64 * MiB)
+    return d
+
+
+@pytest.fixture
+def keys(key_prefix) -> Keys:
+    return Keys(key_prefix)
+
+
+@pytest.fixture
+async def client(etcd):
+    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+    await c.connect()
+    yield c
+    await c.close()
+
+
+@pytest.fixture
+def agents(etcd, key_prefix, tmp_path, sim_dir):
+    """agents(node=NODE, extra=[...], start=True) -> AgentProcess on the test's device; stopped at teardown.
+
+    Copies are unthrottled unless ``extra`` sets the simulated bandwidth.
+    """
+    started: list[AgentProcess] = []
+
+    def make(node: str = NODE, extra: list[str] | None = None, start: bool = True, **kw) -> AgentProcess:
+        extra = list(extra or [])
+        for flag in ("--sim-checkpoint-gbps", "--sim-restore-gbps"):
+            if flag not in extra:
+                extra += [flag, "0"]
+        a = AgentProcess(etcd.endpoints_str, key_prefix, node, str(tmp_path), sim_dir=sim_dir,
+                         env={"TIMESLICE_SIM_HOST_DIR": str(tmp_path / "host")}, extra=extra, **kw)
+        started.append(a)
+        return a.start() if start else a
+
+    yield make
+    for a in started:
+        if a.alive():
+            a.resume()
+            a.stop()
+
+
+@pytest.fixture
+def workers(sim_dir, tmp_path):
+    """workers(nbytes, seed) -> a ready SimWorker on the test's device; all stopped at teardown."""
+    made: list[SimWorker] = []
+
+    def make(nbytes: int = 4 * MiB, seed: int = 1, step_ms: float = 1.0) -> SimWorker:
+        w = SimWorker(sim_dir, nbytes, seed, step_ms, env={"TIMESLICE_SIM_HOST_DIR": str(tmp_path / "host")})
+        made.append(w)
+        return w.ready()
+
+    yield make
+    for w in made:
+        w.stop()

@@ -1,0 +1,1 @@
+"""Tests of the timeslice client library and CLI (client/timeslice)."""
