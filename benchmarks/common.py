@@ -285,7 +285,10 @@ class Job:
             try:
                 return await getattr(self.channels.stub(self.target, self.slot), method)(req, timeout=timeout)
             except grpc.aio.AioRpcError as e:
-                if not retry or e.code() != grpc.StatusCode.UNAVAILABLE:
+                # UNAVAILABLE: replica down or cannot reach etcd. CANCELLED as an RPC
+                # error (not asyncio.CancelledError) comes from the server: a replica
+                # shutting down cancels the calls still running after its grace period.
+                if not retry or e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                     raise
                 self.resends.append((method, e.code().name))
                 self.failovers += 1

@@ -161,10 +161,11 @@ def main() -> int:
     for r in results:
         b = r["best"]
         ok = all(x["verified_after_direct"] and x["verified_after_agent"] and not x["error"] for x in r["runs"])
+        verdict = "yes" if ok else "NO: " + "; ".join(x["error"] for x in r["runs"])
         print(f"{r['case']:<38} {r['device_bytes'] / 1e9:>7.2f}G | {b['direct_checkpoint_s']:>10.2f}s "
-              f"{b['agent_snapshot_s']:>6.2f}s {r['checkpoint_overhead_pct']:>+5.1f}% {r['direct_checkpoint_gbps']:>5.2f} | "
-              f"{b['direct_restore_s']:>13.2f}s {b['agent_restore_s']:>6.2f}s {r['restore_overhead_pct']:>+5.1f}% "
-              f"{r['direct_restore_gbps']:>5.2f} | {'yes' if ok else 'NO: ' + '; '.join(x['error'] for x in r['runs'])}")
+              f"{b['agent_snapshot_s']:>6.2f}s {r['checkpoint_overhead_pct']:>+5.1f}% "
+              f"{r['direct_checkpoint_gbps']:>5.2f} | {b['direct_restore_s']:>13.2f}s {b['agent_restore_s']:>6.2f}s "
+              f"{r['restore_overhead_pct']:>+5.1f}% {r['direct_restore_gbps']:>5.2f} | {verdict}")
     print(f"wrote {out}")
     return 0
 

@@ -64,7 +64,8 @@ class SimDeviceClient:
 
         A fresh descriptor per operation: flock belongs to the open file, so two
         threads of one worker each get their own shared lock and neither can
-        drop the other's.
+        drop the other's. The worker only *reads* its state file: the agent is
+        its one writer, so a worker can never overwrite a lock it has not seen.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:

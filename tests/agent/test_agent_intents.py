@@ -141,7 +141,7 @@ async def test_lock_timeout_fails_the_snapshot_and_leaves_the_job_running(client
     agents(extra=["--lock-timeout-ms", "150"])
     w = workers(2 * MiB)
     await register(client, keys, "job-l", NODE, w.pid)
-    assert w.ask("hold 2000") == "HOLDING"
+    assert w.ask("hold 800") == "HOLDING"
     rev = await intent(client, keys, NODE, "job-l", R.SNAPSHOT, token=4)
     st = await answered(client, keys, NODE, "job-l", rev)
     assert (st.outcome, st.state) == (R.FAILED, R.RUNNING) and "NOT_READY" in st.error

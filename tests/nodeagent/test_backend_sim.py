@@ -1,6 +1,7 @@
 """The simulated device and its backend, against real worker processes."""
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -13,8 +14,6 @@ from nodeagent.backends.sim import SimBackend
 from nodeagent.sim.device import DEVICE_ID
 from nodeagent.sim.worker import pattern
 from simhelpers import MiB, wait_until
-
-import hashlib
 
 
 def test_round_trip_keeps_the_bytes_and_really_frees_the_device(sim, spawn):

@@ -1,0 +1,350 @@
+"""The world of one chaos scenario: lockd replicas on etcd, client processes, faults, a verdict.
+
+    world = World(etcd3, key_prefix, tmp_path, proc_reaper, seed=7, name="leader-kill")
+    world.start()                     # 3 lockd replicas, groups, client processes
+    world.fault("kill lockd leader", ...)   # the scenario injects faults, noting each
+    report = world.finish()           # stop clients, merge histories, check, print figures
+    assert report.violations == []
+
+Everything random in a scenario comes from ``world.rng`` (``random.Random(seed)``);
+a failing seed reruns the same fault schedule with ``CHAOS_SEED=<seed>``.
+Timings are deliberately short (leader lease 2 s, client sessions 3 s) so that
+each scenario sees many grants and several faults within its time bound.
+
+The test process is also a history writer: ``abandoned`` for clients it
+SIGKILLs, and ``fault`` events (ignored by the checker, kept for humans).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from chaos_tests.checker import Report, check
+from chaos_tests.history import HistoryRecorder, load_history
+from tscore.testing.lockd import LockdCluster, LockdProcess
+from tscore.testing.ports import free_port
+from tscore.testing.procs import signal_tree
+from tsproto import lockd_pb2 as pb
+from tsproto import lockd_pb2_grpc as pbg
+
+LEASE_TTL, RENEW_DEADLINE, RETRY_PERIOD = 2, 1.5, 0.5
+LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEADLINE),
+               "--retry-period", str(RETRY_PERIOD), "--etcd-timeout", "2", "--session-ttl", "3",
+               "--log-level", "info"]
+SESSION_TTL = 3
+
+
+def scenario_seed(default: int) -> int:
+    """The seed: $CHAOS_SEED when set (to replay a failure), else the scenario's own."""
+    return int(os.environ.get("CHAOS_SEED", default))
+
+
+@dataclass
+class ClientProc:
+    job: str
+    proc: subprocess.Popen
+    log_path: str
+    killed: bool = False
+    paused_at: list[float] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass
+class Fault:
+    what: str
+    t0: float              # monotonic s, fault injected
+    t1: float | None = None   # fault healed (None: instantaneous)
+    detail: dict = field(default_factory=dict)
+
+
+class World:
+    def __init__(self, etcd, prefix: str, workdir, reaper, *, seed: int, name: str,
+                 groups: int = 2, clients: int = 6, lockd_flags: list[str] | None = None,
+                 client_args: list[str] | None = None, group_nodes: list[str] | None = None):
+        self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
+        import random
+        self.rng = random.Random(seed)
+        self.dir = str(workdir)
+        self.history_dir = os.path.join(self.dir, "history")
+        self.fence_dir = os.path.join(self.dir, "fence")
+        self.log_dir = os.path.join(self.dir, "logs")
+        for d in (self.history_dir, self.fence_dir, self.log_dir):
+            os.makedirs(d, exist_ok=True)
+        self.groups = [f"g{i}" for i in range(groups)]
+        self.group_nodes = group_nodes or []
+        self.n_clients = clients
+        self.client_args = client_args or []
+        self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
+                                  extra=LOCKD_FLAGS + (lockd_flags or []))
+        # Fixed ports, so a restarted replica comes back where the clients look for it.
+        self._addrs = [f"127.0.0.1:{free_port()}" for _ in self.lockd.replicas]
+        for r, addr in zip(self.lockd.replicas, self._addrs):
+            r.extra = [*r.extra, "--listen", addr]
+        self.rec = HistoryRecorder(self.history_dir, name="test")
+        self.clients: list[ClientProc] = []
+        self.faults: list[Fault] = []
+        self._next_job = 0
+        self.t_start = time.monotonic()
+
+    # -- set-up ---------------------------------------------------------------------
+    @property
+    def targets(self) -> list[str]:
+        return list(self._addrs)
+
+    def start(self, order: list[int] | None = None, duration: float = 20.0) -> "World":
+        for i in order or range(len(self.lockd.replicas)):
+            self.lockd.replicas[i].start()
+        self.create_groups()
+        for _ in range(self.n_clients):
+            self.spawn_client(duration)
+        self.wait_clients_ready()
+        self.t_start = time.monotonic()
+        self.duration = duration
+        return self
+
+    def create_groups(self) -> None:
+        for g in self.groups:
+            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in self.group_nodes])
+            self.call_any("CreateGroup", req)
+
+    def call_any(self, method: str, req, timeout: float = 20.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            for t in self.targets:
+                with grpc.insecure_channel(t) as ch:
+                    try:
+                        return getattr(pbg.LockdStub(ch), method)(req, timeout=2)
+                    except grpc.RpcError as e:
+                        if e.code() == grpc.StatusCode.ALREADY_EXISTS:
+                            return None
+                        last = e
+            if time.monotonic() > deadline:
+                raise last
+            time.sleep(0.2)
+
+    def spawn_client(self, duration: float, extra: list[str] | None = None) -> ClientProc:
+        job = f"c{self._next_job}"
+        self._next_job += 1
+        log_path = os.path.join(self.log_dir, f"client-{job}.log")
+        argv = [sys.executable, "-m", "chaos_tests.client_proc", "--targets", ",".join(self.targets),
+                "--job", job, "--groups", ",".join(self.groups), "--history", self.history_dir,
+                "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
+                "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *(extra or [])]
+        with open(log_path, "ab") as log:
+            proc = self.reaper.spawn(argv, stdout=log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        c = ClientProc(job, proc, log_path)
+        self.clients.append(c)
+        return c
+
+    def wait_clients_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for c in self.clients:
+            while b"CLIENT_READY" not in self._read(c.log_path):
+                if c.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"client {c.job} did not start:\n{self._read(c.log_path).decode()}")
+                time.sleep(0.05)
+
+    @staticmethod
+    def _read(path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+
+    # -- time and faults ---------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t_start
+
+    def remaining(self) -> float:
+        return self.duration - self.elapsed()
+
+    def sleep(self, lo: float, hi: float | None = None) -> None:
+        time.sleep(self.rng.uniform(lo, hi if hi is not None else lo))
+
+    def fault(self, what: str, **detail) -> Fault:
+        f = Fault(what, time.monotonic(), detail=detail)
+        self.faults.append(f)
+        self.rec.record("fault", what=what, **detail)
+        print(f"[{self.name}] +{self.elapsed():6.2f}s fault: {what} {detail or ''}", flush=True)
+        return f
+
+    def healed(self, f: Fault, what: str = "") -> None:
+        f.t1 = time.monotonic()
+        self.rec.record("heal", what=what or f.what)
+        print(f"[{self.name}] +{self.elapsed():6.2f}s healed: {what or f.what} "
+              f"after {f.t1 - f.t0:.2f}s", flush=True)
+
+    def lockd_leader(self, timeout: float = 15.0) -> tuple[LockdProcess, int]:
+        return self.lockd.leader(self.etcd, timeout)
+
+    def wait_new_leader(self, old_epoch: int, timeout: float = 15.0) -> tuple[LockdProcess, int]:
+        deadline = time.monotonic() + timeout
+        while True:
+            rep, epoch = self.lockd_leader(timeout)
+            if epoch != old_epoch and not self._paused(rep):
+                return rep, epoch
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no new lockd leader after epoch {old_epoch}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def _paused(rep: LockdProcess) -> bool:
+        try:
+            with open(f"/proc/{rep.pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] == "T"
+        except OSError:
+            return False
+
+    # -- clients ----------------------------------------------------------------------
+    def last_event(self, c: ClientProc) -> dict | None:
+        """The newest event of a client's history (its file is ``client-<job>-<pid>.jsonl``)."""
+        path = os.path.join(self.history_dir, f"client-{c.job}-{c.pid}.jsonl")
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                lines = [ln for ln in f.read().split(b"\n") if ln.strip()]
+        except FileNotFoundError:
+            return None
+        for ln in reversed(lines):
+            try:
+                return json.loads(ln)
+            except ValueError:
+                continue
+        return None
+
+    def live_clients(self) -> list[ClientProc]:
+        return [c for c in self.clients if not c.killed and c.proc.poll() is None]
+
+    def holders(self) -> list[ClientProc]:
+        """Clients inside a critical section right now (as their histories say)."""
+        return [c for c in self.live_clients() if (e := self.last_event(c)) and e["ev"] in ("cs_start",)]
+
+    def kill_client(self, c: ClientProc) -> dict:
+        """SIGKILL a client and record ``abandoned`` for the attempt or hold it left open."""
+        signal_tree(c.pid, signal.SIGKILL)
+        c.proc.wait(10)
+        c.killed = True
+        open_group = self._open_group(c)
+        if open_group:
+            self.rec.abandoned(open_group, c.job)
+        return {"job": c.job, "pid": c.pid, "group": open_group}
+
+    def _open_group(self, c: ClientProc) -> str | None:
+        """The group of the client's last attempt if it did not end (yield or error)."""
+        path = os.path.join(self.history_dir, f"client-{c.job}-{c.pid}.jsonl")
+        group = None
+        for e in load_history_file(path):
+            if e["ev"] == "acquire_req":
+                group = e["group"]
+            elif e["ev"] in ("yield", "error"):
+                group = None
+        return group
+
+    def pause_client(self, c: ClientProc) -> None:
+        signal_tree(c.pid, signal.SIGSTOP)
+        c.paused_at.append(time.monotonic())
+
+    def resume_client(self, c: ClientProc) -> None:
+        signal_tree(c.pid, signal.SIGCONT)
+
+    # -- the end ------------------------------------------------------------------------
+    def finish(self, grace: float = 30.0) -> Report:
+        """Let every client finish its turn, kill stragglers, merge, check and print."""
+        for r in self.lockd.replicas:
+            if r.alive() and self._paused(r):
+                r.resume()
+        live = self.live_clients()
+        for c in live:
+            signal_tree(c.pid, signal.SIGCONT)
+            c.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for c in live:
+            try:
+                c.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                print(f"[{self.name}] client {c.job} did not finish its turn in time; killing it", flush=True)
+                self.kill_client(c)
+        self.rec.close()
+        events = load_history(self.history_dir)
+        report = check(events)
+        self.print_figures(report, events)
+        return report
+
+    def stop(self) -> None:
+        self.lockd.stop()
+
+    def fault_recoveries(self, events: list[dict]) -> list[float]:
+        """For each fault: seconds from its injection (or heal) to the next grant in any group."""
+        grants = sorted(e["t"] for e in events if e["ev"] == "granted")
+        out = []
+        for f in self.faults:
+            t = int((f.t1 or f.t0) * 1e9)
+            nxt = next((g for g in grants if g > t), None)
+            out.append(round((nxt - t) / 1e9, 3) if nxt else None)
+        return out
+
+    def print_figures(self, report: Report, events: list[dict]) -> None:
+        rec = self.fault_recoveries(events)
+        by_kind: dict[str, int] = {}
+        for e in events:
+            if e["ev"] == "error":
+                k = e.get("kind", "?")
+                by_kind[k] = by_kind.get(k, 0) + 1
+        figures = {
+            "scenario": self.name, "seed": self.seed,
+            "duration_s": round(self.elapsed(), 1),
+            "grants": report.grants, "acquires": report.acquires, "groups": report.groups,
+            "jobs": report.jobs, "critical_sections": report.critical_sections,
+            "faults_injected": len(self.faults),
+            "longest_gap_without_grant_s": round(report.max_grant_gap_s, 3),
+            "longest_wait_s": round(report.max_wait_s, 3),
+            "errors": report.errors, "errors_by_kind": by_kind, "abandoned": report.abandoned,
+            "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
+            "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
+            "violations": len(report.violations),
+        }
+        lines = [f"===== chaos scenario {self.name} (seed {self.seed}) ====="]
+        w = max(len(k) for k in figures)
+        lines += [f"  {k:<{w}}  {json.dumps(v)}" for k, v in figures.items()]
+        lines.append("  faults:")
+        for f, r in zip(self.faults, rec):
+            lines.append(f"    +{f.t0 - self.t_start:6.2f}s  {f.what}"
+                         + (f" (for {f.t1 - f.t0:.2f}s)" if f.t1 else "")
+                         + f"  next grant after {r}s" + (f"  {f.detail}" if f.detail else ""))
+        for v in report.violations[:50]:
+            lines.append(f"  VIOLATION {v}")
+        lines.append("  json: " + json.dumps({**figures, "fault_list": [
+            {"what": f.what, "at_s": round(f.t0 - self.t_start, 2),
+             "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r}
+            for f, r in zip(self.faults, rec)], "violation_list": report.violations[:50]}))
+        text = "\n".join(lines)
+        print(text, flush=True)
+        with open(os.path.join(self.dir, "figures.txt"), "w") as f:
+            f.write(text + "\n")
+
+
+def load_history_file(path: str) -> list[dict]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except FileNotFoundError:
+        pass
+    return out

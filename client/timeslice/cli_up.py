@@ -1,0 +1,167 @@
+"""``timeslice up``: a local cluster on this machine (etcd, lockd replicas, one node agent).
+
+    timeslice up                      # 1 etcd member, 3 lockd replicas, 1 agent; Ctrl-C stops it
+    timeslice up --etcd-members 3     # try member loss
+    timeslice up --detach             # leave it running; `timeslice up --stop` ends it
+    timeslice up --backend sim        # the simulated device even when a GPU is present
+
+Defaults come from deploy/local.env; every key there is a flag (LOCKD_REPLICAS
+= --lockd-replicas, alias --replicas). Logs, etcd data and cluster.json go to
+one folder, <LOG_DIR>/<timestamp>/ unless --logdir names another.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from timeslice.launcher import state as S
+from timeslice.launcher.cluster import DEFAULT_GROUP, LaunchError, LocalCluster, Progress, _size
+from timeslice.launcher.settings import Settings, SettingsError, flag_name, load
+
+_ALIASES = {"LOCKD_REPLICAS": ["--replicas"]}
+
+
+def add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per local.env key (default: unset, i.e. the file's value), plus --env-file."""
+    g = p.add_argument_group("cluster settings (defaults from deploy/local.env)")
+    g.add_argument("--env-file", default=None, help="settings file instead of deploy/local.env "
+                   "[env TIMESLICE_LOCAL_ENV]")
+    for key in Settings.keys():
+        names = [flag_name(key), *_ALIASES.get(key, [])]
+        kind = str if key in ("PREFIX", "BACKEND", "LOG_DIR") else int
+        extra = {"choices": ["auto", "sim", "cuda-driver", "cuda-checkpoint"]} if key == "BACKEND" else {}
+        g.add_argument(*names, dest=f"cfg_{key}", type=kind, default=None, metavar=key, help=f"overrides {key}",
+                       **extra)
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[Settings, str]:
+    overrides = {key: getattr(args, f"cfg_{key}", None) for key in Settings.keys()}
+    return load(args.env_file, overrides)
+
+
+def new_run_dir(log_dir: str, suffix: str = "") -> Path:
+    base = Path(log_dir) / (time.strftime("%Y%m%d-%H%M%S") + suffix)
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    return path
+
+
+def register(sub, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("up", parents=[common], help="start a local cluster (etcd, lockd x3, nodeagent)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--logdir", default=None,
+                   help="folder for this run's logs, data and cluster.json (default <LOG_DIR>/<timestamp>)")
+    p.add_argument("--detach", action="store_true", help="return once the cluster is up and leave it running")
+    p.add_argument("--stop", action="store_true",
+                   help="stop a detached cluster: the one in --logdir, else the newest running one")
+    p.add_argument("--node", default=None, help="the agent's node name (default $TIMESLICE_NODE_NAME, else host name)")
+    p.add_argument("--group", default=DEFAULT_GROUP,
+                   help=f"create this group over the local node (default {DEFAULT_GROUP!r}; '' for none)")
+    add_cluster_flags(p)
+    p.set_defaults(func=run)
+
+
+def summary(c: LocalCluster, took: float) -> str:
+    lines = [f"timeslice local cluster is up ({took:.1f}s)", ""]
+    lines.append(f"  etcd       {c.etcd_endpoints_str}  ({len(c.etcd)} member{'s' if len(c.etcd) > 1 else ''})")
+    lines.append(f"  lockd      {c.target}  (leader {c.leader.get('replica')}, epoch {c.leader.get('epoch')})")
+    agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{c.agent.info.get('port')}, backend {c.backend}"
+    if c.backend == "sim":
+        agent += f" = SIMULATED device, {_size(c.settings.sim_device_capacity_bytes)}"
+    lines.append(agent)
+    if c.group:
+        lines.append(f"  group      {c.group!r} over node {c.node!r}")
+    lines.append(f"  logs       {c.run_dir}/   (state: {c.state_path})")
+    lines += ["", "  export TIMESLICE_TARGET=" + c.target, "  export TIMESLICE_NODE_NAME=" + c.node,
+              "  " + c.etcdctl_command() + "     # the queues, grants, agents, intents", ""]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings, origin = settings_from_args(args)
+    except SettingsError as e:
+        print(f"timeslice up: {e}", file=sys.stderr)
+        return 2
+    if args.stop:
+        return stop_detached(args, settings)
+    run_dir = Path(args.logdir) if args.logdir else new_run_dir(settings.log_dir)
+    progress = Progress()
+    print(f"timeslice up: starting a local cluster in {run_dir}/ (settings: {origin})", flush=True)
+    cluster = LocalCluster(settings, run_dir, node=args.node, group=args.group or None, progress=progress,
+                           settings_origin=origin)
+
+    stop_requested = []
+
+    def on_signal(signum, _frame):
+        stop_requested.append(signum)
+        cluster.interrupt()
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    t0 = time.monotonic()
+    try:
+        try:
+            cluster.start()
+        except KeyboardInterrupt:
+            print("timeslice up: interrupted while starting; stopped again", file=sys.stderr)
+            return 130
+        except LaunchError as e:
+            print(f"timeslice up: could not start the cluster: {e}", file=sys.stderr)
+            return 1
+        print("\n" + summary(cluster, time.monotonic() - t0), flush=True)
+        if args.detach:
+            print(f"  detached; stop it with: timeslice up --stop --logdir {run_dir}", flush=True)
+            return 0
+        print("  Ctrl-C stops the cluster (agent, then lockd, then etcd).", flush=True)
+        reported: set[str] = set()
+        while not stop_requested:
+            for child in cluster.dead_children():
+                key = f"{child.kind} {child.name}"
+                if key not in reported:
+                    reported.add(key)
+                    progress(f"WARNING: {key} (pid {child.pid}) exited rc={child.returncode()}; "
+                             f"see {child.log_path}")
+            time.sleep(0.3)
+        print("", flush=True)
+        progress(f"got {signal.Signals(stop_requested[0]).name}; stopping")
+        cluster.stop()
+        return 0
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def stop_detached(args: argparse.Namespace, settings: Settings) -> int:
+    if args.logdir:
+        path = Path(args.logdir) / S.STATE_FILE
+        if not path.is_file():
+            print(f"timeslice up --stop: no {S.STATE_FILE} in {args.logdir}", file=sys.stderr)
+            return 1
+        doc = S.read(path)
+    else:
+        found = S.find_running(settings.log_dir)
+        if found is None:
+            print(f"timeslice up --stop: no running cluster under {settings.log_dir}/", file=sys.stderr)
+            return 1
+        path, doc = found
+    print(f"timeslice up --stop: stopping the cluster of {path.parent}/", flush=True)
+    c = LocalCluster.from_state(doc, progress=Progress())
+    c.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m timeslice.cli_up ...`` (the same as ``timeslice up ...``)."""
+    from timeslice.cli import main as cli_main
+    return cli_main(["up", *(sys.argv[1:] if argv is None else argv)])
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
