@@ -32,6 +32,7 @@ from tscore.testing.lockd import LockdCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
+_LOAD_AT_IMPORT = os.getloadavg()   # this module is imported when a benchmark starts
 SHARED_CORES_NOTE = ("client, lockd replicas and etcd all run on this one machine and share its "
                      "{n} CPU core(s); every figure includes that contention")
 
@@ -78,7 +79,8 @@ def machine_facts() -> dict:
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu,
-        "loadavg_at_start": os.getloadavg(),
+        "loadavg_at_start": _LOAD_AT_IMPORT,
+        "loadavg_at_end": os.getloadavg(),
         "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -150,8 +152,21 @@ def rss_mb(pid: int) -> float:
         return 0.0
 
 
+def _machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores, from /proc/stat."""
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)            # idle + iowait
+    total = sum(vals[:8])                                          # guest time is inside user already
+    return total - idle, total
+
+
 class CpuMeter:
-    """CPU seconds used by named processes between ``start()`` and ``stop()``."""
+    """CPU seconds used by named processes between ``start()`` and ``stop()``.
+
+    Also how busy the whole machine was (all cores, everyone's processes), so a
+    reader can tell "lockd is slow" from "the box was saturated by other work".
+    """
 
     def __init__(self, pids: dict[str, int]):
         self.pids = dict(pids)
@@ -162,6 +177,8 @@ class CpuMeter:
     def start(self) -> "CpuMeter":
         self._t0 = time.monotonic()
         self._c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
+        self._m0 = _machine_ticks()
+        self._load0 = os.getloadavg()[0]
         return self
 
     def stop(self) -> dict[str, dict]:
@@ -169,6 +186,12 @@ class CpuMeter:
         self.result = {n: {"pid": p, "cpu_s": round(cpu_seconds(p) - self._c0[n], 2),
                            "cpu_pct_of_one_core": round(100 * (cpu_seconds(p) - self._c0[n]) / wall, 1),
                            "rss_mb": rss_mb(p)} for n, p in self.pids.items()}
+        (b0, t0), (b1, t1) = self._m0, _machine_ticks()
+        ours = sum(v["cpu_s"] for v in self.result.values())
+        self.machine = {"machine_busy_pct_all_cores": round(100 * (b1 - b0) / max(t1 - t0, 1), 1),
+                        "cores": os.cpu_count(),
+                        "measured_processes_cpu_pct_of_all_cores": round(100 * ours / wall / os.cpu_count(), 1),
+                        "loadavg_1min_start_end": [self._load0, os.getloadavg()[0]]}
         return self.result
 
 
@@ -235,19 +258,19 @@ class Channels:
 
     def __init__(self, per_target: int = 1):
         self.per_target = per_target
-        self._ch: dict[tuple[str, int], grpc.aio.Channel] = {}
+        self._ch: dict[tuple[str, int], tuple[grpc.aio.Channel, pbg.LockdStub]] = {}
 
     def stub(self, target: str, slot: int = 0) -> pbg.LockdStub:
         key = (target, slot % self.per_target)
-        ch = self._ch.get(key)
-        if ch is None:
-            ch = self._ch[key] = grpc.aio.insecure_channel(
-                target, options=[("grpc.initial_reconnect_backoff_ms", 50),
-                                 ("grpc.max_reconnect_backoff_ms", 200)])
-        return pbg.LockdStub(ch)
+        got = self._ch.get(key)
+        if got is None:
+            ch = grpc.aio.insecure_channel(target, options=[("grpc.initial_reconnect_backoff_ms", 50),
+                                                            ("grpc.max_reconnect_backoff_ms", 200)])
+            got = self._ch[key] = (ch, pbg.LockdStub(ch))
+        return got[1]
 
     async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c in self._ch.values()), return_exceptions=True)
+        await asyncio.gather(*(c.close() for c, _ in self._ch.values()), return_exceptions=True)
         self._ch.clear()
 
 

@@ -113,6 +113,7 @@ async def trial(st: C.Stack, kind: str, n: int, before: float, after: float) -> 
     lost = sum(pp.issued.values()) - sum(pp.granted.values())
     res = {
         "kind": {"kill": "SIGKILL", "term": "SIGTERM (graceful)"}[kind],
+        "loadavg_1min": os.getloadavg()[0],
         "leader_killed": lead.replica_id,
         "max_gap_s": round(max_gap, 3),
         "max_gap_starts_s_after_fault": round(at - t_fault, 3),

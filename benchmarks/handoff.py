@@ -6,15 +6,21 @@ transaction, the leader seeing it through its watch, the leader's grant
 transaction, B's replica seeing the grant through its watch, and B's reply.
 The jobs' clients sit on different lockd replicas: A on the leader, B on a
 follower (so half the handoffs grant to a follower's client, half to the
-leader's). Before each handoff the benchmark waits until B's queue entry is in
-etcd and lets the replicas settle, so B's Acquire is already blocked when A
-yields; B's server-side ``waited_ms`` is checked afterwards to prove it.
+leader's). Before each handoff the benchmark polls B's replica
+(GetGroupStatus) until B shows there as a waiter, i.e. B's Acquire handler has
+enqueued and is waiting, then pauses ``--settle-ms``; B's server-side
+``waited_ms`` is checked afterwards to prove B was blocked before A yielded.
 
 The floor is measured in the same run, in blocks alternating with the handoff
 blocks (so background load on the machine hits both alike): one etcd
 transaction (a put) by one client connection, and the delivery of the watch
 event it causes to a watcher on another connection, both through tscore's etcd
-layer, against the same endpoints lockd uses.
+layer, against the same endpoints lockd uses. Each floor sample follows the
+same settle pause as each handoff (both start from a quiet system).
+
+``--phases`` adds a third etcd watcher on the group that timestamps the
+release (queue entry deleted) and the grant (grant put) as an outside
+observer sees them, splitting each handoff into its stages.
 
     python -m benchmarks.handoff                   # 1 and 3 etcd members, 2000 handoffs each
     python -m benchmarks.handoff --members 3 --handoffs 500
@@ -91,9 +97,11 @@ class GroupObserver:
         self._task.cancel()
 
 
-async def _floor_block(writer: EtcdClient, key: bytes, got: asyncio.Queue, n: int) -> list[float]:
+async def _floor_block(writer: EtcdClient, key: bytes, got: asyncio.Queue, n: int, settle_s: float) -> list[float]:
+    """``n`` floor samples, each after the same settle pause a handoff gets before its Yield."""
     out = []
     for i in range(n):
+        await asyncio.sleep(settle_s)
         t0 = C.now()
         await writer.txn([], [ops.put(key, b"v%d" % i)])
         t1 = await got.get()
@@ -169,12 +177,12 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
                     got.put_nowait(C.now())
             ftask = asyncio.create_task(feed())
 
-            cpu = C.CpuMeter(st.pids()).start()
+            cpu = C.CpuMeter({**st.pids(), "client": C.os.getpid()}).start()
             holder, waiter = a, b
             token = (await holder.acquire(GROUP)).token
             hand, floor, direction, not_blocked, tokens, waited_ms = [], [], [], 0, [token], []
             phases = {k: [] for k in ("yield_rpc_returned", "release_seen_by_watcher", "grant_seen_by_watcher")}
-            await _floor_block(writer, fkey, got, warmup)        # warm both paths up
+            await _floor_block(writer, fkey, got, warmup, settle_ms / 1000)        # warm both paths up
             total = handoffs + warmup
             done = 0
             while done < total:
@@ -199,9 +207,10 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
                     token = reply.token
                     holder, waiter = waiter, holder
                     done += 1
-                floor += await _floor_block(writer, fkey, got, min(block, max(0, len(hand) - len(floor))))
+                floor += await _floor_block(writer, fkey, got, min(block, max(0, len(hand) - len(floor))),
+                                            settle_ms / 1000)
             if len(floor) < len(hand):
-                floor += await _floor_block(writer, fkey, got, len(hand) - len(floor))
+                floor += await _floor_block(writer, fkey, got, len(hand) - len(floor), settle_ms / 1000)
             usage = cpu.stop()
             await holder.yield_(GROUP, token)
             if seen is not None:
@@ -233,6 +242,7 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
             "waiter_server_waited_ms": C.summarize(waited_ms),
             "placement": {"A": f"{lead.replica_id} (leader)", "B": f"{followers[0].replica_id} (follower)"},
             "process_cpu": usage,
+            "machine": cpu.machine,
             "pass_ratio": hs["p50"] <= TARGET_RATIO * fs["p50"],
             "pass_p99": hs["p99"] <= TARGET_P99_MS,
         }
@@ -279,6 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  etcd={r['etcd_members']}: p50 to follower {d['to_follower'].get('p50')} ms, "
               f"to leader {d['to_leader'].get('p50')} ms; tokens increasing: {r['tokens_strictly_increasing']}; "
               f"waiter not blocked at yield: {r['waiter_not_blocked_before_yield']}")
+        m = r["machine"]
+        print(f"    machine: {m['machine_busy_pct_all_cores']}% of {m['cores']} cores busy during the run "
+              f"(these processes {m['measured_processes_cpu_pct_of_all_cores']}%), load average "
+              f"{m['loadavg_1min_start_end'][0]:.1f} -> {m['loadavg_1min_start_end'][1]:.1f}")
         ph = r["handoff_phases_ms_since_yield_call"]
         if isinstance(ph, dict):
             print(f"    phases (p50 ms after the Yield call): yield reply {ph['yield_rpc_returned'].get('p50')}, "

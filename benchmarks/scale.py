@@ -128,7 +128,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
             "etcd_keys_before": keys0, "etcd_keys_during": keys_during,
             "etcd_revisions_in_window": rev_b - rev_a,
             "etcd_revisions_per_grant": round((rev_b - rev_a) / max(n, 1), 2),
-            "process": usage, **_usage_summary(usage),
+            "process": usage, **_usage_summary(usage), "machine": cpu.machine,
             "lockd_cpu_ms_per_grant": round(1000 * _usage_summary(usage)["lockd_cpu_s_total"] / max(n, 1), 3),
             "pass": n / (t_b - t_a) >= TARGET_GPS,
         }
@@ -203,10 +203,16 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
             "etcd_keys_before_enqueue": keys0, "etcd_keys_with_all_queued": keys_full, "etcd_keys_after": keys_end,
             "etcd_revisions_enqueue": rev_full - rev0, "etcd_revisions_chain": rev_end - rev_full,
             "etcd_revisions_per_chain_grant": round((rev_end - rev_full) / max(chain, 1), 2),
-            "process": usage, **_usage_summary(usage),
+            "process": usage, **_usage_summary(usage), "machine": cpu.machine,
             "lockd_cpu_ms_per_grant": round(1000 * _usage_summary(usage)["lockd_cpu_s_total"] / max(chain, 1), 3),
             "pass": chain / (t1 - t0) >= TARGET_GPS and len(order) == waiters and granted == expected,
         }
+
+
+def _machine_line(m: dict) -> str:
+    return (f"  whole machine during the window: {m['machine_busy_pct_all_cores']}% of {m['cores']} cores busy; "
+            f"the processes above: {m['measured_processes_cpu_pct_of_all_cores']}%; "
+            f"load average {m['loadavg_1min_start_end'][0]:.1f} -> {m['loadavg_1min_start_end'][1]:.1f}")
 
 
 def _proc_rows(usage: dict) -> list[list]:
@@ -239,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                         w.get("max"), f"{a['grants_per_job']['min']}-{a['grants_per_job']['max']}",
                         a["etcd_revisions_per_grant"], a["lockd_cpu_ms_per_grant"], a["error_count"]]]))
         print(C.table(["process", "CPU s", "% of one core", "RSS MB"], _proc_rows(a["process"])))
+        print(_machine_line(a["machine"]))
         print(f"  etcd keys: {a['etcd_keys_before']} before, {a['etcd_keys_during']} during; "
               f"revisions in window: {a['etcd_revisions_in_window']}")
     if args.part in ("b", "both"):
@@ -250,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                         b["tokens_ascending_in_grant_order"], b["grant_order_equals_enqueue_order"],
                         b["etcd_revisions_per_chain_grant"], b["lockd_cpu_ms_per_grant"]]]))
         print(C.table(["process", "CPU s", "% of one core", "RSS MB"], _proc_rows(b["process"])))
+        print(_machine_line(b["machine"]))
         print(f"  sessions opened in {b['sessions_open_s']} s, enqueued one by one in {b['enqueue_s']} s; "
               f"etcd keys: {b['etcd_keys_before_enqueue']} -> {b['etcd_keys_with_all_queued']} -> "
               f"{b['etcd_keys_after']}; revisions: enqueue {b['etcd_revisions_enqueue']}, "

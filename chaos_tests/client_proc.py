@@ -50,10 +50,10 @@ import threading
 import time
 
 import grpc
-
-from chaos_tests.history import FencedResource, HistoryRecorder
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
+
+from chaos_tests.history import FencedResource, HistoryRecorder
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -180,9 +180,6 @@ class Session:
         except grpc.RpcError as e:
             log(f"close session: {e.code().name}")
 
-    def ref(self) -> pb.SessionRef:
-        return pb.SessionRef(job_id=self.job, session_secret=self.secret)
-
 
 class Client:
     def __init__(self, a: argparse.Namespace):
@@ -198,36 +195,74 @@ class Client:
         self.stop = threading.Event()
         self.dev = None
         self.expected_sha = ""
+        self.device_lost = False
 
     # -- the simulated GPU (only with --sim-bytes) -------------------------------
     def setup_device(self) -> None:
+        """Register this process on the node's simulated device; the arena comes with the first grant."""
         from nodeagent.sim.client import SimDeviceClient
 
         self.dev = SimDeviceClient.open(self.a.sim_dir)
-        self.dev.alloc(self.a.sim_bytes)
-        data = random.Random(self.a.seed).randbytes(self.a.sim_bytes)
-        with self.dev.compute() as mem:
-            mem[:] = data
-        self.expected_sha = hashlib.sha256(data).hexdigest()
-        log(f"sim arena {self.a.sim_bytes} bytes on {self.a.sim_dir}")
 
     def register_worker(self) -> None:
+        """Tell lockd this process holds the job's device memory (once it does)."""
+        if not self.expected_sha:
+            return
         self.reps.unary("RegisterWorker", pb.WorkerRequest(
             job_id=self.a.job, session_secret=self.session.secret, node=self.a.node, pid=os.getpid(),
             device_bytes=self.a.sim_bytes))
 
+    def first_fill(self, group: str, token: int) -> None:
+        """First grant: the scheduler made room; allocate, fill, and tell lockd about it.
+
+        The section lasts until the node agent reports the allocation (free
+        device memory dropped by our bytes), as a job's first phase would keep
+        the GPU while loading: the leader decides later swaps from that report.
+        """
+        self.dev.alloc(self.a.sim_bytes, timeout_s=self.a.device_timeout)
+        data = random.Random(self.a.seed).randbytes(self.a.sim_bytes)
+        with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
+            mem[:] = data
+        self.expected_sha = hashlib.sha256(data).hexdigest()
+        del data
+        self.register_worker()
+        deadline = time.monotonic() + self.a.device_timeout
+        while time.monotonic() < deadline:
+            try:
+                st, _ = self.reps.unary("GetGroupStatus", pb.GroupRef(group_id=group))
+                ns = next((n for n in st.node_status if n.node == self.a.node), None)
+                if ns is not None and ns.agent_alive and ns.device_free_bytes <= ns.device_total_bytes - self.a.sim_bytes:
+                    return
+            except grpc.RpcError:
+                pass
+            time.sleep(0.05)
+        log(f"agent did not report our {self.a.sim_bytes} bytes within {self.a.device_timeout}s")
+
     def touch_device(self, group: str, token: int) -> None:
         """Check that the device bytes survived since our last section, then change them."""
+        if not self.expected_sha:
+            self.first_fill(group, token)
+            return
+        if self.device_lost:
+            return
         try:
             with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
-                got = hashlib.sha256(mem).hexdigest()
-                ok = got == self.expected_sha
+                # Touching a mapping whose file shrank would kill us with SIGBUS:
+                # look first, so that a lost context is a recorded failure, not a crash.
+                size = os.path.getsize(self.dev.dev.arena(self.dev.pid))
+                if size < self.a.sim_bytes:
+                    self.device_lost = True
+                    self.rec.data_check(group, False, f"device memory gone: the arena holds {size} of "
+                                        f"{self.a.sim_bytes} bytes in a granted section", token=token)
+                    return
+                got, want = hashlib.sha256(mem).hexdigest(), self.expected_sha
+                ok = got == want
                 stamp = f"{self.a.job}:{token}".encode().ljust(32, b".")
                 off = (token * 4099) % (len(mem) - 32)
                 mem[off:off + 32] = stamp
                 self.expected_sha = hashlib.sha256(mem).hexdigest()
             self.rec.data_check(group, ok, "device bytes intact" if ok else
-                                f"device sha256 {got[:16]} != expected {self.expected_sha[:16]}", token=token)
+                                f"device sha256 {got[:16]} != expected {want[:16]}", token=token)
         except TimeoutError as e:
             # The grant came while our context was not on the device.
             self.rec.data_check(group, False, f"device not usable {self.a.device_timeout}s into the "
@@ -354,8 +389,6 @@ class Client:
         if self.a.sim_bytes:
             self.setup_device()
         self.session.open()
-        if self.dev is not None:
-            self.register_worker()
         print(f"CLIENT_READY {self.a.job} {os.getpid()}", flush=True)
         end = time.monotonic() + self.a.duration
         turns = 0

@@ -20,10 +20,11 @@ from tscore.testing.ports import free_port
 
 
 class Relay:
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, listen_host: str = "127.0.0.1"):
         host, _, port = upstream.rpartition(":")
         self.upstream = (host, int(port))
-        self.port = free_port()
+        self.host = listen_host
+        self.port = free_port(listen_host)
         self._open = threading.Event()
         self._open.set()
         self._closed = False
@@ -31,13 +32,13 @@ class Relay:
         self._mu = threading.Lock()
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._lsock.bind(("127.0.0.1", self.port))
+        self._lsock.bind((self.host, self.port))
         self._lsock.listen(64)
         threading.Thread(target=self._accept, daemon=True, name=f"relay-{self.port}").start()
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def is_cut(self) -> bool:

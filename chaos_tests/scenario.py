@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
 import grpc
+from tsproto import lockd_pb2 as pb
+from tsproto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
 from chaos_tests.history import HistoryRecorder, load_history
 from tscore.testing.lockd import LockdCluster, LockdProcess
 from tscore.testing.ports import free_port
 from tscore.testing.procs import signal_tree
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
 LEASE_TTL, RENEW_DEADLINE, RETRY_PERIOD = 2, 1.5, 0.5
 LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEADLINE),
@@ -52,6 +54,7 @@ class ClientProc:
     proc: subprocess.Popen
     log_path: str
     killed: bool = False
+    crashed: int | None = None        # exit status of a client that died on its own (not rc 0)
     paused_at: list[float] = field(default_factory=list)
 
     @property
@@ -70,9 +73,9 @@ class Fault:
 class World:
     def __init__(self, etcd, prefix: str, workdir, reaper, *, seed: int, name: str,
                  groups: int = 2, clients: int = 6, lockd_flags: list[str] | None = None,
-                 client_args: list[str] | None = None, group_nodes: list[str] | None = None):
+                 client_args: list[str] | None = None, group_nodes: list[str] | None = None,
+                 client_env: dict[str, str] | None = None):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
-        import random
         self.rng = random.Random(seed)
         self.dir = str(workdir)
         self.history_dir = os.path.join(self.dir, "history")
@@ -84,6 +87,8 @@ class World:
         self.group_nodes = group_nodes or []
         self.n_clients = clients
         self.client_args = client_args or []
+        self.client_env = client_env or {}
+        self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
                                   extra=LOCKD_FLAGS + (lockd_flags or []))
         # Fixed ports, so a restarted replica comes back where the clients look for it.
@@ -95,13 +100,21 @@ class World:
         self.faults: list[Fault] = []
         self._next_job = 0
         self.t_start = time.monotonic()
+        self._mu = threading.Lock()       # client bookkeeping: the test thread and the monitor
+        self._monitor_stop = threading.Event()
+        self._monitor: threading.Thread | None = None
 
     # -- set-up ---------------------------------------------------------------------
     @property
     def targets(self) -> list[str]:
         return list(self._addrs)
 
-    def start(self, order: list[int] | None = None, duration: float = 20.0) -> "World":
+    def replace_replica(self, i: int, proc: LockdProcess) -> None:
+        """Run replica ``i`` as ``proc`` (e.g. inside a network namespace), before ``start``."""
+        self.lockd.replicas[i] = proc
+        self._addrs[i] = proc.target
+
+    def start(self, order: list[int] | None = None, duration: float = 20.0) -> World:
         for i in order or range(len(self.lockd.replicas)):
             self.lockd.replicas[i].start()
         self.create_groups()
@@ -110,7 +123,33 @@ class World:
         self.wait_clients_ready()
         self.t_start = time.monotonic()
         self.duration = duration
+        self._monitor = threading.Thread(target=self._watch_clients, daemon=True, name="chaos-monitor")
+        self._monitor.start()
         return self
+
+    def _watch_clients(self) -> None:
+        """A client that dies on its own (a crash, not our SIGKILL) is recorded at once.
+
+        Its open attempt or section is closed with ``abandoned`` within a few
+        ms of its death, as for a client we kill, so the checker judges the
+        others correctly; the crash itself fails the scenario (``crashes``).
+        """
+        while not self._monitor_stop.wait(0.02):
+            with self._mu:
+                for c in self.clients:
+                    if c.killed or c.crashed is not None or c.proc.poll() is None or c.proc.returncode == 0:
+                        continue
+                    c.crashed = c.proc.returncode
+                    group = self._open_group(c)
+                    if group:
+                        self.rec.abandoned(group, c.job, crashed=c.crashed)
+                    tail = self._read(c.log_path).decode(errors="replace").splitlines()[-15:]
+                    print(f"[{self.name}] +{self.elapsed():6.2f}s client {c.job} (pid {c.pid}) DIED rc={c.crashed} "
+                          f"with {group or 'nothing'} open:\n  " + "\n  ".join(tail), flush=True)
+
+    @property
+    def crashes(self) -> list[str]:
+        return [f"client {c.job} pid {c.pid} died rc={c.crashed}" for c in self.clients if c.crashed is not None]
 
     def create_groups(self) -> None:
         for g in self.groups:
@@ -142,7 +181,7 @@ class World:
                 "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *(extra or [])]
         with open(log_path, "ab") as log:
             proc = self.reaper.spawn(argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env})
         c = ClientProc(job, proc, log_path)
         self.clients.append(c)
         return c
@@ -232,14 +271,31 @@ class World:
         """Clients inside a critical section right now (as their histories say)."""
         return [c for c in self.live_clients() if (e := self.last_event(c)) and e["ev"] in ("cs_start",)]
 
+    def wait_for_holder(self, timeout: float = 10.0) -> ClientProc:
+        """A client inside its critical section (seeded choice among those seen there)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            inside = self.holders()
+            if inside:
+                return self.rng.choice(sorted(inside, key=lambda c: c.job))
+            if time.monotonic() > deadline:
+                raise TimeoutError("no client entered a critical section")
+            time.sleep(0.002)
+
+    def client_events(self, c: ClientProc) -> list[dict]:
+        return load_history_file(os.path.join(self.history_dir, f"client-{c.job}-{c.pid}.jsonl"))
+
     def kill_client(self, c: ClientProc) -> dict:
         """SIGKILL a client and record ``abandoned`` for the attempt or hold it left open."""
-        signal_tree(c.pid, signal.SIGKILL)
-        c.proc.wait(10)
-        c.killed = True
-        open_group = self._open_group(c)
-        if open_group:
-            self.rec.abandoned(open_group, c.job)
+        with self._mu:
+            if c.crashed is not None:
+                return {"job": c.job, "pid": c.pid, "group": None}
+            c.killed = True
+            signal_tree(c.pid, signal.SIGKILL)
+            c.proc.wait(10)
+            open_group = self._open_group(c)
+            if open_group:
+                self.rec.abandoned(open_group, c.job)
         return {"job": c.job, "pid": c.pid, "group": open_group}
 
     def _open_group(self, c: ClientProc) -> str | None:
@@ -261,8 +317,10 @@ class World:
         signal_tree(c.pid, signal.SIGCONT)
 
     # -- the end ------------------------------------------------------------------------
-    def finish(self, grace: float = 30.0) -> Report:
-        """Let every client finish its turn, kill stragglers, merge, check and print."""
+    def finish(self, tail: float = 2.0, grace: float = 30.0) -> Report:
+        """After ``tail`` s more of normal running, let every client finish its turn, kill
+        stragglers, merge the histories, check, and print the figures."""
+        time.sleep(tail)
         for r in self.lockd.replicas:
             if r.alive() and self._paused(r):
                 r.resume()
@@ -277,21 +335,32 @@ class World:
             except subprocess.TimeoutExpired:
                 print(f"[{self.name}] client {c.job} did not finish its turn in time; killing it", flush=True)
                 self.kill_client(c)
+        time.sleep(0.1)                   # the monitor's last look
+        self._monitor_stop.set()
+        if self._monitor is not None:
+            self._monitor.join()
         self.rec.close()
         events = load_history(self.history_dir)
+        self.all_events = events
         report = check(events)
         self.print_figures(report, events)
         return report
 
     def stop(self) -> None:
+        self._monitor_stop.set()
+        for fn in self.on_stop:
+            try:
+                fn()
+            except Exception as e:  # noqa: BLE001 - tear everything down whatever fails
+                print(f"[{self.name}] teardown: {e!r}", flush=True)
         self.lockd.stop()
 
     def fault_recoveries(self, events: list[dict]) -> list[float]:
-        """For each fault: seconds from its injection (or heal) to the next grant in any group."""
+        """For each fault: seconds from its injection to the next grant in any group."""
         grants = sorted(e["t"] for e in events if e["ev"] == "granted")
         out = []
         for f in self.faults:
-            t = int((f.t1 or f.t0) * 1e9)
+            t = int(f.t0 * 1e9)
             nxt = next((g for g in grants if g > t), None)
             out.append(round((nxt - t) / 1e9, 3) if nxt else None)
         return out
@@ -315,17 +384,20 @@ class World:
             "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
             "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
             "violations": len(report.violations),
+            "client_crashes": len(self.crashes),
         }
-        lines = [f"===== chaos scenario {self.name} (seed {self.seed}) ====="]
+        lines = [f"===== chaos scenario {self.name} (seed {self.seed}; histories and logs in {self.dir}) ====="]
         w = max(len(k) for k in figures)
         lines += [f"  {k:<{w}}  {json.dumps(v)}" for k, v in figures.items()]
         lines.append("  faults:")
         for f, r in zip(self.faults, rec):
             lines.append(f"    +{f.t0 - self.t_start:6.2f}s  {f.what}"
                          + (f" (for {f.t1 - f.t0:.2f}s)" if f.t1 else "")
-                         + f"  next grant after {r}s" + (f"  {f.detail}" if f.detail else ""))
+                         + f"  first grant after injection: {r}s" + (f"  {f.detail}" if f.detail else ""))
         for v in report.violations[:50]:
             lines.append(f"  VIOLATION {v}")
+        for c in self.crashes:
+            lines.append(f"  CRASH {c}")
         lines.append("  json: " + json.dumps({**figures, "fault_list": [
             {"what": f.what, "at_s": round(f.t0 - self.t_start, 2),
              "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r}

@@ -26,3 +26,9 @@ class GroupBusy(LockError):
 
 class AcquireTimeout(LockError):
     code = "DEADLINE_EXCEEDED"
+
+
+class Superseded(LockError):
+    """A re-sent Acquire of the same job took over this call's queue entry."""
+
+    code = "CANCELLED"

@@ -5,16 +5,23 @@ mirror for one of three outcomes concerning this job only: a grant naming
 our token (granted), a failure record with our token (the swap failed), or
 our queue entry gone (session lost). A cancelled or timed-out Acquire deletes
 its own entry, guarded by its token, so no ghost waiter stays behind.
+
+A re-sent Acquire (client failover, retry) finds the job's entry and takes it
+over: it rewrites the value with its own attempt id, which keeps the entry's
+create revision (its place and token). An abandoned attempt deletes the entry
+only while the value still carries *its* attempt id, so an old call cancelled
+late on another replica can never release the hold a newer call returned.
 """
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from dataclasses import dataclass
 
 from aetcd import rpc
 
-from lockd.errors import AcquireTimeout, NotFound, SwapFailed
+from lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
 from lockd.index import StateIndex
 from lockd.waiters import Waiters
 from tscore import records as R
@@ -55,18 +62,27 @@ class Locks:
             raise InvalidIdError("device_bytes_hint must be >= 0")
         await self._require_group(group)
         queue = FifoQueue(self.client, self.keys.queue(group))
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica).dump()
+        attempt = secrets.token_hex(8)
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
         entry = await queue.enqueue(job, value, lease)
         if entry.lease != lease:
             raise LockError(f"job {job!r} is queued on {group!r} under an older session")
+        revision = entry.revision
+        if not entry.created:
+            # Take the existing entry over; a put keeps its create revision (place, token).
+            resp = await self.client.txn([ops.create_rev(entry.key, "==", entry.token)],
+                                         [ops.put(entry.key, value, lease)])
+            if not resp.succeeded:
+                raise SessionLost(f"{job!r} lost its place in {group!r} while re-sending Acquire")
+            revision = resp.header.revision
         wake = self.waiters.register(group, job)
         try:
             # Our own write must be in the mirror before we judge "entry gone".
-            await self.reflector.wait_revision(entry.revision, timeout)
+            await self.reflector.wait_revision(revision, timeout)
             deadline = None if timeout is None else t0 + timeout
             while True:
                 wake.clear()
-                outcome = self._outcome(group, job, entry.token)
+                outcome = self._outcome(group, job, entry.token, attempt)
                 if outcome is not None:
                     return Granted(entry.token, outcome, (time.monotonic() - t0) * 1000)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -80,12 +96,12 @@ class Locks:
         except BaseException:
             # Cancelled, timed out or failed: leave no ghost waiter. If the grant
             # raced in, this also releases it (an unclaimed grant is a yield).
-            await asyncio.shield(self._abandon(group, job, entry.token))
+            await asyncio.shield(self._abandon(group, job, entry.token, value))
             raise
         finally:
             self.waiters.unregister(group, job, wake)
 
-    def _outcome(self, group: str, job: str, token: int) -> R.GrantValue | None:
+    def _outcome(self, group: str, job: str, token: int, attempt: str) -> R.GrantValue | None:
         gs = self.index.groups.get(group)
         if gs is not None and gs.grant is not None:
             g = R.GrantValue.load(gs.grant.value)
@@ -100,15 +116,18 @@ class Locks:
             if gs is None or gs.spec is None:
                 raise NotFound(f"group {group!r} was deleted while {job!r} waited")
             raise SessionLost(f"{job!r} lost its place in {group!r}: its session lease expired")
+        if R.QueueValue.load(gs.queue[job].value).attempt != attempt:
+            raise Superseded(f"a newer Acquire of {job!r} on {group!r} took over this one's place")
         return None
 
-    async def _abandon(self, group: str, job: str, token: int) -> None:
+    async def _abandon(self, group: str, job: str, token: int, value: bytes) -> None:
         try:
-            await self._release(group, job, token)
+            await self._release(group, job, token, only_if_value=value)
         except Exception:
             pass  # the session lease removes the entry anyway when the job dies
 
-    async def _release(self, group: str, job: str, token: int) -> rpc.TxnResponse:
+    async def _release(self, group: str, job: str, token: int, only_if_value: bytes | None = None
+                       ) -> rpc.TxnResponse:
         qkey, gkey = self.keys.queue_entry(group, job), self.keys.grant(group)
         gs = self.index.groups.get(group)
         success = [ops.delete(qkey), ops.first_in(self.keys.queue(group))]
@@ -116,8 +135,12 @@ class Locks:
             # Drop our grant in the same revision, but only that exact grant.
             success.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
                 compare=[ops.value_is(gkey, "==", gs.grant.value)], success=[ops.delete(gkey)])))
-        # Guarded by the token: a stale Yield can never delete a newer entry of the job.
-        return await self.client.txn([ops.create_rev(qkey, "==", token)], success, [ops.get(qkey)])
+        # Guarded by the token: a stale Yield can never delete a newer entry of the job;
+        # an abandoned attempt also by its value: it may only remove what it still owns.
+        cmp = [ops.create_rev(qkey, "==", token)]
+        if only_if_value is not None:
+            cmp.append(ops.value_is(qkey, "==", only_if_value))
+        return await self.client.txn(cmp, success, [ops.get(qkey)])
 
     @staticmethod
     def _granted(kv, job: str, token: int) -> bool:

@@ -22,17 +22,18 @@ import structlog
 
 from nodeagent import intents as I
 from nodeagent.backends import pick_backend
-from nodeagent.backends.base import Backend, ProcState
+from nodeagent.backends.base import Backend
 from nodeagent.config import AgentConfig
 from nodeagent.discovery import local_registered_pids
 from nodeagent.hostmem import HostMemory
-from nodeagent.inventory import Inventory, differs
+from nodeagent.inventory import Inventory
 from nodeagent.jobs import LocalJobs
 from nodeagent.metrics import Metrics
-from nodeagent.picture import Picture, take
+from nodeagent.nodelock import NodeLock
 from nodeagent.reporter import Reporter
 from nodeagent.runner import Runner
 from nodeagent.tokens import TokenBook
+from nodeagent.upkeep import Upkeep
 from tscore import records as R
 from tscore.errors import ConfigError, TimesliceError
 from tscore.etcd import ops
@@ -61,6 +62,7 @@ class Agent:
             self.tokens = TokenBook(Path(cfg.state_dir) / f"tokens-{cfg.node}.json")
         except OSError as e:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
+        self.nodelock = NodeLock(cfg.state_dir, cfg.node)
         self.backend = backend or make_backend(cfg)
         self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
         self.inventory = Inventory(self.backend, self.host)
@@ -71,31 +73,30 @@ class Agent:
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.session.lease_id,
-                                 self._renew_session)
+                                 self.renew_session)
         self.endpoint = ""
         self.stopping = False
         self._drivers: dict[str, asyncio.Task] = {}
         self._answered: dict[str, int] = {}          # job -> intent revision answered by this process
-        self._agent_lock = asyncio.Lock()            # one writer of the liveness key at a time
         self._session_lock = asyncio.Lock()
-        self._refresh_soon = asyncio.Event()
-        self._force_put = False
         self._tasks: list[asyncio.Task] = []
+        self.upkeep = Upkeep(self)
 
     # --- life cycle ----------------------------------------------------------
     async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
         self.endpoint = endpoint
+        await self.nodelock.acquire()
         self.session = await Session(self.client, self.cfg.session).open()
         for m in (self.node_mirror, self.jobs_mirror):
             m.start()
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
                                sync_timeout)
         self.tokens.recover(self.jobs.statuses())
-        await self._reconcile()
-        await self.refresh(force=True)
+        await self.upkeep.reconcile()
+        await self.upkeep.refresh(force=True)
         self.node_mirror.add_listener(self._on_node_batch)
         self.jobs_mirror.add_listener(self._on_jobs_batch)
-        self._tasks.append(asyncio.create_task(self._refresh_loop(), name="agent-refresh"))
+        self._tasks.append(asyncio.create_task(self.upkeep.loop(), name="agent-refresh"))
         self._kick_all()
         log.info("agent_started", node=self.node, backend=self.backend.name, why=self.backend.why,
                  lease=f"{self.session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
@@ -118,8 +119,9 @@ class Agent:
         self.inventory.close()
         self.backend.close()
         await self.client.close()
+        self.nodelock.release()
 
-    async def _renew_session(self, failed_lease: int | None = None) -> None:
+    async def renew_session(self, failed_lease: int | None = None) -> None:
         """Replace a lost lease (etcd unreachable past the TTL, or said so by a write)."""
         async with self._session_lock:
             s = self.session
@@ -128,8 +130,8 @@ class Agent:
             s.orphan()
             self.session = await Session(self.client, self.cfg.session).open()
             log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{self.session.lease_id:x}")
-            self._force_put = True              # the liveness key must move to the new lease
-            self._refresh_soon.set()
+            self.upkeep.force_put = True        # the liveness key must move to the new lease
+            self.upkeep.soon.set()
 
     # --- triggers (mirror listeners: synchronous, called for every batch) -------
     def _on_node_batch(self, events, reset: bool) -> None:
@@ -143,7 +145,7 @@ class Agent:
 
     def _on_jobs_batch(self, events, reset: bool) -> None:
         if reset or any(self.jobs.is_local_worker(ev.kv.key) for ev in events):
-            self._refresh_soon.set()
+            self.upkeep.soon.set()
 
     def _kick_all(self) -> None:
         for job in self.jobs.intent_jobs():
@@ -154,7 +156,11 @@ class Agent:
             self._drivers[job] = asyncio.create_task(self._drive(job), name=f"intent-{job}")
 
     # --- the intent loop ---------------------------------------------------------
-    def _pending(self, job: str) -> I.Intent | None:
+    def driving(self, job: str) -> bool:
+        """True while an intent driver works on ``job`` (its status is the driver's to write)."""
+        return job in self._drivers
+
+    def pending(self, job: str) -> I.Intent | None:
         """The job's current intent if nobody has answered it yet."""
         kv = self.jobs.intent_kv(job)
         if kv is None:
@@ -168,7 +174,7 @@ class Agent:
         delay = 0.1
         try:
             while not self.stopping:
-                intent = self._pending(job)
+                intent = self.pending(job)
                 if intent is None:
                     return              # no await since the check: a new event starts a new driver
                 try:
@@ -187,45 +193,55 @@ class Agent:
         """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
         prefix = self.keys.workers(job) + f"{self.node}/".encode()
         r = await self.client.range(ops.range_req(prefix, prefix=True))
-        entries = [R.WorkerValue.load(kv.value).__dict__ for kv in r.kvs]
+        entries = []
+        for kv in r.kvs:
+            try:
+                entries.append(R.WorkerValue.load(kv.value).__dict__)
+            except Exception:  # noqa: BLE001 - a malformed registration names no process
+                log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
 
     async def _handle(self, intent: I.Intent) -> None:
         ctx = intent.log_ctx()
-        async with self.runner.lock(intent.job):
-            registered, remembered = await self.pids(intent.job)
-            pic = await self.runner.picture(registered, remembered)
-            stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
-            d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0)
-            if d.kind != I.RUN:
-                st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, token=d.fence,
-                              error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
-                if await self._answer(intent, st):
-                    self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()
-                    say = log.warning if d.kind == I.REFUSE else log.info
-                    say("intent_refused" if d.kind == I.REFUSE else "intent_reported", **ctx,
-                        outcome=d.outcome, state=pic.state, reason=d.reason)
-                return
-            await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
-            if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
-                return
-            log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
-            rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent")
-            st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
-            rev = await self._answer(intent, st)
-            say = log.info if st.outcome in (R.OK, R.PROCESS_GONE) else log.error
-            say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
-                device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
+        # The backend's own log lines (in worker threads) carry the job and token too.
+        with structlog.contextvars.bound_contextvars(job=intent.job, token=intent.token, op=intent.op):
+            async with self.runner.lock(intent.job):
+                await self._handle_locked(intent, ctx)
+
+    async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
+        registered, remembered = await self.pids(intent.job)
+        pic = await self.runner.picture(registered, remembered)
+        stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
+        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0)
+        if d.kind != I.RUN:
+            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, token=d.fence,
+                          error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
+            if await self._answer(intent, st):
+                self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()
+                say = log.warning if d.kind == I.REFUSE else log.info
+                say("intent_refused" if d.kind == I.REFUSE else "intent_reported", **ctx,
+                    outcome=d.outcome, state=pic.state, reason=d.reason)
+            return
+        await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
+        if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
+            return
+        log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
+        rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent")
+        st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
+        rev = await self._answer(intent, st)
+        say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
+        say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
+            device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
 
     async def _answer(self, intent: I.Intent, st: R.StatusValue, refresh: bool = True) -> int:
         """Write ``st`` for ``intent`` (with the refreshed agent key if ``refresh``); 0 if superseded."""
         if not refresh:
             rev = await self.reporter.answer(intent, st)
         else:
-            async with self._agent_lock:
-                agent = await self.agent_value()
+            async with self.upkeep.lock:
+                agent = await self.upkeep.agent_value()
                 rev = await self.reporter.answer(intent, st, agent)
         if rev and st.outcome:
             self._answered[intent.job] = intent.revision
@@ -238,68 +254,3 @@ class Agent:
             except asyncio.TimeoutError:
                 pass
         return rev
-
-    # --- the picture, the liveness key, reconciliation ------------------------------
-    async def pictures(self) -> dict[str, Picture]:
-        local = self.jobs.local()
-
-        def work():
-            return {job: take(self.backend, reg, rem) for job, (reg, rem) in local.items()}
-        return await asyncio.to_thread(work)
-
-    async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
-        pictures = pictures if pictures is not None else await self.pictures()
-        resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
-        agent = await asyncio.to_thread(self.inventory.agent_value, self.node, self.endpoint, resident)
-        self.metrics.host_free.set(agent.host_free_bytes)
-        self.metrics.device_free.set(agent.device_free_bytes)
-        return agent
-
-    async def refresh(self, force: bool = False) -> None:
-        """Rewrite the liveness key if its figures changed; correct statuses that drifted."""
-        async with self._agent_lock:
-            pictures = await self.pictures()
-            agent = await self.agent_value(pictures)
-            if force or self._force_put or differs(self.reporter.last_agent, agent):
-                self._force_put = False
-                await self.reporter.put_agent(agent)
-        for job, pic in pictures.items():
-            skv = self.jobs.status_kv(job)
-            if skv is None or self.runner.busy(job) or job in self._drivers:
-                continue
-            new = I.corrected(R.StatusValue.load(skv.value), pic)
-            if new is not None and await self.reporter.correct(job, new, skv.mod_revision):
-                log.info("status_corrected", job=job, state=new.state, pids=new.pids)
-
-    async def _refresh_loop(self) -> None:
-        while True:
-            try:
-                await asyncio.wait_for(self._refresh_soon.wait(), self.cfg.refresh_interval)
-                await asyncio.sleep(0.02)           # coalesce a burst of registrations
-            except asyncio.TimeoutError:
-                pass
-            self._refresh_soon.clear()
-            try:
-                if not self.session.alive:
-                    await self._renew_session()
-                await self.refresh()
-                self.metrics.etcd_connected.set(1)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - keep refreshing whatever happens
-                self.metrics.etcd_connected.set(0)
-                log.warning("refresh_failed", error=str(e))
-
-    async def _reconcile(self) -> None:
-        """After a restart: unlock processes an op of a dead agent left locked, unless an intent
-        still wants them (its re-run finishes the op instead)."""
-        for job, pic in (await self.pictures()).items():
-            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED]
-            if not locked or self._pending(job) is not None:
-                continue
-            for pid in locked:
-                try:
-                    await asyncio.to_thread(self.backend.unlock, pid)
-                    log.warning("reconcile_unlocked", job=job, pid=pid)
-                except Exception as e:  # noqa: BLE001
-                    log.error("reconcile_unlock_failed", job=job, pid=pid, error=str(e))

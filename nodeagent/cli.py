@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, BackendUnavailable) as e:
         print(f"nodeagent: cannot start: {e}", file=sys.stderr)
         return 2
+    except (TimesliceError, asyncio.TimeoutError) as e:     # etcd unreachable at start
+        print(f"nodeagent: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -133,7 +133,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--lock-timeout-ms", type=int, default=DEFAULT_LOCK_TIMEOUT_MS,
           help="checkpoint lock wait for in-flight GPU work, ms")
     _flag(p, "--refresh-interval", type=float, default=2.0, help="agent key refresh period, s")
-    _flag(p, "--session-ttl", type=int, default=10, help="agent lease TTL, s")
+    _flag(p, "--agent-lease-ttl", type=int, default=10,
+          help="TTL of the lease that keeps this agent's liveness key, s")
     _flag(p, "--sim-dir", default=None, help="simulated device directory (backend sim)")
     _flag(p, "--sim-capacity-bytes", type=int, default=None, help="simulated device capacity")
     _flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
@@ -156,7 +157,7 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             advertise=a.advertise or "", metrics_port=int(a.metrics_port), backend=a.backend,
             state_dir=a.state_dir, host_reserve_bytes=int(a.host_reserve_bytes),
             lock_timeout_ms=int(a.lock_timeout_ms), refresh_interval=float(a.refresh_interval),
-            session=SessionTiming(ttl=int(a.session_ttl)), sim_dir=a.sim_dir or None,
+            session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,
             sim_capacity_bytes=_opt(a.sim_capacity_bytes, int),
             sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
             sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level)

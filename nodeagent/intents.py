@@ -40,7 +40,7 @@ class Intent:
     def from_kv(cls, job: str, kv: rpc.KeyValue) -> "Intent":
         try:
             v = R.IntentValue.load(kv.value)
-        except (ValueError, TypeError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever is in the key, the answer is a refusal
             return cls(job, kv.mod_revision, None, f"unreadable intent: {e}")
         if v.op not in IN_PROGRESS:
             return cls(job, kv.mod_revision, v, f"unknown op {v.op!r}; expected snapshot or restore")
@@ -86,7 +86,7 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
     if picture.state == R.GONE:
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
-        return Decision(REPORT, R.OK, f"already {picture.state}: nothing to do")
+        return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
     return Decision(RUN)
 
 

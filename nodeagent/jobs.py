@@ -21,6 +21,14 @@ from tscore.etcd.mirror import Reflector
 from tscore.keys import Keys
 
 
+def load_status(raw: bytes) -> R.StatusValue | None:
+    """A status value, or None if the key holds something else (never crash on a bad key)."""
+    try:
+        return R.StatusValue.load(raw)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class LocalJobs:
     def __init__(self, keys: Keys, node: str, node_mirror: Reflector, jobs_mirror: Reflector):
         self.keys, self.node = keys, node
@@ -64,14 +72,24 @@ class LocalJobs:
 
     def status(self, job: str) -> R.StatusValue | None:
         kv = self.status_kv(job)
-        return R.StatusValue.load(kv.value) if kv else None
+        return load_status(kv.value) if kv else None
 
     def statuses(self) -> list[R.StatusValue]:
-        return [R.StatusValue.load(kv.value) for _, kv in self.node_mirror.items(self.keys.statuses(self.node))]
+        found = (load_status(kv.value) for _, kv in self.node_mirror.items(self.keys.statuses(self.node)))
+        return [st for st in found if st is not None]
 
     # --- pids -------------------------------------------------------------------------
     def adopt(self, job: str, pids: list[int]) -> None:
         self.adopted.setdefault(job, set()).update(pids)
+
+    def prune_adopted(self, gone: dict[str, set[int]]) -> None:
+        """Drop adopted pids that have exited (``gone``: job -> pids seen gone)."""
+        for job, pids in gone.items():
+            left = self.adopted.get(job, set()) - pids
+            if left:
+                self.adopted[job] = left
+            else:
+                self.adopted.pop(job, None)
 
     def remembered(self, job: str) -> set[int]:
         st = self.status(job)
@@ -86,8 +104,8 @@ class LocalJobs:
                 reg.setdefault(hit[0], set()).add(hit[1])
         rem: dict[str, set[int]] = {}
         for key, kv in self.node_mirror.items(self.keys.statuses(self.node)):
-            job = self._status_job(key)
+            job, st = self._status_job(key), load_status(kv.value)
             if job:
-                rem[job] = set(R.StatusValue.load(kv.value).pids)
+                rem[job] = set(st.pids) if st else set()
         return {j: (sorted(reg.get(j, ())), sorted(rem.get(j, set()) - reg.get(j, set())))
                 for j in sorted(set(reg) | set(rem))}

@@ -20,6 +20,7 @@ import structlog
 
 from nodeagent import intents as I
 from nodeagent.backends.base import ProcState
+from nodeagent.jobs import load_status
 from tscore import records as R
 from tscore.errors import InvalidIdError, TimesliceError
 from tscore.ids import check_id
@@ -128,7 +129,7 @@ class Operations:
         """Bring the job's status in etcd (and the liveness key) in line with what the op did."""
         agent = self.agent
         skv = agent.jobs.status_kv(o.job_id)
-        old = R.StatusValue.load(skv.value) if skv else None
+        old = load_status(skv.value) if skv else None
         if old is not None and old.intent_revision:
             new = I.corrected(old, rr.after)
         else:
@@ -138,9 +139,12 @@ class Operations:
                 pids=rr.after.live_pids, updated_ms=R.now_ms())
         if new is not None:
             await agent.reporter.correct(o.job_id, new, skv.mod_revision if skv else 0)
-        await agent.refresh()
+        await agent.upkeep.refresh()
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 30.0) -> None:
+        """Let the operations in flight finish (up to ``grace`` s), then cancel the rest."""
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=grace)
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

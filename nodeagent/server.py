@@ -83,7 +83,7 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     health_task.cancel()
     await hs.enter_graceful_shutdown()
     await server.stop(grace=2.0)
-    # An op in flight finishes (a half-copied snapshot is never abandoned on purpose).
+    # Ops in flight finish (a half-copied snapshot is never abandoned on purpose).
+    await operations.stop(grace=30.0)
     await agent.stop()
-    await operations.stop()
     log.info("stopped", node=cfg.node)

@@ -50,8 +50,8 @@ class NodeAgentServicer(pbg.NodeAgentServicer):
 
     @_rpc
     async def Status(self, req, context):
-        pictures = await self.agent.pictures()
-        value = await self.agent.agent_value(pictures)
+        pictures = await self.agent.upkeep.pictures()
+        value = await self.agent.upkeep.agent_value(pictures)
         out = pb.AgentStatus(node=value.node, backend=value.backend, version=value.version,
                              host_free_bytes=value.host_free_bytes)
         out.gpus.extend(pb.Gpu(index=g["index"], uuid=g["uuid"], total_bytes=g["total_bytes"],

@@ -64,6 +64,7 @@ class QueueValue(Record):
     device_bytes_hint: int = 0
     enqueued_ms: int = 0
     replica: str = ""
+    attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
 
 
 @dataclass

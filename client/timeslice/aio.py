@@ -19,25 +19,35 @@ loop; use one client per event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from typing import Any, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 import grpc
-import structlog
 import tenacity
+from tsproto import lockd_pb2 as pb
+from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
+from timeslice.logs import get_logger
 from timeslice.model import Grant, Group, GroupStatus, JobInfo, Released, Worker
-from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain, attempt_timeout, retry_on_try_again
+from timeslice.retry import (
+    Action,
+    Call,
+    CallState,
+    RetryPolicy,
+    TryAgain,
+    attempt_timeout,
+    retry_on_try_again,
+)
 from timeslice.scope import AcceleratorScope
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("timeslice.client")
+log = get_logger("timeslice.client")
 _POLL = 0.2
 _MOVED = object()
 
@@ -133,7 +143,7 @@ class AsyncOrchestratorClient(ClientCore):
             return
         try:
             await _maybe_await(cb(err))
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("session_lost_callback_failed", job=self.job_id)
 
     # == session ===================================================================
@@ -198,10 +208,12 @@ class AsyncOrchestratorClient(ClientCore):
             self._held.clear()
         self._holds.clear()
 
-    def _stop_keepalive(self) -> None:
+    def _stop_keepalive(self) -> asyncio.Task | None:
         t, self._ka_task = self._ka_task, None
         if t is not None and t is not asyncio.current_task():
             t.cancel()
+            return t
+        return None
 
     async def _close_session(self, s: Session) -> None:
         try:
@@ -410,7 +422,10 @@ class AsyncOrchestratorClient(ClientCore):
         if self._closed or self._closing:
             return
         self._closing = True
-        self._stop_keepalive()
+        ka = self._stop_keepalive()
+        if ka is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await ka
         s = self._session
         if s is not None and self._lost is None:
             await self._close_session(s)
@@ -424,7 +439,7 @@ class AsyncOrchestratorClient(ClientCore):
         for ch in list(self._channels.values()):
             await ch.close()
 
-    async def __aenter__(self) -> "AsyncOrchestratorClient":
+    async def __aenter__(self) -> AsyncOrchestratorClient:
         return self
 
     async def __aexit__(self, *exc) -> None:

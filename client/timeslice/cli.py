@@ -20,7 +20,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from timeslice.errors import TimesliceClientError
 
@@ -81,19 +82,17 @@ def emit(args: argparse.Namespace, data: Any, text: Callable[[], str] | str) -> 
         print(text() if callable(text) else text, flush=True)
 
 
-def _quiet_logs() -> None:
-    # Library events go to stderr, warnings and up only, so stdout stays clean for --json.
-    from tscore import logs
-    logs.configure("timeslice-cli", "warning", json=False, stream=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
+    # No logging set-up: the library's events go to stdlib logging (warnings on
+    # stderr), so stdout carries only the command's output (see timeslice/logs.py).
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
-    _quiet_logs()
     try:
         return int(args.func(args) or 0)
     except TimesliceClientError as e:

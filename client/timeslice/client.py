@@ -30,23 +30,32 @@ import atexit
 import threading
 import time
 import weakref
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import grpc
-import structlog
 import tenacity
+from tsproto import lockd_pb2 as pb
+from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
+from timeslice.logs import get_logger
 from timeslice.model import Grant, Group, GroupStatus, JobInfo, Released, Worker
-from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain, attempt_timeout, retry_on_try_again
+from timeslice.retry import (
+    Action,
+    Call,
+    CallState,
+    RetryPolicy,
+    TryAgain,
+    attempt_timeout,
+    retry_on_try_again,
+)
 from timeslice.scope import AcceleratorScope
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("timeslice.client")
+log = get_logger("timeslice.client")
 _POLL = 0.2          # s; how often a blocked acquire looks at session loss / failover / close
 _MOVED = object()    # an acquire attempt left its replica (failover) and must be re-sent
 
@@ -161,7 +170,7 @@ class OrchestratorClient(ClientCore):
             if asyncio.iscoroutine(res):
                 res.close()
                 log.warning("session_lost_callback_is_async", hint="use AsyncOrchestratorClient for async callbacks")
-        except Exception:  # noqa: BLE001 - a failing user callback must not break the client
+        except Exception:
             log.exception("session_lost_callback_failed", job=self.job_id)
 
     # == session ===================================================================
@@ -184,8 +193,9 @@ class OrchestratorClient(ClientCore):
             with self._mu:
                 self._session = s
             log.info("session_opened", job=self.job_id, lease=s.lease_id, ttl=s.ttl, target=self.target)
-            self._ka_stop.clear()
-            self._ka_thread = threading.Thread(target=self._keepalive_loop, args=(s,), daemon=True,
+            self._ka_stop = threading.Event()          # one per session: a reset stops only the old loop
+            self._ka_thread = threading.Thread(target=self._keepalive_loop, args=(s, self._ka_stop),
+                                               daemon=True,
                                                name=f"timeslice-keepalive-{self.job_id}")
             self._ka_thread.start()
             return s
@@ -194,10 +204,10 @@ class OrchestratorClient(ClientCore):
         """Open the session now instead of on first use; returns its lease id."""
         return self._ensure_session().lease_id
 
-    def _keepalive_loop(self, s: Session) -> None:
+    def _keepalive_loop(self, s: Session, stop: threading.Event) -> None:
         cfg = self.config
         last_ok = s.opened_at
-        while not self._ka_stop.wait(cfg.keepalive_period):
+        while not stop.wait(cfg.keepalive_period):
             if self._session is not s or self._closed:
                 return
             t0 = time.monotonic()
@@ -233,9 +243,9 @@ class OrchestratorClient(ClientCore):
                 self._held.clear()
                 self._holds.clear()
 
-    def _close_session(self, s: Session) -> None:
+    def _close_session(self, s: Session, budget: float = 5.0) -> None:
         try:
-            self._invoke(Call.CLOSE_SESSION, self._ref, deadline=self._deadline(min(self.config.timeout, 5.0)))
+            self._invoke(Call.CLOSE_SESSION, self._ref, deadline=self._deadline(min(self.config.timeout, budget)))
             log.info("session_closed", job=self.job_id, lease=s.lease_id)
         except E.TimesliceClientError as e:
             log.warning("session_close_failed", job=self.job_id, error=str(e),
@@ -456,8 +466,11 @@ class OrchestratorClient(ClientCore):
                 call.cancel()
 
     # == lifecycle =====================================================================
-    def close(self) -> None:
-        """Close the session (its holds go with it) and the channels. Idempotent."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the session (its holds go with it) and the channels. Idempotent.
+
+        ``timeout`` bounds the CloseSession call; if lockd cannot be reached the
+        lease simply expires within its TTL."""
         with self._mu:
             if self._closed or self._closing:
                 return
@@ -465,7 +478,7 @@ class OrchestratorClient(ClientCore):
         self._ka_stop.set()
         s = self._session
         if s is not None and self._lost is None:
-            self._close_session(s)
+            self._close_session(s, timeout)
         with self._mu:
             self._closed = True
             self._held.clear()
@@ -480,11 +493,11 @@ class OrchestratorClient(ClientCore):
 
     def _close_quietly(self) -> None:
         try:
-            self.close()
+            self.close(timeout=2.0)
         except Exception:  # noqa: BLE001 - at interpreter exit
             pass
 
-    def __enter__(self) -> "OrchestratorClient":
+    def __enter__(self) -> OrchestratorClient:
         return self
 
     def __exit__(self, *exc) -> None:

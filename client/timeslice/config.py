@@ -18,8 +18,8 @@ import os
 import re
 import secrets
 import socket
-from dataclasses import dataclass
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.retry import RetryPolicy
@@ -56,7 +56,7 @@ def _with_port(t: str) -> str:
     if t.startswith("["):                                  # [v6] or [v6]:port
         return t if "]:" in t else f"{t}:{D.LOCKD_PORT}"
     if t.count(":") == 1:
-        host, port = t.split(":")
+        port = t.split(":")[1]
         if not port.isdigit():
             raise InvalidArgumentError(f"lockd target {t!r}: port {port!r} is not a number")
         return t
@@ -106,7 +106,7 @@ class ClientConfig:
     job_id_generated: bool
     session_ttl: int = DEFAULT_TTL
     timeout: float = DEFAULT_TIMEOUT
-    retry: RetryPolicy = RetryPolicy()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.session_ttl, int) or not MIN_TTL <= self.session_ttl <= MAX_TTL:
@@ -117,7 +117,7 @@ class ClientConfig:
 
     @classmethod
     def build(cls, target, job_id, session_ttl: int, timeout: float,
-              retry: RetryPolicy | None = None) -> "ClientConfig":
+              retry: RetryPolicy | None = None) -> ClientConfig:
         jid, generated = resolve_job_id(job_id)
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout!r}")
@@ -132,7 +132,7 @@ class ClientConfig:
     @property
     def keepalive_attempt_timeout(self) -> float:
         """One keepalive attempt's deadline: short, so a paused replica is left in time."""
-        return max(0.5, self.session_ttl / 4)
+        return max(1.0, self.session_ttl / 4)
 
 
 #: gRPC channel options shared by both clients. No HTTP/2 keepalive pings: lockd

@@ -12,18 +12,19 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
-import structlog
+from tsproto import lockd_pb2 as pb
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
+from timeslice.logs import get_logger
 from timeslice.model import Grant, Worker, node_specs
 from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
-from tsproto import lockd_pb2 as pb
 
-log = structlog.get_logger("timeslice.client")
+log = get_logger("timeslice.client")
 
 #: Returned by an attempt when the error proved an earlier attempt was applied.
 ALREADY_APPLIED = object()
@@ -61,8 +62,10 @@ class ClientCore:
         self._closing = False
         self._held: dict[str, Grant] = {}
         if self.config.job_id_generated:
-            log.info("job_id_generated", job=self.config.job_id,
-                     hint="set TIMESLICE_JOB_ID or pass job_id= to choose it")
+            # A warning, so that it shows without any logging set-up: the job's
+            # queue entries and workers carry this id.
+            log.warning("job_id_generated", job=self.config.job_id,
+                        hint="set TIMESLICE_JOB_ID or pass job_id= to choose it")
 
     # -- public read-only state ---------------------------------------------
     @property
@@ -108,7 +111,7 @@ class ClientCore:
             self._cur = (idx + 1) % len(self.config.targets)
             self._gen += 1
             new = self.config.targets[self._cur]
-        log.info("failover", job=self.job_id, frm=self.config.targets[idx], to=new, why=why)
+        log.info("failover", job=self.job_id, previous=self.config.targets[idx], target=new, why=why)
 
     # -- session state --------------------------------------------------------
     def _check_usable(self, call: Call | None = None) -> None:

@@ -136,7 +136,7 @@ class UnavailableError(TimesliceClientError):
             "lists its address(es)")
 
 
-class CancelledError(TimesliceClientError):
+class CallCancelledError(TimesliceClientError):
     """The call was cancelled before it finished."""
 
     code = "CANCELLED"
@@ -174,7 +174,7 @@ _TABLE: dict[tuple[str, str | None], type[TimesliceClientError]] = {
     ("DEADLINE_EXCEEDED", None): DeadlineError,
     ("RESOURCE_EXHAUSTED", None): SwapFailedError,
     ("UNAVAILABLE", None): UnavailableError,
-    ("CANCELLED", None): CancelledError,
+    ("CANCELLED", None): CallCancelledError,
 }
 _PER_METHOD: dict[tuple[str, str], type[TimesliceClientError]] = {
     ("Acquire", "DEADLINE_EXCEEDED"): AcquireTimeoutError,

@@ -11,11 +11,12 @@ created by accident.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-import structlog
+from timeslice.logs import get_logger
 
-log = structlog.get_logger("timeslice.client")
+log = get_logger("timeslice.client")
 
 
 def release_framework_cache() -> bool:

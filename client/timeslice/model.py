@@ -6,8 +6,9 @@ types, stable keys) for ``timeslice ... --json`` and for scripts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from tsproto import lockd_pb2 as pb
 
@@ -31,7 +32,7 @@ class Grant(_Dict):
     bytes_moved: int           # snapshot + restore bytes moved on this job's behalf
 
     @classmethod
-    def from_pb(cls, r: pb.AcquireReply) -> "Grant":
+    def from_pb(cls, r: pb.AcquireReply) -> Grant:
         return cls(r.group_id, r.job_id, r.token, r.leader_epoch, r.waited_ms, r.restored,
                    r.elided, r.bytes_moved)
 
@@ -52,7 +53,7 @@ class NodeSpec(_Dict):
     gpus: tuple[int, ...] = ()   # empty = every GPU of the node
 
     @classmethod
-    def parse(cls, text: str) -> "NodeSpec":
+    def parse(cls, text: str) -> NodeSpec:
         """``"node"`` or ``"node:0,1"`` (GPU indices)."""
         node, sep, gpus = text.partition(":")
         if not sep:
@@ -63,7 +64,7 @@ class NodeSpec(_Dict):
             raise ValueError(f"bad node spec {text!r}: expected NODE or NODE:GPU[,GPU...]") from None
 
     @classmethod
-    def coerce(cls, value: "NodeSpec | str | tuple | list") -> "NodeSpec":
+    def coerce(cls, value: NodeSpec | str | tuple | list) -> NodeSpec:
         if isinstance(value, NodeSpec):
             return value
         if isinstance(value, str):
@@ -75,7 +76,7 @@ class NodeSpec(_Dict):
         return pb.NodeSpec(node=self.node, gpus=list(self.gpus))
 
     @classmethod
-    def from_pb(cls, n: pb.NodeSpec) -> "NodeSpec":
+    def from_pb(cls, n: pb.NodeSpec) -> NodeSpec:
         return cls(n.node, tuple(n.gpus))
 
     def __str__(self) -> str:
@@ -88,7 +89,7 @@ class Group(_Dict):
     nodes: tuple[NodeSpec, ...] = ()
 
     @classmethod
-    def from_pb(cls, g: pb.Group) -> "Group":
+    def from_pb(cls, g: pb.Group) -> Group:
         return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes))
 
 
@@ -144,7 +145,7 @@ class GroupStatus(_Dict):
     revision: int = field(default=0, compare=False)   # etcd revision the picture was read at
 
     @classmethod
-    def from_pb(cls, s: pb.GroupStatus) -> "GroupStatus":
+    def from_pb(cls, s: pb.GroupStatus) -> GroupStatus:
         holder = Waiter(s.holder.job_id, s.holder.token) if s.HasField("holder") and s.holder.job_id else None
         grant = None
         if s.HasField("grant") and s.grant.job_id:
@@ -174,11 +175,11 @@ class JobInfo(_Dict):
     workers: int
 
     @classmethod
-    def from_pb(cls, j: pb.JobInfo) -> "JobInfo":
+    def from_pb(cls, j: pb.JobInfo) -> JobInfo:
         return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers)
 
 
-def node_specs(nodes: Iterable["NodeSpec | str | tuple"] | None) -> list[NodeSpec]:
+def node_specs(nodes: Iterable[NodeSpec | str | tuple] | None) -> list[NodeSpec]:
     return [NodeSpec.coerce(n) for n in (nodes or ())]
 
 

@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-from timeslice.model import GroupStatus, JobInfo, Group
+from timeslice.model import Group, GroupStatus, JobInfo
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -12,7 +12,7 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     widths = [len(h) for h in headers]
     for r in rows:
         widths = [max(w, len(c)) for w, c in zip(widths, r)]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
     return "\n".join([fmt(headers), *(fmt(r) for r in rows)])
 
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import tenacity
 
@@ -156,7 +156,7 @@ class RetryPolicy:
     def wait(self) -> tenacity.wait.wait_base:
         return tenacity.wait_random_exponential(multiplier=self.initial_backoff, max=self.max_backoff)
 
-    def stop(self, deadline: float | None, clock: Callable[[], float] = time.monotonic) -> "StopPolicy":
+    def stop(self, deadline: float | None, clock: Callable[[], float] = time.monotonic) -> StopPolicy:
         return StopPolicy(deadline, self.failover_window, clock)
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -33,7 +34,7 @@ class AcceleratorScope:
         self.timeout, self.device_bytes_hint = timeout, device_bytes_hint
         self.grant = None
 
-    def _fresh(self) -> "AcceleratorScope":
+    def _fresh(self) -> AcceleratorScope:
         return AcceleratorScope(self.client, self.group_id, self.timeout, self.device_bytes_hint)
 
     # -- decorator ------------------------------------------------------------

@@ -130,16 +130,18 @@ class LockdServicer:
     def Acquire(self, request, context):
         """Blocks until the job holds the group (FIFO by arrival). Honours the call's
         deadline: on expiry or cancellation the waiter is removed. Idempotent: a
-        re-sent Acquire finds the existing queue entry; the holder gets its grant
-        back at once.
+        re-sent Acquire finds the existing queue entry (same place, same token) and
+        takes it over; the older call then ends CANCELLED ("superseded") and can no
+        longer remove the entry. The holder gets its grant back at once.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Yield(self, request, context):
-        """Releases the group. The token must be the one Acquire returned. Idempotent
-        for the same token (a repeated Yield after success returns released=false).
+        """Releases the group. The token must be the one Acquire returned. A repeated
+        Yield after success answers FAILED_PRECONDITION "not_queued: ..." and
+        changes nothing: a client that re-sends a Yield treats that as success.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

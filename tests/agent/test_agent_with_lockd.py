@@ -69,7 +69,7 @@ async def test_handover_swaps_jobs_through_the_agent(etcd, key_prefix, keys, cli
             assert wb.verify()
             await yield_("job-b", gb2)
 
-            done = agent.events("op_done")
+            done = agent.wait_events("op_done", 5)
             assert [(e["job"], e["op"]) for e in done] == [
                 ("job-a", "snapshot"), ("job-b", "snapshot"), ("job-a", "restore"),
                 ("job-a", "snapshot"), ("job-b", "restore")]

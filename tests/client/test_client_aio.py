@@ -5,7 +5,6 @@ import asyncio
 import threading
 
 import pytest
-
 from timeslice import (
     AsyncOrchestratorClient,
     NotHolderError,
@@ -72,9 +71,8 @@ async def test_decorator_on_async_and_plain_functions(lockd, group, uid):
                 assert inner.token == grant.token
             assert group in c.held
         assert c.held == {}
-        with pytest.raises(TypeError):
-            with c.on_accelerators(group):
-                pass
+        with pytest.raises(TypeError), c.on_accelerators(group):
+            pass
 
 
 async def test_errors_and_async_session_loss_callback(etcd, lockd, group, uid):
@@ -96,3 +94,22 @@ async def test_errors_and_async_session_loss_callback(etcd, lockd, group, uid):
         await c.reset_session()
         await c.acquire(group)
         await c.yield_(group)
+
+
+async def test_cancelled_acquire_leaves_the_queue(lockd, group, uid):
+    async with AsyncOrchestratorClient(lockd.targets, job_id=f"ca-{uid}") as a, \
+            AsyncOrchestratorClient(lockd.targets, job_id=f"cb-{uid}") as b:
+        await a.acquire(group)
+        task = asyncio.create_task(b.acquire(group))
+        while not (await a.status(group)).waiters:
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(200):
+            if not (await a.status(group)).waiters:
+                break
+            await asyncio.sleep(0.02)
+        assert (await a.status(group)).waiters == ()
+        assert not b.session_lost
+        await a.yield_(group)

@@ -9,7 +9,6 @@ import time
 import types
 
 import pytest
-
 from timeslice import (
     AcquireTimeoutError,
     GroupBusyError,

@@ -10,9 +10,7 @@ import threading
 import time
 
 import pytest
-
-from timeslice import OrchestratorClient, UnknownGroupError
-from timeslice import cli
+from timeslice import OrchestratorClient, UnknownGroupError, cli
 
 
 def run(lockd, *args, check=True):
@@ -24,7 +22,14 @@ def run(lockd, *args, check=True):
     return r
 
 
-def test_group_create_groups_status_jobs_delete(lockd, uid, clients):
+def main(lockd, capsys, *args) -> tuple[int, str, str]:
+    """The CLI in-process (for error paths; the user-facing views run as subprocesses)."""
+    rc = cli.main(["--target", ",".join(lockd.targets), *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_group_create_groups_status_jobs_delete(lockd, uid, clients, capsys):
     g = f"cli-{uid}"
     r = run(lockd, "group", "create", g, "--node", "n1:0,1", "--node", "n2")
     assert f"group {g} created" in r.stdout and "n1:0,1 n2" in r.stdout
@@ -32,6 +37,7 @@ def test_group_create_groups_status_jobs_delete(lockd, uid, clients):
     a = clients(OrchestratorClient(lockd.targets, job_id=f"ja-{uid}"))
     b = clients(OrchestratorClient(lockd.targets, job_id=f"jb-{uid}"))
     ga = a.acquire(g)
+
     def wait_in_line():
         with contextlib.suppress(UnknownGroupError):      # the test deletes the group under it
             b.acquire(g, timeout=30)
@@ -43,9 +49,9 @@ def test_group_create_groups_status_jobs_delete(lockd, uid, clients):
     r = run(lockd, "groups")
     row = next(line for line in r.stdout.splitlines() if line.startswith(g))
     assert row.split()[:2] == [g, "n1:0,1"] and a.job_id in row and row.split()[-1] == "1"
-    data = json.loads(run(lockd, "groups", "--json").stdout)
-    mine = next(x for x in data if x["group_id"] == g)
-    assert mine["holder"] == a.job_id and mine["waiting"] == 1
+    rc, out, _ = main(lockd, capsys, "groups", "--json")
+    mine = next(x for x in json.loads(out) if x["group_id"] == g)
+    assert rc == 0 and mine["holder"] == a.job_id and mine["waiting"] == 1
 
     r = run(lockd, "status", g)
     assert f"holder   {a.job_id}  token {ga.token}" in r.stdout
@@ -55,17 +61,17 @@ def test_group_create_groups_status_jobs_delete(lockd, uid, clients):
     assert st["grant"]["token"] == ga.token and [w["job_id"] for w in st["waiters"]] == [b.job_id]
     assert [n["node"] for n in st["node_status"]] == ["n1", "n2"]
 
-    r = run(lockd, "jobs")
-    assert a.job_id in r.stdout and "LEASE" in r.stdout
     jobs = {j["job_id"]: j for j in json.loads(run(lockd, "jobs", "--json").stdout)}
     assert jobs[a.job_id]["groups"] == [g] and jobs[a.job_id]["lease_id"] == a.lease_id
+    rc, out, _ = main(lockd, capsys, "jobs")
+    assert rc == 0 and "LEASE" in out and a.job_id in out and format(a.lease_id, "x") in out
 
-    r = run(lockd, "group", "delete", g, check=False)
-    assert r.returncode == 1 and "queued" in r.stderr and "--force" in r.stderr
+    rc, _, err = main(lockd, capsys, "group", "delete", g)
+    assert rc == 1 and "queued" in err and "--force" in err
     r = run(lockd, "group", "delete", g, "--force", "--json")
     assert json.loads(r.stdout) == {"group_id": g, "deleted": True}
-    r = run(lockd, "status", g, check=False)
-    assert r.returncode == 1 and "unknown group" in r.stderr
+    rc, _, err = main(lockd, capsys, "status", g)
+    assert rc == 1 and "unknown group" in err
 
 
 def test_watch_count(lockd, uid, clients):
@@ -92,14 +98,13 @@ def test_watch_count(lockd, uid, clients):
     assert "update 1" in out and f"holder   {c.job_id}" in out
 
 
-def test_errors_and_usage(lockd):
-    r = run(lockd, "status", "bad/name", check=False)
-    assert r.returncode == 1 and "ill-formed" in r.stderr and r.stdout == ""
-    r = run(lockd, check=False)
-    assert r.returncode == 2
-    r = subprocess.run([sys.executable, "-m", "timeslice.cli", "groups", "--target", "127.0.0.1:1",
-                        "--timeout", "1"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 1 and "lockd" in r.stderr
+def test_errors_and_usage(lockd, capsys):
+    rc, out, err = main(lockd, capsys, "status", "bad/name")
+    assert rc == 1 and "ill-formed" in err and out == ""
+    assert cli.main([]) == 2
+    assert cli.main(["group", "create", "g", "--node", "n1:x"]) == 2
+    rc = cli.main(["groups", "--target", "127.0.0.1:1", "--timeout", "1"])
+    assert rc == 1 and "lockd" in capsys.readouterr().err
 
 
 def test_command_registry_takes_optional_modules(tmp_path, monkeypatch):

@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-
 from timeslice import OrchestratorClient, SessionLostError
 
 
@@ -113,6 +112,41 @@ def test_failover_while_blocked_in_acquire(etcd, lockd_own, uid, victim):
         t.join(30)
         assert out["grant"].token == queued_token         # the same queue entry: its place was kept
         assert waiter.held[g].token == queued_token
+        waiter.yield_(g)
+    finally:
+        holder.close()
+        waiter.close()
+
+
+def test_paused_replica_under_a_blocked_acquire_is_left(etcd, lockd_own, uid):
+    """SIGSTOP the waiter's replica: no socket closes, so only the session's keepalive
+    notices; the blocked acquire(timeout=None) is re-sent to another replica."""
+    cluster = lockd_own
+    leader, _ = cluster.leader(etcd)
+    victim = next(r for r in cluster.replicas if r is not leader)
+    survivors = [r.target for r in cluster.replicas if r is not victim]
+    holder = OrchestratorClient(survivors, job_id=f"holder-{uid}")
+    waiter = OrchestratorClient([victim.target] + survivors, job_id=f"waiter-{uid}", session_ttl=3)
+    try:
+        g = f"pause-{uid}"
+        holder.create_group(g, ["node-x"])
+        holder.acquire(g)
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("grant", waiter.acquire(g)))
+        t.start()
+        wait_for(lambda: holder.status(g).waiters, what="waiter queued")
+        queued_token = holder.status(g).waiters[0].token
+        victim.pause()
+        try:
+            wait_for(lambda: waiter.target != victim.target, timeout=15, what="keepalive failover")
+            holder.yield_(g)
+            t.join(20)
+            assert out["grant"].token == queued_token
+            assert not waiter.session_lost
+        finally:
+            victim.resume()
+        time.sleep(0.5)                 # the resumed replica answers its left-behind call...
+        assert holder.status(g).grant.token == queued_token   # ...without releasing the hold
         waiter.yield_(g)
     finally:
         holder.close()

@@ -6,12 +6,18 @@ import sys
 import types
 
 import pytest
-
 import timeslice
 from timeslice import errors as E
-from timeslice.config import ClientConfig, node_name, parse_targets, resolve_job_id, sanitize_id
+from timeslice.config import (
+    ClientConfig,
+    node_name,
+    parse_targets,
+    resolve_job_id,
+    sanitize_id,
+)
 from timeslice.hooks import release_framework_cache
 from timeslice.model import NodeSpec
+
 from tscore.errors import TimesliceError
 from tscore.ids import check_id
 
@@ -32,7 +38,7 @@ from tscore.ids import check_id
     ("DEADLINE_EXCEEDED", "Deadline Exceeded", "KeepAlive", E.DeadlineError),
     ("RESOURCE_EXHAUSTED", "snapshot of job a on node n1 failed", "Acquire", E.SwapFailedError),
     ("UNAVAILABLE", "failed to connect", "ListGroups", E.UnavailableError),
-    ("CANCELLED", "cancelled", "Acquire", E.CancelledError),
+    ("CANCELLED", "cancelled", "Acquire", E.CallCancelledError),
     ("DATA_LOSS", "?", "Acquire", E.InternalError),
 ])
 def test_status_to_exception(code, details, method, cls):
@@ -138,3 +144,28 @@ def test_cache_release_only_when_torch_is_loaded_and_cuda_initialised(monkeypatc
     monkeypatch.setitem(sys.modules, "torch", warm)
     assert release_framework_cache() is True
     assert warm.cuda.calls == ["synchronize", "empty_cache"]
+
+
+def test_generated_job_id_is_logged_as_a_structured_event(monkeypatch):
+    from structlog.testing import capture_logs
+
+    from timeslice import OrchestratorClient
+    monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
+    with capture_logs() as events:
+        c = OrchestratorClient("127.0.0.1:1")
+    c.close()
+    ev = [e for e in events if e["event"] == "job_id_generated"]
+    assert ev and ev[0]["job"] == c.job_id and "TIMESLICE_JOB_ID" in ev[0]["hint"]
+
+
+def test_without_structlog_setup_events_go_to_stdlib_logging_not_stdout(monkeypatch, caplog, capsys):
+    import structlog
+
+    from timeslice import OrchestratorClient
+    monkeypatch.setattr(structlog, "is_configured", lambda: False)
+    monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
+    with caplog.at_level("WARNING", logger="timeslice.client"):
+        c = OrchestratorClient("127.0.0.1:1")
+    c.close()
+    assert any(r.getMessage().startswith("job_id_generated job=") for r in caplog.records)
+    assert capsys.readouterr().out == ""

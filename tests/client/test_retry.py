@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 import tenacity
-
-from timeslice.retry import Action, Call, CallState, RetryPolicy, StopPolicy, attempt_timeout, remaining
+from timeslice.retry import (
+    Action,
+    Call,
+    CallState,
+    RetryPolicy,
+    StopPolicy,
+    attempt_timeout,
+    remaining,
+)
 
 IDEMPOTENT = [Call.ACQUIRE, Call.YIELD, Call.KEEPALIVE, Call.CLOSE_SESSION, Call.REGISTER_WORKER,
               Call.UNREGISTER_WORKER, Call.CREATE_GROUP, Call.DELETE_GROUP, Call.LIST_GROUPS,

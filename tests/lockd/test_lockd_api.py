@@ -263,3 +263,37 @@ async def test_leader_killed_mid_swap_new_leader_finishes(lockd3, etcd):
     gb = await wb
     assert gb.leader_epoch > epoch and not gb.restored and gb.bytes_moved == 80
     await a.close(), await b.close(), await ch.close(), await c.close()
+
+
+async def test_resent_acquire_takes_over_and_old_call_cannot_release(lockd3):
+    """A client fails over and re-sends Acquire; the first call, ended late, must not free the hold."""
+    t = lockd3.targets
+    ch, stub = await make_group(t[0])
+    x = await Job(t[0], "x").open()
+    gx = await x.acquire("g")
+    j1 = await Job(t[1], "j").open()
+    j2 = Job(t[2], "j")
+    j2.secret, j2.lease = j1.secret, j1.lease          # the same job, talking to another replica
+    first = j1.stub.Acquire(pb.AcquireRequest(job_id="j", session_secret=j1.secret, group_id="g"), timeout=60)
+    st = await wait_queued(stub, 2)
+    token = st.waiters[0].token
+    second = asyncio.ensure_future(j2.acquire("g", timeout=60))
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await first
+    assert e.value.code() == grpc.StatusCode.CANCELLED and "newer Acquire" in e.value.details()
+    st = await status(stub)
+    assert [w.token for w in st.waiters] == [token], "the entry keeps its place and token"
+    await x.yield_("g", gx.token)
+    gj = await second
+    assert gj.token == token
+    y = await Job(t[0], "y").open()
+    wy = asyncio.ensure_future(y.acquire("g", timeout=60))
+    await wait_queued(stub, 2)
+    await asyncio.sleep(0.3)
+    st = await status(stub)
+    assert st.grant.job_id == "j" and st.grant.token == token and not wy.done()
+    await j2.yield_("g", token)
+    assert (await wy).job_id == "y"
+    for job in (x, j1, j2, y):
+        await job.close()
+    await ch.close()

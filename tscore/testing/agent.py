@@ -145,15 +145,24 @@ class AgentProcess:
                     out.append(ev)
         return out
 
-    def wait_event(self, name: str, timeout: float = 10.0, **match) -> dict:
+    def wait_events(self, name: str, count: int = 1, timeout: float = 10.0, **match) -> list[dict]:
+        """The matching events once there are at least ``count`` of them.
+
+        An agent logs an op's outcome just *after* writing its status, so a
+        test that saw the status must wait for the line, not just read.
+        """
         deadline = time.monotonic() + timeout
         while True:
             evs = self.events(name, **match)
-            if evs:
-                return evs[-1]
+            if len(evs) >= count:
+                return evs
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no {name} {match} from nodeagent {self.node}:\n{self.log_tail()}")
+                raise TimeoutError(f"{len(evs)} of {count} {name} {match} from nodeagent {self.node}:\n"
+                                   f"{self.log_tail()}")
             time.sleep(0.05)
+
+    def wait_event(self, name: str, timeout: float = 10.0, **match) -> dict:
+        return self.wait_events(name, 1, timeout, **match)[-1]
 
 
 class SimWorker:

@@ -217,9 +217,11 @@ class LocalCluster:
         self.leader = self._wait_leader(timeout)
         self.progress(f"lockd: leader is {self.leader['replica']} (epoch {self.leader['epoch']})")
         self.agent.wait_ready(_agent_ready, timeout, self._interrupted.is_set)
-        why = self.agent.info.get("why", "")
+        why, _, passed = self.agent.info.get("why", "").partition(" (passed over: ")
         self.progress(f"nodeagent {self.node}: ready at 127.0.0.1:{self.agent.info['port']}, "
-                      f"backend {self.backend}" + (f" ({why})" if why else ""))
+                      f"backend {self.backend}" + (f": {why}" if why else ""))
+        if passed:
+            self.progress(f"nodeagent: passed over {_clip(passed.rstrip(')'), 150)}")
         if self.backend == "sim":
             self.progress(f"nodeagent: SIMULATED device of {_size(s.sim_device_capacity_bytes)} in {self.sim_dir} "
                           f"(snapshot {s.sim_snapshot_bytes_per_s / 1e9:g} GB/s, "
@@ -329,7 +331,7 @@ class LocalCluster:
         from timeslice.launcher.settings import Settings as _S
         sim = doc.get("sim") or {}
         settings = _S(prefix=doc.get("prefix", "/timeslice/"),
-                      sim_device_capacity_bytes=int(sim.get("capacity_bytes") or (512 << 20)))
+                      sim_device_capacity_bytes=int(sim.get("capacity_bytes") or (64 << 20)))
         c = cls(settings, doc["run_dir"], node=doc.get("node"), group=doc.get("group"), progress=progress,
                 sim_dir=sim.get("dir"))
         c.sim_dir = (sim or {}).get("dir")
@@ -431,6 +433,10 @@ def _log_event_field(c: Child, event: str, key: str) -> str | None:
     except FileNotFoundError:
         pass
     return None
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
 
 
 def _size(n: int) -> str:

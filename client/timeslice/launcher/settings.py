@@ -24,7 +24,7 @@ BUILTIN: dict[str, str] = {
     "ETCD_MEMBERS": "1", "ETCD_CLIENT_PORT": "0", "ETCD_PEER_PORT": "0", "PREFIX": "/timeslice/",
     "LOCKD_REPLICAS": "3", "LOCKD_PORT": "0", "LOCKD_METRICS_PORT": "0",
     "NODEAGENT_PORT": "0", "NODEAGENT_METRICS_PORT": "0", "BACKEND": "auto",
-    "SIM_DEVICES": "1", "SIM_DEVICE_CAPACITY_BYTES": str(512 << 20),
+    "SIM_DEVICES": "1", "SIM_DEVICE_CAPACITY_BYTES": str(64 << 20),
     "SIM_SNAPSHOT_BYTES_PER_S": "1800000000", "SIM_RESTORE_BYTES_PER_S": "4500000000",
     "LOG_DIR": "runs",
 }
@@ -77,7 +77,7 @@ class Settings:
     nodeagent_metrics_port: int = 0
     backend: str = "auto"
     sim_devices: int = 1
-    sim_device_capacity_bytes: int = 512 << 20
+    sim_device_capacity_bytes: int = 64 << 20
     sim_snapshot_bytes_per_s: int = 1_800_000_000
     sim_restore_bytes_per_s: int = 4_500_000_000
     log_dir: str = "runs"

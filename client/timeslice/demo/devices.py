@@ -1,0 +1,141 @@
+"""The demo's "GPU work": real bytes on the SIMULATED device, or real PyTorch on a CUDA GPU.
+
+Both offer the same four calls to the job loop:
+
+    gpu.allocate()          # first GPU phase only: take the job's device memory and fill it
+    gpu.work(seconds)       # compute on the device memory for that long
+    gpu.verify() -> bool    # the device memory is exactly what this job last wrote
+    gpu.nbytes              # the job's footprint
+
+``SimGpu`` is a simulator (``nodeagent.sim``): the job's "weights" are real
+bytes in a bounded shared-memory arena that the node agent can snapshot to
+host memory and restore. ``work`` rewrites them block by block (a byte
+permutation: cheap, reversible, and it changes every byte), keeping a CRC per
+block, so ``verify`` after a restore checks every byte that came back.
+``TorchGpu`` keeps a float32 weight tensor of the same footprint on the GPU and
+runs matmuls; ``verify`` compares its sum with the one recorded at the last yield.
+"""
+from __future__ import annotations
+
+import random
+import time
+import zlib
+
+BLOCK = 4 << 20                                       # bytes rewritten per step
+_STEP = bytes((5 * i + 1) % 256 for i in range(256))  # a permutation of the byte values
+
+
+class SimGpu:
+    kind = "sim"
+
+    def __init__(self, sim_dir: str, nbytes: int, seed: int):
+        from nodeagent.sim.client import SimDeviceClient
+        self.dev = SimDeviceClient.open(sim_dir)     # registers this process on the device
+        self.nbytes = int(nbytes)
+        self.seed = seed
+        self.crcs: list[int] = []
+        self.allocated = False
+        self._next = 0
+
+    def _blocks(self):
+        for off in range(0, self.nbytes, BLOCK):
+            yield off, min(BLOCK, self.nbytes - off)
+
+    def allocate(self) -> None:
+        self.dev.alloc(self.nbytes)
+        base = random.Random(self.seed).randbytes(BLOCK)
+        with self.dev.compute() as mem:
+            for i, (off, n) in enumerate(self._blocks()):
+                r = (i * 97) % BLOCK
+                blk = (base[r:] + base[:r])[:n]
+                mem[off:off + n] = blk
+                self.crcs.append(zlib.crc32(blk))
+        self.allocated = True
+
+    def work(self, seconds: float) -> int:
+        """Rewrite blocks, round robin, until ``seconds`` have passed; returns the steps done."""
+        deadline = time.monotonic() + seconds
+        blocks = list(self._blocks())
+        steps = 0
+        while time.monotonic() < deadline:
+            i = self._next % len(blocks)
+            off, n = blocks[i]
+            with self.dev.compute() as mem:                 # a "kernel" on device memory
+                new = bytes(mem[off:off + n]).translate(_STEP)
+                mem[off:off + n] = new
+            self.crcs[i] = zlib.crc32(new)
+            self._next += 1
+            steps += 1
+        return steps
+
+    def verify(self) -> bool:
+        with self.dev.compute() as mem:
+            return all(zlib.crc32(mem[off:off + n]) == self.crcs[i] for i, (off, n) in enumerate(self._blocks()))
+
+    def free(self) -> None:
+        self.dev.free()
+        self.allocated = False
+
+    def describe(self) -> str:
+        return "SIMULATED device"
+
+
+class TorchGpu:
+    kind = "cuda"
+
+    def __init__(self, nbytes: int, seed: int):
+        import torch
+        self.torch = torch
+        self.nbytes = int(nbytes)
+        self.seed = seed
+        self.allocated = False
+        self.w = self.a = None
+        self.checksum = None
+
+    def allocate(self) -> None:
+        torch = self.torch
+        g = torch.Generator(device="cuda").manual_seed(self.seed)
+        self.w = torch.rand(self.nbytes // 4, device="cuda", generator=g)     # the job's "weights"
+        self.a = torch.rand(2048, 2048, device="cuda", generator=g)
+        torch.cuda.synchronize()
+        self.checksum = self._sum()
+        self.allocated = True
+
+    def _sum(self) -> float:
+        return float(self.w.double().sum().item())
+
+    def work(self, seconds: float) -> int:
+        torch = self.torch
+        deadline = time.monotonic() + seconds
+        steps = 0
+        while time.monotonic() < deadline:
+            self.a = torch.tanh(self.a @ self.a * (1.0 / 2048))
+            self.w.mul_(0.999).add_(0.001)
+            torch.cuda.synchronize()                        # nothing in flight when we yield
+            steps += 1
+        self.checksum = self._sum()
+        return steps
+
+    def verify(self) -> bool:
+        return self.checksum is None or abs(self._sum() - self.checksum) <= 1e-9 * max(1.0, abs(self.checksum))
+
+    def free(self) -> None:
+        self.w = self.a = None
+        self.torch.cuda.synchronize()
+        self.torch.cuda.empty_cache()
+        self.allocated = False
+
+    def describe(self) -> str:
+        return f"CUDA GPU ({self.torch.cuda.get_device_name(0)})"
+
+
+def torch_cuda_available() -> bool:
+    """True if torch imports and sees a CUDA device (checked in a way that creates no context)."""
+    try:
+        import torch
+    except Exception:  # noqa: BLE001 - torch missing or broken: no GPU path
+        return False
+    try:
+        return torch.cuda.device_count() > 0
+    except Exception:  # noqa: BLE001
+        return False

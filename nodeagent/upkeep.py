@@ -1,0 +1,105 @@
+"""Keeping etcd's picture of the node true: the liveness key, drifted statuses, leftovers.
+
+* ``refresh`` (every --refresh-interval, at once after a worker registers, and
+  after each op): reads every local job's processes, rewrites the liveness
+  key when its figures changed, and corrects a status whose ``state`` no
+  longer matches the processes (a job that died while snapshotted is gone, a
+  job a direct call restored is running). Statuses an intent driver is
+  working on are left to it.
+* ``reconcile`` (at start): a process left LOCKED by an agent that died mid-op
+  is unlocked, unless an unanswered intent will finish the op instead.
+
+Writers of the liveness key hold ``lock`` while they compute *and* write it,
+so a value computed before an op can never land after the op's own.
+"""
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from nodeagent import intents as I
+from nodeagent.backends.base import ProcState
+from nodeagent.inventory import differs
+from nodeagent.jobs import load_status
+from nodeagent.picture import Picture, take
+from tscore import records as R
+
+log = structlog.get_logger("nodeagent.upkeep")
+
+
+class Upkeep:
+    def __init__(self, agent):
+        self.agent = agent
+        self.lock = asyncio.Lock()          # one writer of the liveness key at a time
+        self.soon = asyncio.Event()         # refresh now rather than at the next tick
+        self.force_put = False              # rewrite the key even if unchanged (new lease)
+
+    async def pictures(self) -> dict[str, Picture]:
+        a = self.agent
+        local = a.jobs.local()
+
+        def work():
+            return {job: take(a.backend, reg, rem) for job, (reg, rem) in local.items()}
+        return await asyncio.to_thread(work)
+
+    async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
+        a = self.agent
+        pictures = pictures if pictures is not None else await self.pictures()
+        resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
+        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident)
+        a.metrics.host_free.set(value.host_free_bytes)
+        a.metrics.device_free.set(value.device_free_bytes)
+        return value
+
+    async def refresh(self, force: bool = False) -> None:
+        a = self.agent
+        async with self.lock:
+            pictures = await self.pictures()
+            value = await self.agent_value(pictures)
+            if force or self.force_put or differs(a.reporter.last_agent, value):
+                self.force_put = False
+                await a.reporter.put_agent(value)
+        a.jobs.prune_adopted({j: {p for p, s in pic.states.items() if s is ProcState.GONE}
+                              for j, pic in pictures.items() if j in a.jobs.adopted})
+        for job, pic in pictures.items():
+            skv = a.jobs.status_kv(job)
+            if skv is None or a.runner.busy(job) or a.driving(job):
+                continue
+            old = load_status(skv.value)
+            new = I.corrected(old, pic) if old is not None else None
+            if new is not None and await a.reporter.correct(job, new, skv.mod_revision):
+                log.info("status_corrected", job=job, state=new.state, pids=new.pids)
+
+    async def loop(self) -> None:
+        a = self.agent
+        while True:
+            try:
+                await asyncio.wait_for(self.soon.wait(), a.cfg.refresh_interval)
+                await asyncio.sleep(0.02)           # coalesce a burst of registrations
+            except asyncio.TimeoutError:
+                pass
+            self.soon.clear()
+            try:
+                if not a.session.alive:
+                    await a.renew_session()
+                await self.refresh()
+                a.metrics.etcd_connected.set(1)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep refreshing whatever happens
+                a.metrics.etcd_connected.set(0)
+                log.warning("refresh_failed", error=str(e))
+
+    async def reconcile(self) -> None:
+        a = self.agent
+        for job, pic in (await self.pictures()).items():
+            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED]
+            if not locked or a.pending(job) is not None:
+                continue
+            for pid in locked:
+                try:
+                    await asyncio.to_thread(a.backend.unlock, pid)
+                    log.warning("reconcile_unlocked", job=job, pid=pid)
+                except Exception as e:  # noqa: BLE001
+                    log.error("reconcile_unlock_failed", job=job, pid=pid, error=str(e))

@@ -1,0 +1,135 @@
+"""The agent's sans-IO pieces: decisions, fencing book, state derivation, configuration."""
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from aetcd import rpc
+
+from nodeagent import cli
+from nodeagent import config as C
+from nodeagent import intents as I
+from nodeagent.backends.base import ProcState as S
+from nodeagent.inventory import differs
+from nodeagent.picture import Picture, job_state
+from nodeagent.tokens import TokenBook
+from tscore import records as R
+from tscore.errors import ConfigError
+
+
+def kv(value: bytes, rev: int = 7) -> rpc.KeyValue:
+    return rpc.KeyValue(key=b"/p/nodes/n/intents/j", value=value, mod_revision=rev, create_revision=3)
+
+
+def intent(op="snapshot", token=10, group="g", rev=7) -> I.Intent:
+    return I.Intent.from_kv("j", kv(R.IntentValue(op, "j", group, token, 1).dump(), rev))
+
+
+def test_job_state_follows_the_processes():
+    assert job_state({}) == R.GONE
+    assert job_state({1: S.GONE}) == R.GONE
+    assert job_state({1: S.RUNNING, 2: S.GONE}) == R.RUNNING
+    assert job_state({1: S.RUNNING, 2: S.CHECKPOINTED}) == R.SNAPSHOTTED   # half out cannot run
+    assert job_state({1: S.LOCKED}) == R.RUNNING
+    assert job_state({1: S.CHECKPOINTED, 2: S.FAILED}) == R.LOST
+    assert job_state({1: S.NO_CUDA}) == R.RUNNING
+
+
+def test_decisions():
+    running = Picture({1: S.RUNNING}, {1: 5})
+    snapped = Picture({1: S.CHECKPOINTED}, {1: 5})
+    assert I.decide(intent(), running).kind == I.RUN
+    d = I.decide(intent(), snapped)
+    assert (d.kind, d.outcome) == (I.REPORT, R.OK) and "snapshotted already" in d.reason
+    assert I.decide(intent("restore"), running).outcome == R.OK
+    assert I.decide(intent("restore"), snapped).kind == I.RUN
+    assert I.decide(intent(), Picture({1: S.GONE})).outcome == R.PROCESS_GONE
+    d = I.decide(intent(), running, "stale_token: ...", 12)
+    assert (d.kind, d.outcome, d.fence) == (I.REFUSE, R.REFUSED, 12)
+    assert I.decide(intent("restore"), Picture({1: S.FAILED})).kind == I.RUN   # let the op say why
+
+
+def test_unusable_intents_are_refused():
+    assert "unknown op" in I.decide(intent("explode"), Picture()).reason
+    assert "token" in I.decide(intent(token=0), Picture()).reason
+    for raw in (b"{not json", b"[1, 2]", b'{"op": "snapshot"}'):
+        bad = I.Intent.from_kv("j", kv(raw))
+        assert bad.value is None and I.decide(bad, Picture()).outcome == R.REFUSED, raw
+
+
+def test_a_status_answers_only_its_own_intent_once_finished():
+    i = intent(rev=7)
+    assert not I.answered(i, None)
+    assert not I.answered(i, I.in_progress(i, Picture({1: S.RUNNING})))
+    assert I.answered(i, I.status(i, R.SNAPSHOTTED, R.OK))
+    assert not I.answered(intent(rev=8), I.status(i, R.SNAPSHOTTED, R.OK))
+    refused = I.status(i, R.SNAPSHOTTED, R.REFUSED, token=99)
+    assert refused.token == 99 and I.status(i, R.RUNNING, R.OK).token == 10
+
+
+def test_corrections_keep_the_answer_and_fix_the_state():
+    i = intent()
+    st = I.status(i, R.SNAPSHOTTED, R.OK, device_bytes=5, pids=[1])
+    assert I.corrected(st, Picture({1: S.CHECKPOINTED}, {1: 5})) is None
+    gone = I.corrected(st, Picture({1: S.GONE}))
+    assert (gone.state, gone.pids, gone.intent_revision, gone.outcome) == (R.GONE, [], 7, R.OK)
+    assert I.corrected(I.in_progress(i, Picture({1: S.RUNNING})), Picture({1: S.GONE})) is None
+    run = I.status(i, R.RUNNING, R.OK, device_bytes=5, pids=[1])
+    assert I.corrected(run, Picture({1: S.RUNNING}, {1: 9})) is None      # allocator noise: not rewritten
+
+
+def test_token_book_refuses_older_tokens_per_group_and_persists(tmp_path):
+    path = tmp_path / "t.json"
+    book = TokenBook(path)
+    assert book.stale("g", 5) == ""
+    assert book.note("g", 10) and not book.note("g", 9)
+    assert "older than token 10" in book.stale("g", 9) and book.stale("g", 10) == "" and book.stale("h", 1) == ""
+    assert TokenBook(path).highest("g") == 10
+    fresh = TokenBook(tmp_path / "other.json")
+    fresh.recover([R.StatusValue(R.SNAPSHOTTED, "j", group="g", token=12, outcome=R.OK),
+                   R.StatusValue(R.RUNNING, "k", group="h", token=3, outcome=R.REFUSED),
+                   R.StatusValue(R.RUNNING, "l", group="", token=50)])
+    assert fresh.snapshot() == {"g": 12, "h": 3}
+
+
+def test_agent_key_changes_that_matter():
+    a = R.AgentValue("n", "sim", device_free_bytes=10, host_free_bytes=1 << 30, updated_ms=1)
+    assert differs(None, a)
+    assert not differs(a, R.AgentValue(**{**a.__dict__, "updated_ms": 2, "host_free_bytes": (1 << 30) + 1000}))
+    assert differs(a, R.AgentValue(**{**a.__dict__, "host_free_bytes": 1 << 29}))
+    assert differs(a, R.AgentValue(**{**a.__dict__, "device_free_bytes": 11}))
+    assert differs(a, R.AgentValue(**{**a.__dict__, "job_device_bytes": {"j": 1}}))
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    C.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_config_from_flags_and_environment(monkeypatch):
+    monkeypatch.setenv("TIMESLICE_NODE_NAME", "gpu-7")
+    monkeypatch.setenv("TIMESLICE_LOCK_TIMEOUT_MS", "250")
+    monkeypatch.setenv("TIMESLICE_BACKEND", "cuda-checkpoint")
+    cfg = C.from_args(_parse(["--prefix", "/x/", "--listen", "127.0.0.1:0"]))
+    assert (cfg.node, cfg.lock_timeout_ms, cfg.backend_name, cfg.prefix) == ("gpu-7", 250, "cuda-cli", "/x/")
+    assert cfg.endpoint(5000) == "127.0.0.1:5000"
+    monkeypatch.setenv("TIMESLICE_NODE", "gpu-8")                       # the flag's own variable wins
+    assert C.from_args(_parse([])).node == "gpu-8"
+    assert C.from_args(_parse(["--node", "gpu-9"])).node == "gpu-9"  # and the flag wins over both
+
+
+@pytest.mark.parametrize("argv", [
+    ["--backend", "gpu"], ["--prefix", "nope"], ["--lock-timeout-ms", "0"], ["--listen", "nohost"],
+    ["--host-reserve-bytes", "-1"], ["--refresh-interval", "30"], ["--agent-lease-ttl", "1"],
+    ["--sim-capacity-bytes", "0"], ["--log-level", "loud"], ["--sim-restore-gbps", "-2"],
+])
+def test_invalid_settings_fail_at_start(argv):
+    with pytest.raises(ConfigError):
+        C.from_args(_parse(["--node", "n"] + argv))
+
+
+def test_cli_exits_2_on_bad_configuration(capsys):
+    assert cli.main(["serve", "--node", "bad/name"]) == 2
+    assert "invalid configuration" in capsys.readouterr().err
+    assert cli.main(["serve", "--node", "n", "--backend", "tpu"]) == 2
