@@ -193,7 +193,7 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
                            "--cs-ms", "5,30", "--device-timeout", "5"])
     agent = AgentProcess(etcd3.endpoints_str, w.prefix, "node-a", w.log_dir, sim_dir=sim, env=env,
                          extra=["--sim-checkpoint-gbps", "0.02", "--sim-restore-gbps", "0.05",
-                                "--session-ttl", "3", "--refresh-interval", "0.5", "--lock-timeout-ms", "3000"])
+                                "--agent-lease-ttl", "3", "--refresh-interval", "0.5", "--lock-timeout-ms", "3000"])
     w.on_stop.append(lambda: agent.alive() and (agent.resume(), agent.stop()))
     agent.start()
     w.start(duration=34)

@@ -106,6 +106,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         on_node = {j for j, js in jobs.items() if node in js.nodes()}
         # 0. Intents of this swap on the node: wait for them, time them out, or read their result.
         node_waiting = False
+        refused_restore = None
         for job, ikv in (ns.intents.items() if ns else ()):
             intent = R.IntentValue.load(ikv.value)
             if intent.token != token:
@@ -117,6 +118,11 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                         f"agent on node {node} did not report the {intent.op} of job {job} "
                         f"within {policy.swap_timeout_ms / 1000:.0f}s"))]
                 node_waiting = True
+                continue
+            if job == head_job and intent.op == R.RESTORE and st.outcome == R.REFUSED:
+                # No room after all (the agent admits per GPU, with fresher figures):
+                # make room and retry once, below, before failing the job.
+                refused_restore = ikv
                 continue
             bad = st.outcome in (R.FAILED, R.REFUSED) or (
                 job == head_job and st.outcome == R.PROCESS_GONE)
@@ -135,6 +141,19 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if (residents or b_where != "absent") and (ns is None or ns.agent is None):
             return [FailWaiter(head_job, token, lease, node=node,
                                reason=f"node agent on {node} is not alive")]
+        if refused_restore is not None:
+            if residents:
+                actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
+                continue
+            evicted_since = any(
+                R.IntentValue.load(kv.value).op == R.SNAPSHOT and R.IntentValue.load(kv.value).token == token
+                and kv.mod_revision > refused_restore.mod_revision for kv in ns.intents.values())
+            if not evicted_since:
+                st, _ = _status(ns, head_job)
+                return [FailWaiter(head_job, token, lease, node=node, reason=(
+                    f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))]
+            actions.append(WriteIntent(node, head_job, R.RESTORE, token, refused_restore.mod_revision))
+            continue
         agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
         need: int | None
         if b_where == "snapshotted":

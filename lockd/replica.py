@@ -41,6 +41,7 @@ class Replica:
                                  config.election, config.policy, self.metrics)
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
+        self._ops_seen: set[tuple[bytes, int]] = set()
 
     def _on_batch(self, events: list[WatchEvent], reset: bool) -> None:
         # Order matters: the index first, so waiters and the scheduler see the new state.
@@ -54,7 +55,8 @@ class Replica:
             self._observe_agent_ops(events)
 
     def _observe_agent_ops(self, events: list[WatchEvent]) -> None:
-        # The leader records how long agents took, from their final reports.
+        # The leader records how long agents took, once per answered intent (agents
+        # also re-put statuses for corrections and direct ops: those are not counted).
         for ev in events:
             if not ev.is_put or b"/status/" not in ev.kv.key:
                 continue
@@ -62,8 +64,13 @@ class Replica:
                 st = R.StatusValue.load(ev.kv.value)
             except (ValueError, TypeError):
                 continue
-            if st.outcome == R.OK and st.op:
-                self.metrics.agent_op.labels(st.op).observe(st.elapsed_ms / 1000)
+            seen = (ev.kv.key, st.intent_revision)
+            if st.outcome != R.OK or not st.op or st.intent_revision <= 0 or seen in self._ops_seen:
+                continue
+            self._ops_seen.add(seen)
+            if len(self._ops_seen) > 10000:
+                self._ops_seen.clear()
+            self.metrics.agent_op.labels(st.op).observe(st.elapsed_ms / 1000)
 
     async def start(self, sync_timeout: float = 30.0) -> None:
         self.reflector.start()

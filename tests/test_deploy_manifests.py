@@ -33,7 +33,7 @@ LOCKD_FLAGS = (
 )
 NODEAGENT_FLAGS = (
     "node", "etcd-endpoints", "prefix", "listen", "metrics-port", "backend",
-    "etcd-ca", "etcd-cert", "etcd-key",
+    "etcd-ca", "etcd-cert", "etcd-key", "advertise", "state-dir",
 )
 ALLOWED_TIMESLICE_ENV = frozenset(
     {getattr(defaults, n) for n in dir(defaults) if n.startswith("ENV_")}
@@ -41,7 +41,7 @@ ALLOWED_TIMESLICE_ENV = frozenset(
 )
 # Variables a timeslice container may carry besides TIMESLICE_* ones: they are
 # read by the NVIDIA container runtime, not by our code.
-ALLOWED_FOREIGN_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"})
+ALLOWED_FOREIGN_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "POD_IP"})
 
 # The components built from our image, and what their manifests must say.
 COMPONENTS = {

@@ -142,3 +142,24 @@ def test_two_nodes_both_must_settle():
     nodes = {"n1": NodeState(agent=agent(free=1 * GB)), "n2": NodeState(agent=agent(free=1 * GB))}
     acts = P.plan_group(group([("B", 9, 0)], nodes=("n1", "n2")), nodes, jobs, 0)
     assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0), P.WriteIntent("n2", "A", R.SNAPSHOT, 9, 0)]
+
+
+def test_refused_restore_evicts_residents_then_retries_once():
+    jobs = workers("A", "B")
+    ns = NodeState(agent=agent(free=50 * GB),
+                   intents={"B": intent("B", R.RESTORE, 9, mod=20)},
+                   statuses={"B": status("B", R.SNAPSHOTTED, R.REFUSED, intent_rev=20, token=9,
+                                         device_bytes=8 * GB, error="no room on gpu0")})
+    nodes = {"n1": ns}
+    # A was left resident (elision looked possible): evict it rather than fail B.
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0) == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    ns.intents["A"] = intent("A", R.SNAPSHOT, 9, mod=24)
+    ns.statuses["A"] = status("A", R.SNAPSHOTTED, R.OK, intent_rev=24, token=9, bytes_=5 * GB)
+    # Evicted since the refusal: re-issue the restore (over the refused intent).
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 20)]
+    # Refused again after the eviction: fail B with the agent's reason.
+    ns.intents["B"] = intent("B", R.RESTORE, 9, mod=30)
+    ns.statuses["B"] = status("B", R.SNAPSHOTTED, R.REFUSED, intent_rev=30, token=9, device_bytes=8 * GB,
+                              error="no room on gpu0")
+    acts = P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0)
+    assert isinstance(acts[0], P.FailWaiter) and "no room on gpu0" in acts[0].reason

@@ -25,6 +25,7 @@ class LockdProcess:
         self.extra = extra
         self.proc: subprocess.Popen | None = None
         self.port = 0
+        self._log_start = 0
 
     @property
     def target(self) -> str:
@@ -34,6 +35,10 @@ class LockdProcess:
         argv = [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
                 "--prefix", self.prefix, "--listen", "127.0.0.1:0", "--metrics-port", "-1",
                 "--replica-id", self.replica_id, *self.extra]
+        try:
+            self._log_start = os.path.getsize(self.log_path)   # a restart appends: read only its lines
+        except FileNotFoundError:
+            self._log_start = 0
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -53,6 +58,7 @@ class LockdProcess:
     def _ready_port(self) -> int:
         try:
             with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
                 for line in f:
                     if line.startswith(b"LOCKD_READY "):
                         fields = dict(kv.split(b"=", 1) for kv in line.split()[1:])
