@@ -22,9 +22,9 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpc
-
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
+
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient, EtcdConfig
 from tscore.testing.etcd import EtcdCluster
@@ -43,7 +43,7 @@ def percentile(sorted_vals: list[float], p: float) -> float:
     """Nearest-rank percentile of an already sorted list (p in [0, 100])."""
     if not sorted_vals:
         return float("nan")
-    k = max(0, min(len(sorted_vals) - 1, int(round(p / 100 * len(sorted_vals) + 0.5)) - 1))
+    k = max(0, min(len(sorted_vals) - 1, round(p / 100 * len(sorted_vals) + 0.5) - 1))
     return sorted_vals[k]
 
 
@@ -61,7 +61,7 @@ def summarize(vals: list[float]) -> dict:
 
 def _run(argv: list[str]) -> str:
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout.strip()
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
 
@@ -113,7 +113,7 @@ def write_result(name: str, command: str, params: dict, figures: dict, **extra) 
 def table(headers: list[str], rows: list[list]) -> str:
     cells = [[str(h) for h in headers]] + [[_fmt(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths))
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), sep, *map(line, cells[1:])])
 
@@ -174,7 +174,7 @@ class CpuMeter:
         self._c0: dict[str, float] = {}
         self.result: dict[str, dict] = {}
 
-    def start(self) -> "CpuMeter":
+    def start(self) -> CpuMeter:
         self._t0 = time.monotonic()
         self._c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
         self._m0 = _machine_ticks()
@@ -207,7 +207,7 @@ class Stack:
         self.lockd: LockdCluster | None = None
         self._counter: EtcdClient | None = None
 
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         self.etcd = EtcdCluster(size=self.etcd_size).start()
         try:
             self.lockd = LockdCluster(self.etcd.endpoints_str, self.prefix, n=self.n,
@@ -225,7 +225,7 @@ class Stack:
         if self.etcd is not None:
             self.etcd.stop()
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:  # noqa: PYI034 - start() returns self
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -392,7 +392,7 @@ class SpyRecorder:
         self.outdir, self.pids, self.seconds, self.rate = outdir, pids, seconds, rate
         self.procs: list[subprocess.Popen] = []
 
-    def start(self) -> "SpyRecorder":
+    def start(self) -> SpyRecorder:
         if not self.outdir:
             return self
         os.makedirs(self.outdir, exist_ok=True)

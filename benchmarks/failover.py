@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 
@@ -73,7 +74,7 @@ class PingPong:
     async def finish(self, timeout: float = 40.0) -> bool:
         """Stop after the current cycles; True if every loop ended by itself in time."""
         self.stop.set()
-        done, pending = await asyncio.wait(self._tasks, timeout=timeout)
+        _done, pending = await asyncio.wait(self._tasks, timeout=timeout)
         for t in pending:
             t.cancel()
         return not pending
@@ -106,7 +107,7 @@ async def trial(st: C.Stack, kind: str, n: int, before: float, after: float) -> 
             await j.channels.close()
     times = [t for t, _, _ in pp.grants]
     toks = [tk for _, _, tk in sorted(pp.grants)]
-    gaps = [(t2 - t1, t1) for t1, t2 in zip(times, times[1:])]
+    gaps = [(t2 - t1, t1) for t1, t2 in itertools.pairwise(times)]
     max_gap, at = max(gaps) if gaps else (float("nan"), 0.0)
     normal = [g for g, t in gaps if t < t_fault]
     after_fault = [t for t in times if t > t_fault]
@@ -123,15 +124,12 @@ async def trial(st: C.Stack, kind: str, n: int, before: float, after: float) -> 
         "grants": len(times), "grants_after_fault": len(after_fault),
         "acquires_issued": sum(pp.issued.values()), "acquires_granted": sum(pp.granted.values()),
         "waiters_lost": lost, "loops_ended_cleanly": ended, "errors": pp.errors,
-        "tokens_ascending": all(x < y for x, y in zip(toks, toks[1:])),
+        "tokens_ascending": all(x < y for x, y in itertools.pairwise(toks)),
         "resent_calls": a.resends + b.resends,
     }
     res["pass"] = (res["max_gap_s"] <= TARGET[kind] and lost == 0 and not pp.errors and ended
                    and res["tokens_ascending"])
-    # Bring the replica back so the next trial has 3 again. Its log is moved aside
-    # first: LockdProcess.start() reads the port from the first LOCKD_READY line of
-    # the (appended) log, which would otherwise be the dead process's port.
-    os.replace(lead.log_path, f"{lead.log_path}.{kind}{n}")
+    # Bring the replica back so the next trial has 3 again.
     await asyncio.to_thread(lead.start)
     await asyncio.to_thread(st.lockd.leader, st.etcd)
     await asyncio.sleep(0.5)

@@ -55,19 +55,27 @@ def main() -> int:
         kw.update(job=a.job, t=time.monotonic(), pid=os.getpid())
         out.write(json.dumps(kw) + "\n")
 
-    torch.manual_seed(hash(a.job) % 2**31)
     dev = torch.device("cuda")
     chunk = 256 * 1024 * 1024 // 4                     # 256 MiB of float32 per tensor
-    weights = [torch.randn(chunk, device=dev) for _ in range(max(1, int(a.mem_gb * 4)))]
-    expected = checksum(weights)
-    torch.cuda.synchronize()
-    rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected)
-
+    weights: list[torch.Tensor] = []
+    expected = 0
     client = None
     if a.mode == "sliced":
         from timeslice import OrchestratorClient
         client = OrchestratorClient(target=a.target, job_id=a.job, release_cache=bool(a.release_cache))
-        client.register_worker(device_bytes=torch.cuda.memory_reserved())
+
+    def load_weights() -> None:
+        # Like a real job, the model goes onto the GPU inside the first GPU phase
+        # (while holding the group), and the process is registered once it owns
+        # device memory, so the agent knows what to snapshot.
+        nonlocal expected
+        gen = torch.Generator(device=dev).manual_seed(sum(map(ord, a.job)))
+        weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(max(1, int(a.mem_gb * 4))))
+        expected = checksum(weights)
+        torch.cuda.synchronize()
+        if client is not None:
+            client.register_worker(device_bytes=torch.cuda.memory_reserved())
+        rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected)
 
     side = int((a.scratch_gb * 2**30 / 2 / 2) ** 0.5) // 64 * 64   # two bf16 square matrices
 
@@ -76,6 +84,8 @@ def main() -> int:
         t_req = time.monotonic()
         with ctx as grant:
             t0 = time.monotonic()
+            if not weights:
+                load_weights()
             ok = checksum(weights) == expected
             x = torch.randn(side, side, device=dev, dtype=torch.bfloat16)
             w = torch.randn(side, side, device=dev, dtype=torch.bfloat16) / side ** 0.5

@@ -89,6 +89,10 @@ def union_busy(intervals):
 
 def analyse(events, sampler, label):
     phases = [e for e in events if e["ev"] == "phase"]
+    if not phases:
+        return {"label": label, "violations": ["no phase completed (job crashed?)"], "timeline": [],
+                "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0, "swaps_restored": 0, "elided": 0,
+                "bytes_moved": 0}
     gpu = [e for e in phases if e["gpu"]]
     t0 = min(e.get("t_req", e["start"]) for e in phases)
     t1 = max(e["end"] for e in phases)
@@ -145,7 +149,8 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
     logdir = os.path.join(workdir, tag)
     os.makedirs(logdir, exist_ok=True)
     ballast = None
-    peak = int((a.mem_gb + a.scratch_gb + 0.7) * GB)
+    # weights + activations (x, w, a@b, tanh: about twice --scratch-gb) + CUDA context
+    peak = int((a.mem_gb + 2 * a.scratch_gb + 1.0) * GB)
     with EtcdCluster(1, workdir=logdir) as etcd:
         prefix = "/timeslice/"
         lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=logdir,
@@ -156,8 +161,8 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
             admin = OrchestratorClient(target=",".join(lockd.targets), job_id="admin")
             admin.create_group("gpu", nodes=[NODE])
             if regime.startswith("nofit"):
-                # Leave room for both jobs' weights, but not for one job's activations beside the other.
-                keep = int((2 * a.mem_gb + 1.2) * GB) + 2 * int(0.6 * GB)
+                # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
+                keep = peak + 2 * GB
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
                 ballast = subprocess.Popen([sys.executable, "-c", (
                     "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
@@ -206,7 +211,7 @@ def plot(results, path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=int, default=4)
     p.add_argument("--gen-s", type=float, default=1.5)
     p.add_argument("--reward-s", type=float, default=3.0)
     p.add_argument("--train-s", type=float, default=1.5)

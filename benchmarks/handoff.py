@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import sys
 
+from tsproto import lockd_pb2 as pb
+
 from benchmarks import common as C
 from tscore.etcd import ops
-from tsproto import lockd_pb2 as pb
 from tscore.etcd.client import EtcdClient, EtcdConfig
 from tscore.etcd.watch import Watch
 
@@ -237,7 +239,7 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
             "floor_ms": fs,
             "ratio_p50": round(hs["p50"] / fs["p50"], 2),
             "ratio_p99": round(hs["p99"] / fs["p99"], 2),
-            "tokens_strictly_increasing": all(x < y for x, y in zip(tokens, tokens[1:])),
+            "tokens_strictly_increasing": all(x < y for x, y in itertools.pairwise(tokens)),
             "waiter_not_blocked_before_yield": not_blocked,
             "waiter_server_waited_ms": C.summarize(waited_ms),
             "placement": {"A": f"{lead.replica_id} (leader)", "B": f"{followers[0].replica_id} (follower)"},

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 
@@ -91,7 +92,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
                         errors.append(f"{job.job_id}: yield: {e!r}"[:300])
                         return
 
-            keys0, rev0 = await st.etcd_counts()
+            keys0, _rev0 = await st.etcd_counts()
             tasks = [asyncio.create_task(cycle(j, j.job_id.split("-")[0])) for j in jobs]
             await asyncio.sleep(warmup)
             pids = st.pids()
@@ -196,7 +197,7 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
             "sessions_open_s": round(open_s, 2), "enqueue_s": round(enqueue_s, 2),
             "chain_grants": chain, "chain_s": round(t1 - t0, 3), "grants_per_s": round(chain / (t1 - t0), 1),
             "all_granted": len(order) == waiters and not errors,
-            "tokens_ascending_in_grant_order": all(x < y for x, y in zip(toks, toks[1:])),
+            "tokens_ascending_in_grant_order": all(x < y for x, y in itertools.pairwise(toks)),
             "grant_order_equals_enqueue_order": granted == expected,
             "tokens_match_enqueue_create_revisions": all(enq_tokens.get(j, tk) == tk for _, j, tk in order),
             "errors": errors[:20], "error_count": len(errors),

@@ -35,8 +35,8 @@ def summarise(path: str, top: int) -> str:
             for fr in set(frames):
                 incl[fr] += n
     busy = max(total - idle, 1)
-    out = [f"== {path}: {total} samples, {total - idle} busy ({100 * (total - idle) / max(total, 1):.0f}%); "
-           "shares below are of busy samples"]
+    out = [(f"== {path}: {total} samples, {total - idle} busy ({100 * (total - idle) / max(total, 1):.0f}%); "
+           "shares below are of busy samples")]
     out.append("  self:")
     out += [f"    {100 * n / busy:5.1f}%  {fr}" for fr, n in self_c.most_common(top)]
     out.append("  inclusive:")

@@ -16,16 +16,22 @@ import subprocess
 import sys
 import threading
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from timeslice.demo.analysis import gpu_phases, overlapping_pairs, read_events, union_length
+from timeslice.demo.analysis import (
+    gpu_phases,
+    overlapping_pairs,
+    read_events,
+    union_length,
+)
 from timeslice.launcher import settings as L
 from timeslice.launcher.procs import same_process
 from timeslice.launcher.state import find_running
+
 from tscore.testing.ctl import etcdctl_run, http_json
 
 PY = sys.executable
@@ -35,7 +41,7 @@ def timeslice(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("TIMESLICE_TARGET", None)
     return subprocess.run([PY, "-m", "timeslice.cli", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env)
+                          env=env, check=False)
 
 
 def alive(p: dict) -> bool:
@@ -90,7 +96,7 @@ def test_up_flags_cover_every_key():
     from timeslice.cli import build_parser
     a = build_parser().parse_args(["up", "--replicas", "5", "--etcd-members", "3", "--backend", "sim"])
     assert (a.cfg_LOCKD_REPLICAS, a.cfg_ETCD_MEMBERS, a.cfg_BACKEND) == (5, 3, "sim")
-    for key in L.Settings.keys():
+    for key in L.Settings.key_names():
         assert hasattr(a, f"cfg_{key}")
 
 
@@ -160,7 +166,7 @@ def test_up_endpoints_answer(cluster):
 
 
 ROW = re.compile(r"^\s+(baseline|sliced-swap|sliced-elide)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+)%\s+(\S+)\s+(\S+)"
-                 r"\s+(\S+)\s+(-|[\d.]+ MB)\s+(\d+)\s*$", re.M)
+                 r"\s+(\S+)\s+(-|[\d.]+ MB)\s+(\d+)\s*$", re.MULTILINE)
 
 
 def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
@@ -171,7 +177,7 @@ def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
     assert r.returncode == 0, text
     assert "using the running local cluster" in r.stdout
     # The picture: a PNG, at the path printed last.
-    m = re.search(r"^timeline: (.+)$", r.stdout, re.M)
+    m = re.search(r"^timeline: (.+)$", r.stdout, re.MULTILINE)
     assert m, text
     png = Path(m.group(1))
     assert png == out / "timeline.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -196,7 +202,7 @@ def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
         assert all("token" in e for e in gpu), "every GPU phase ran under a grant"
         assert overlapping_pairs(gpu) == []
         ordered = sorted(gpu, key=lambda e: e["t_start"])
-        for a, b in zip(ordered, ordered[1:]):
+        for a, b in pairwise(ordered):
             assert a["t_end"] <= b["t_start"], (a, b)
             assert a["token"] < b["token"], (a, b)
         restored = [e for e in gpu if e.get("restored")]

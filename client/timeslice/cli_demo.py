@@ -25,7 +25,7 @@ from timeslice.launcher import state as S
 from timeslice.launcher.cluster import LaunchError, LocalCluster, Progress, _size
 from timeslice.launcher.settings import SettingsError
 
-GPU_JOB_BYTES = 2 << 30
+GPU_JOB_BYTES = 1 << 30
 MAX_SIM_JOB_BYTES = 1 << 30          # a running cluster with a bigger simulated device is not used
 
 
@@ -35,14 +35,15 @@ def register(sub, common: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=int, default=3, help="iterations per job (default 3)")
     p.add_argument("--out", default=None, help="output folder (default <LOG_DIR>/<timestamp>-demo)")
     p.add_argument("--regimes", default="swap,elide",
-                   help="time-sliced runs on the simulated device: swap (jobs do not fit side by side), "
+                   help="time-sliced runs: swap (the jobs do not fit side by side: real snapshots and restores), "
                         "elide (they do); comma-separated (default swap,elide)")
     # Complementary: the CPU phase is as long as the two GPU phases together.
-    p.add_argument("--generate-s", type=float, default=1.0, help="generate phase, GPU, s (default 1.0)")
-    p.add_argument("--rewards-s", type=float, default=1.5, help="rewards phase, CPU, s (default 1.5)")
-    p.add_argument("--train-s", type=float, default=0.5, help="train phase, GPU, s (default 0.5)")
+    # On a real GPU they are twice as long: a swap there moves a CUDA context too.
+    p.add_argument("--generate-s", type=float, default=None, help="generate phase, GPU, s (default 1.0; GPU 2.0)")
+    p.add_argument("--rewards-s", type=float, default=None, help="rewards phase, CPU, s (default 1.5; GPU 3.0)")
+    p.add_argument("--train-s", type=float, default=None, help="train phase, GPU, s (default 0.5; GPU 1.0)")
     p.add_argument("--gpu-job-bytes", type=int, default=GPU_JOB_BYTES,
-                   help="device memory of each job on a real GPU (default 2 GiB)")
+                   help="device memory of each job's weights on a real GPU (default 1 GiB)")
     p.add_argument("--fresh-cluster", action="store_true",
                    help="start a cluster of the demo's own even if one is running")
     p.add_argument("--keep-cluster", action="store_true", help="leave the demo's own cluster running")
@@ -79,6 +80,20 @@ def _pick_cluster(args, settings, out: Path, say) -> tuple[dict, LocalCluster | 
     cluster = LocalCluster(settings, run_dir, group=None, progress=Progress())
     cluster.start()
     return cluster.to_state(), cluster
+
+
+def _gpu_name() -> str:
+    """GPU 0's name from NVML (torch would create a CUDA context in this process)."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - only a label
+        return "(name unknown)"
 
 
 def _torch_cuda() -> bool:
@@ -119,21 +134,29 @@ def run(args: argparse.Namespace) -> int:
         except LaunchError as e:
             print(f"timeslice demo: could not start the local cluster: {e}", file=sys.stderr)
             return 1
-        plan = Plan(iterations=args.iterations, generate_s=args.generate_s, rewards_s=args.rewards_s,
-                    train_s=args.train_s)
-        if doc.get("backend") == "sim":
+        gpu = doc.get("backend") != "sim"
+        scale = 2.0 if gpu else 1.0
+
+        def phase(given, default):
+            return given if given is not None else default * scale
+        plan = Plan(iterations=args.iterations, generate_s=phase(args.generate_s, 1.0),
+                    rewards_s=phase(args.rewards_s, 1.5), train_s=phase(args.train_s, 0.5))
+        if not gpu:
             cap = int(doc["sim"]["capacity_bytes"])
             plan.device = "sim"
             plan.device_desc = f"SIMULATED device of {cap / 1e6:.0f} MB (node agent backend sim)"
             plan.runs = sim_runs(cap, regimes)
         else:
             plan.device = "cuda"
-            from timeslice.demo.devices import TorchGpu  # noqa: F401 - fail early without torch
-            import torch
-            plan.device_desc = f"CUDA GPU {torch.cuda.get_device_name(0)} (node agent backend {doc.get('backend')})"
+            plan.device_desc = f"CUDA GPU {_gpu_name()} (node agent backend {doc.get('backend')})"
             j = int(args.gpu_job_bytes)
-            plan.runs = [RunSpec("baseline", "baseline: one job after the other, no sharing", "baseline", j),
-                         RunSpec("sliced", f"time-sliced (each job {j / 1e9:.1f} GB)", "sliced", j)]
+            plan.runs = [RunSpec("baseline", "baseline: one job after the other, no sharing", "baseline", j)]
+            if "swap" in regimes:
+                plan.runs.append(RunSpec("sliced-swap", f"time-sliced, swapping (each job {j / 1e9:.1f} GB of "
+                                         "weights; a ballast leaves room for one job)", "sliced", j, ballast=True))
+            if "elide" in regimes:
+                plan.runs.append(RunSpec("sliced-elide", f"time-sliced, elided (each job {j / 1e9:.1f} GB: "
+                                         "both fit)", "sliced", j))
         say(f"\ntwo jobs, {plan.iterations} iterations each: {plan.phases_text()}")
         say(f"GPU: {plan.device_desc}")
         demo = Demo(plan, doc, out, say=say)

@@ -19,7 +19,13 @@ import time
 from pathlib import Path
 
 from timeslice.launcher import state as S
-from timeslice.launcher.cluster import DEFAULT_GROUP, LaunchError, LocalCluster, Progress, _size
+from timeslice.launcher.cluster import (
+    DEFAULT_GROUP,
+    LaunchError,
+    LocalCluster,
+    Progress,
+    _size,
+)
 from timeslice.launcher.settings import Settings, SettingsError, flag_name, load
 
 _ALIASES = {"LOCKD_REPLICAS": ["--replicas"]}
@@ -30,7 +36,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster settings (defaults from deploy/local.env)")
     g.add_argument("--env-file", default=None, help="settings file instead of deploy/local.env "
                    "[env TIMESLICE_LOCAL_ENV]")
-    for key in Settings.keys():
+    for key in Settings.key_names():
         names = [flag_name(key), *_ALIASES.get(key, [])]
         kind = str if key in ("PREFIX", "BACKEND", "LOG_DIR") else int
         extra = {"choices": ["auto", "sim", "cuda-driver", "cuda-checkpoint"]} if key == "BACKEND" else {}
@@ -39,7 +45,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[Settings, str]:
-    overrides = {key: getattr(args, f"cfg_{key}", None) for key in Settings.keys()}
+    overrides = {key: getattr(args, f"cfg_{key}", None) for key in Settings.key_names()}
     return load(args.env_file, overrides)
 
 
@@ -128,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
                     progress(f"WARNING: {key} (pid {child.pid}) exited rc={child.returncode()}; "
                              f"see {child.log_path}")
             time.sleep(0.3)
-        print("", flush=True)
+        print(flush=True)
         progress(f"got {signal.Signals(stop_requested[0]).name}; stopping")
         cluster.stop()
         return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 
@@ -102,9 +103,9 @@ def figures(key: str, title: str, mode: str, job_bytes: int, events_by_job: dict
     f.restores = sum(1 for e in granted if e.get("restored"))
     f.elided = sum(1 for e in granted if e.get("elided"))
     f.bytes_moved = sum(int(e.get("bytes_moved", 0)) for e in granted)
-    f.handoffs = sum(1 for a, b in zip(granted, granted[1:]) if a["job"] != b["job"])
+    f.handoffs = sum(1 for a, b in pairwise(granted) if a["job"] != b["job"])
     tokens = [e["token"] for e in granted]
-    f.tokens_increasing = all(x < y for x, y in zip(tokens, tokens[1:]))
+    f.tokens_increasing = all(x < y for x, y in pairwise(tokens))
     f.overlaps = len(overlapping_pairs(gpu))
     for e in allev:
         if e.get("type") == "end":

@@ -76,6 +76,10 @@ class SimGpu:
         self.dev.free()
         self.allocated = False
 
+    def device_free(self) -> int | None:
+        """Free bytes of the whole (simulated) device right now, as the agent would measure them."""
+        return self.dev.dev.free()
+
     def describe(self) -> str:
         return "SIMULATED device"
 
@@ -118,6 +122,9 @@ class TorchGpu:
 
     def verify(self) -> bool:
         return self.checksum is None or abs(self._sum() - self.checksum) <= 1e-9 * max(1.0, abs(self.checksum))
+
+    def device_free(self) -> int | None:
+        return None            # the agent reads NVML; the caller falls back to total - our bytes
 
     def free(self) -> None:
         self.w = self.a = None

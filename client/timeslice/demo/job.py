@@ -34,7 +34,7 @@ def _size(n: int) -> str:
 class Job:
     def __init__(self, a: argparse.Namespace):
         self.a = a
-        self.events = open(a.events, "a", buffering=1)
+        self.events = open(a.events, "a", buffering=1)  # noqa: SIM115 - open for the whole run
         self.grant = None
         self.grants_seen = 0
         self.client = None
@@ -71,11 +71,10 @@ class Job:
             # Device memory is taken while holding the group, as a real job
             # allocates on the GPU it was granted; then the worker is
             # registered, so that the node agent can snapshot it.
-            free0 = self._device_free() if self.client is not None else None
             self.gpu.allocate()
             if self.client is not None:
                 self.client.register_worker(pid=os.getpid(), node=self.a.node, device_bytes=self.gpu.nbytes)
-                self._wait_reported(free0)
+                self._wait_reported()
         verified = None
         if grant is not None and grant.restored:
             verified = self.gpu.verify()
@@ -104,27 +103,29 @@ class Job:
         if self.client is not None:
             self.client.unregister_worker(pid=os.getpid(), node=self.a.node)
 
-    def _device_free(self) -> int | None:
+    def _reported_free(self) -> tuple[int, int] | None:
+        """(free, total) device bytes of our node as the agent last reported them, via lockd."""
         st = self.client.status(self.a.group)
-        mine = [n for n in st.node_status if n.node == self.a.node]
-        return mine[0].device_free_bytes if mine and mine[0].agent_alive else None
+        mine = [n for n in st.node_status if n.node == self.a.node and n.agent_alive]
+        return (mine[0].device_free_bytes, mine[0].device_total_bytes) if mine else None
 
-    def _wait_reported(self, free0: int | None, timeout: float = 5.0) -> None:
-        """Wait until the node agent's report shows our new device memory.
+    def _wait_reported(self, timeout: float = 5.0) -> None:
+        """Wait until the node agent's report of free device memory counts our new bytes.
 
         lockd decides whether the next job fits beside us from the agent's last
-        report of free device memory; the agent re-reports when a worker
-        registers, a few milliseconds later. A job that yielded within those
-        milliseconds would let the next one in beside it although it does not
-        fit (then its allocation fails), so the demo waits for the report.
+        report; the agent re-reports when a worker registers, a few
+        milliseconds later. A job that yielded within those milliseconds would
+        let the next one in beside it although it does not fit (and its
+        allocation would fail), so the demo waits for the report.
         """
-        if free0 is None:
-            return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            free = self._device_free()
-            if free is not None and free <= free0 - self.gpu.nbytes:
-                return
+            got = self._reported_free()
+            if got is not None:
+                free, total = got
+                actual = self.gpu.device_free()
+                if free <= (actual if actual is not None else total - self.gpu.nbytes):
+                    return
             time.sleep(0.02)
         sys.stderr.write(f"demo job {self.a.job_id}: the agent did not report our {self.gpu.nbytes} bytes "
                          f"within {timeout}s\n")

@@ -25,9 +25,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from timeslice.demo import analysis, timeline
 from timeslice.demo.analysis import RunFigures
@@ -41,6 +41,7 @@ class RunSpec:
     title: str
     mode: str                  # baseline | sliced
     job_bytes: int
+    ballast: bool = False      # real GPU: fill it so that only one job fits (see ballast.py)
 
 
 @dataclass
@@ -78,7 +79,7 @@ class JobProc:
 
     def __init__(self, argv: list[str], env: dict, log_path: Path, label: str):
         self.label = label
-        self.log = open(log_path, "ab")
+        self.log = open(log_path, "ab")  # noqa: SIM115 - closed by kill()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, text=True, bufsize=1, start_new_session=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -94,6 +95,10 @@ class JobProc:
         self.proc.stdin.flush()
 
     def kill(self) -> None:
+        try:
+            self.proc.stdin.close()          # a ballast ends when its stdin closes
+        except OSError:
+            pass
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, 9)
@@ -148,7 +153,10 @@ class Demo:
             procs[job_id] = JobProc(self._argv(spec, letter, seed, job_id, events[job_id]), env,
                                     self.out / "logs" / f"{spec.key}-job-{letter}.log", f"job {letter}")
         deadline = time.monotonic() + self.run_timeout
+        ballast = None
         try:
+            if spec.ballast:
+                ballast = self._start_ballast(spec, env, deadline)
             for jp in procs.values():
                 self._expect(jp, "READY", deadline)
             t0 = time.time()
@@ -163,6 +171,8 @@ class Demo:
         finally:
             for jp in procs.values():
                 jp.kill()
+            if ballast is not None:
+                ballast.kill()
             if p.device == "sim":
                 self._reap_sim()
         by_job = {}
@@ -171,6 +181,18 @@ class Demo:
         starts = [e["t"] for evs in by_job.values() for e in evs if e.get("type") == "start"]
         t0 = min(starts) if starts else t0
         return analysis.figures(spec.key, spec.title, spec.mode, spec.job_bytes, by_job, t0), by_job
+
+    def _start_ballast(self, spec: RunSpec, env: dict, deadline: float) -> JobProc:
+        bp = JobProc([self.python, "-m", "timeslice.demo.ballast", "--job-bytes", str(spec.job_bytes)], env,
+                     self.out / "logs" / f"{spec.key}-ballast.log", "ballast")
+        line = self._next(bp, deadline)
+        if not line or not line.startswith("READY"):
+            bp.kill()
+            raise DemoError(f"the GPU ballast did not start; see {bp.log.name}")
+        _, held, room = line.split()
+        self.say(f"    ballast process holds {int(held) / 1e9:.1f} GB of the GPU, leaving "
+                 f"{int(room) / 1e9:.1f} GB: room for one job, not two")
+        return bp
 
     def _reap_sim(self) -> None:
         # The simulated device keeps a dead process's files until someone reaps
@@ -262,7 +284,7 @@ class Demo:
                          str(fg.restores) if sl else "-", f"{fg.bytes_moved / 1e6:.1f} MB" if sl else "-",
                          str(fg.overlaps)))
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-        fmt = "  ".join("{:<%d}" % w for w in widths)
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines = [fmt.format(*head), *[fmt.format(*r) for r in rows]]
         subtitle = (f"{p.iterations} iterations each: {p.phases_text()}; {p.device_desc}")
         png = timeline.draw(results, self.out / "timeline.png", subtitle)

@@ -20,8 +20,8 @@ def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path,
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     path = Path(path)
     n = len(runs)

@@ -4,9 +4,22 @@
 starts and stops etcd, the lockd replicas and the node agent, ``state``
 writes and finds ``cluster.json``, ``procs`` runs the child processes.
 """
-from timeslice.launcher.cluster import DEFAULT_GROUP, LaunchError, LocalCluster, Progress
+from timeslice.launcher.cluster import (
+           DEFAULT_GROUP,
+           LaunchError,
+           LocalCluster,
+           Progress,
+)
 from timeslice.launcher.settings import Settings, SettingsError, load
 from timeslice.launcher.state import find_running
 
-__all__ = ["LocalCluster", "LaunchError", "Progress", "Settings", "SettingsError", "load", "find_running",
-           "DEFAULT_GROUP"]
+__all__ = [
+           "DEFAULT_GROUP",
+           "LaunchError",
+           "LocalCluster",
+           "Progress",
+           "Settings",
+           "SettingsError",
+           "find_running",
+           "load",
+]

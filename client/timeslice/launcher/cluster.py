@@ -23,8 +23,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from timeslice.launcher import state as S
 from timeslice.launcher.procs import Child, ChildFailed, read_ready_line
@@ -134,7 +134,7 @@ class LocalCluster:
         self._interrupted.set()
 
     # -- start -----------------------------------------------------------------------
-    def start(self, timeout: float = 60.0) -> "LocalCluster":
+    def start(self, timeout: float = 60.0) -> LocalCluster:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.started_at = time.time()
         self.status = "starting"
@@ -326,7 +326,7 @@ class LocalCluster:
         return f"ETCDCTL_API=3 etcdctl --endpoints {self.etcd_endpoints_str} get --prefix {self.settings.prefix}"
 
     @classmethod
-    def from_state(cls, doc: dict, progress: Callable[[str], None] | None = None) -> "LocalCluster":
+    def from_state(cls, doc: dict, progress: Callable[[str], None] | None = None) -> LocalCluster:
         """A handle on a cluster another process started (to stop it, or to look at it)."""
         from timeslice.launcher.settings import Settings as _S
         sim = doc.get("sim") or {}

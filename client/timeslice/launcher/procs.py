@@ -13,8 +13,8 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 
 def start_time(pid: int) -> int | None:
@@ -53,7 +53,7 @@ class Child:
     log_offset: int = 0            # where this run's lines start in the (appended) log
     info: dict = field(default_factory=dict)   # what readiness found out (port, backend, ...)
 
-    def spawn(self) -> "Child":
+    def spawn(self) -> Child:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
@@ -80,7 +80,7 @@ class Child:
         except FileNotFoundError:
             return "(no log)"
 
-    def wait_ready(self, probe: Callable[["Child"], dict | None], timeout: float,
+    def wait_ready(self, probe: Callable[[Child], dict | None], timeout: float,
                    interrupted: Callable[[], bool] = lambda: False) -> dict:
         """Poll ``probe`` until it returns a dict (stored in ``info``); raise ChildFailed if it dies."""
         deadline = time.monotonic() + timeout
@@ -142,7 +142,7 @@ class Child:
                 "log": self.log_path, "argv": self.argv, **self.info}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Child":
+    def from_dict(cls, d: dict) -> Child:
         info = {k: v for k, v in d.items() if k not in ("kind", "name", "pid", "start_time", "log", "argv")}
         return cls(d["kind"], d["name"], list(d.get("argv", [])), d["log"], pid=int(d["pid"]),
                    started=d.get("start_time"), info=info)

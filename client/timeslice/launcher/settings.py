@@ -106,11 +106,11 @@ class Settings:
             raise SettingsError("SIM_*_BYTES_PER_S must be >= 0 (0 = as fast as memory allows)")
 
     @classmethod
-    def keys(cls) -> list[str]:
+    def key_names(cls) -> list[str]:
         return [f.name.upper() for f in fields(cls)]
 
     @classmethod
-    def from_values(cls, values: dict[str, str]) -> "Settings":
+    def from_values(cls, values: dict[str, str]) -> Settings:
         kw: dict = {}
         for f in fields(cls):
             raw = values.get(f.name.upper())
@@ -136,7 +136,7 @@ def load(env_file: str | os.PathLike | None = None, overrides: dict[str, object]
         origin = str(path)
     else:
         values, origin = dict(BUILTIN), "built-in defaults (no deploy/local.env found)"
-    unknown = set(values) - set(Settings.keys())
+    unknown = set(values) - set(Settings.key_names())
     if unknown:
         raise SettingsError(f"{origin}: unknown key(s) {', '.join(sorted(unknown))}")
     for key, value in (overrides or {}).items():
