@@ -123,9 +123,19 @@ class SimBackend(Backend):
             return ProcState.NO_CUDA
         if doc["state"] == CHECKPOINTED and self.dev.held(pid):
             # An agent died between recording the host copy and freeing the
-            # device: the copy is complete, so finish the release now.
-            os.truncate(self.dev.arena(pid), 0)
-            self.dev.ledger.release(pid)
+            # device: the copy is complete, so finish the release now. Only
+            # under the device lock: a checkpoint or restore in progress holds
+            # it (a restore reserves the device while still CHECKPOINTED), and
+            # must not have its memory freed under it.
+            fd = self._exclusive(pid, 0)
+            if fd is not None:
+                try:
+                    doc = self.dev.read_state(pid) or doc
+                    if doc["state"] == CHECKPOINTED and self.dev.held(pid):
+                        os.truncate(self.dev.arena(pid), 0)
+                        self.dev.ledger.release(pid)
+                finally:
+                    os.close(fd)
         return ProcState(doc["state"])
 
     def lock(self, pid: int, timeout_ms: int) -> None:
@@ -174,14 +184,16 @@ class SimBackend(Backend):
             raise e.ContextLost(f"restore pid {pid}: context lost by an earlier failed restore (simulated)",
                                 pid=pid, cu_result=304, cu_name="CUDA_ERROR_OPERATING_SYSTEM")
         nbytes = int(doc["bytes"])
-        try:
-            self.dev.ledger.reserve(pid, nbytes, self.dev.is_dead)
-        except e.DeviceOutOfMemory:
-            if self.lose_context:
-                self.dev.write_state(pid, {**doc, "lost": True})
-            raise
+        # Device lock first, then the reservation: get_state's repair must never
+        # see this restore's reservation without the lock that protects it.
         fd = self._exclusive(pid, None)
         try:
+            try:
+                self.dev.ledger.reserve(pid, nbytes, self.dev.is_dead)
+            except e.DeviceOutOfMemory:
+                if self.lose_context:
+                    self.dev.write_state(pid, {**doc, "lost": True})
+                raise
             arena = os.open(self.dev.arena(pid), os.O_WRONLY | os.O_CREAT, 0o600)
             try:
                 os.ftruncate(arena, 0)

@@ -125,3 +125,25 @@ def test_running_dead_worker_capacity_returns_to_the_ledger(sim, spawn):
     a.kill()
     b = spawn(40 * MiB, seed=2)  # fits only because a's 40 MiB were reclaimed
     assert sim.device_usage(b.pid) == {DEVICE_ID: 40 * MiB}
+
+
+def test_get_state_during_a_slow_restore_does_not_free_the_device(sim_dir, tmp_path, spawn):
+    """Regression (found by the chaos suite): the crash-repair in get_state ran without the
+    device lock and wiped the arena of a restore in progress."""
+    import threading
+
+    slow = SimBackend(sim_dir, tmp_path / "host", capacity_bytes=64 * MiB, checkpoint_gbps=0, restore_gbps=0.04)
+    w = spawn(4 * MiB, seed=5)
+    assert snapshot_processes(slow, [w.pid], lock_timeout_ms=2000).ok
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("r", restore_processes(slow, [w.pid])))
+    t.start()
+    time.sleep(0.05)
+    for _ in range(20):                       # the agent's upkeep polls state meanwhile
+        slow.get_state(w.pid)
+        time.sleep(0.002)
+    t.join(30)
+    assert result["r"].ok
+    assert os.path.getsize(slow.dev.arena(w.pid)) == 4 * MiB
+    assert slow.device_usage(w.pid) == {DEVICE_ID: 4 * MiB}
+    assert w.ask("verify") == f"VERIFY OK {w.expected}"
