@@ -88,7 +88,7 @@ class Groups:
             a = R.AgentValue.load(ns.agent.value)
             out.backend, out.device_free_bytes, out.device_total_bytes = a.backend, a.device_free_bytes, \
                 a.device_total_bytes
-        on_node = sorted(j for j, js in self.index.jobs.items() if node in js.nodes())
+        on_node = sorted(self.index.node_jobs.get(node, ()))
         out.resident_jobs.extend(j for j in on_node if residency(ns, j, True) == "running")
         for job in sorted(set(on_node) | set(ns.statuses if ns else ())):
             kv = ns.statuses.get(job) if ns else None

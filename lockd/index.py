@@ -26,8 +26,16 @@ class GroupState:
     failures: dict[str, KV] = field(default_factory=dict)   # job -> failure
 
     def fifo(self) -> list[tuple[str, KV]]:
-        """Queue entries in FIFO order (create revision = token)."""
-        return sorted(self.queue.items(), key=lambda item: item[1].create_revision)
+        """Queue entries in FIFO order (create revision = token).
+
+        ``queue`` is kept in that order: a new key's event arrives in revision
+        order and is appended; an update keeps the key's place; ``rebuild``
+        sorts once. So this is a copy, never a sort on the hot path.
+        """
+        return list(self.queue.items())
+
+    def head(self) -> tuple[str, KV] | None:
+        return next(iter(self.queue.items()), None)
 
 
 @dataclass
@@ -53,10 +61,11 @@ class StateIndex:
         self.nodes: dict[str, NodeState] = {}
         self.jobs: dict[str, JobState] = {}
         self.leader: dict[bytes, KV] = {}
+        self.node_jobs: dict[str, set[str]] = {}      # node -> jobs with workers there
 
     def rebuild(self, kvs: dict[bytes, KV]) -> None:
-        self.groups, self.nodes, self.jobs, self.leader = {}, {}, {}, {}
-        for kv in kvs.values():
+        self.groups, self.nodes, self.jobs, self.leader, self.node_jobs = {}, {}, {}, {}, {}
+        for kv in sorted(kvs.values(), key=lambda kv: kv.create_revision):
             self._apply(kv.key, kv)
 
     def apply(self, events: list[WatchEvent]) -> set[tuple[str, str]]:
@@ -118,7 +127,12 @@ class StateIndex:
         if parts[2] == "session":
             js.session = kv
         elif parts[2] == "workers" and len(parts) == 5 and parts[4].isdigit():
-            _set(js.workers, (parts[3], int(parts[4])), kv)
+            node = parts[3]
+            _set(js.workers, (node, int(parts[4])), kv)
+            if node in js.nodes():
+                self.node_jobs.setdefault(node, set()).add(j)
+            else:
+                self.node_jobs.get(node, set()).discard(j)
         if js.session is None and not js.workers:
             del self.jobs[j]
         return ("job", j)

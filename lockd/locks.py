@@ -18,16 +18,20 @@ import asyncio
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from aetcd import rpc
 
 from lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
+from lockd import handoff as H
 from lockd.index import StateIndex
+from lockd.plan import Policy
 from lockd.waiters import Waiters
 from tscore import records as R
 from tscore.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient
+from tscore.etcd.election import Leadership
 from tscore.etcd.mirror import Reflector
 from tscore.etcd.queue import FifoQueue
 from tscore.ids import check_id
@@ -43,9 +47,12 @@ class Granted:
 
 class Locks:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, reflector: Reflector,
-                 waiters: Waiters, replica: str):
+                 waiters: Waiters, replica: str, policy: Policy = Policy(),
+                 leadership: Callable[[], Leadership | None] = lambda: None,
+                 on_direct_grant: Callable[[str, R.GrantValue], None] | None = None):
         self.client, self.keys, self.index = client, keys, index
         self.reflector, self.waiters, self.replica = reflector, waiters, replica
+        self.policy, self.leadership, self.on_direct_grant = policy, leadership, on_direct_grant
 
     async def _require_group(self, group: str) -> None:
         gs = self.index.groups.get(group)
@@ -126,21 +133,33 @@ class Locks:
         except Exception:
             pass  # the session lease removes the entry anyway when the job dies
 
-    async def _release(self, group: str, job: str, token: int, only_if_value: bytes | None = None
-                       ) -> rpc.TxnResponse:
-        qkey, gkey = self.keys.queue_entry(group, job), self.keys.grant(group)
+    async def _release(self, group: str, job: str, token: int, only_if_value: bytes | None = None,
+                       handoff: bool = False) -> tuple[rpc.TxnResponse, R.GrantValue | None]:
+        """Delete the job's entry (and its grant); returns (response, grant handed on directly)."""
+        qkey = self.keys.queue_entry(group, job)
         gs = self.index.groups.get(group)
-        success = [ops.delete(qkey), ops.first_in(self.keys.queue(group))]
+        # Any key left in the queue means someone waits (no sort: etcd sorts before limiting).
+        success = [ops.delete(qkey), ops.get(self.keys.queue(group), prefix=True, limit=2, keys_only=True)]
+        direct = None
         if gs is not None and gs.grant is not None and R.GrantValue.load(gs.grant.value).job == job:
-            # Drop our grant in the same revision, but only that exact grant.
-            success.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
-                compare=[ops.value_is(gkey, "==", gs.grant.value)], success=[ops.delete(gkey)])))
+            # Drop our grant in the same revision, but only that exact grant; on the
+            # leader, hand the group straight to the next job in the same transaction.
+            lead = self.leadership() if handoff else None
+            nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
+            if nxt is not None:
+                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt)
+                success.append(op)
+            else:
+                success.append(H.drop_only(self.keys, group, gs.grant.value))
         # Guarded by the token: a stale Yield can never delete a newer entry of the job;
         # an abandoned attempt also by its value: it may only remove what it still owns.
         cmp = [ops.create_rev(qkey, "==", token)]
         if only_if_value is not None:
             cmp.append(ops.value_is(qkey, "==", only_if_value))
-        return await self.client.txn(cmp, success, [ops.get(qkey)])
+        resp = await self.client.txn(cmp, success, [ops.get(qkey)])
+        if direct is not None and not (resp.succeeded and resp.responses[2].response_txn.succeeded):
+            direct = None
+        return resp, direct
 
     @staticmethod
     def _granted(kv, job: str, token: int) -> bool:
@@ -163,7 +182,9 @@ class Locks:
             if not r.kvs or not self._granted(r.kvs[0], job, token):
                 raise NotHolder(f"not_holder: {job!r} is waiting for {group!r}, it does not hold it; "
                                 "cancel the Acquire instead")
-        resp = await self._release(group, job, token)
+        resp, direct = await self._release(group, job, token, handoff=True)
+        if direct is not None and self.on_direct_grant is not None:
+            self.on_direct_grant(group, direct)
         if not resp.succeeded:
             kvs = resp.responses[0].response_range.kvs
             if kvs:
@@ -171,5 +192,6 @@ class Locks:
                                  f"{kvs[0].create_revision} on {group!r}")
             raise NotHolder(f"not_queued: {job!r} does not hold {group!r} (already yielded, or never "
                             "acquired)")
-        nobody_waits = not resp.responses[1].response_range.kvs
+        nobody_waits = not any(kv.key != self.keys.queue_entry(group, job)
+                               for kv in resp.responses[1].response_range.kvs)
         return True, nobody_waits

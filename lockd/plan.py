@@ -84,10 +84,12 @@ def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
 
 
 def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
-               now_ms: int, policy: Policy = Policy()) -> list[Action]:
-    fifo = group.fifo()
+               now_ms: int, policy: Policy = Policy(),
+               node_jobs: dict[str, set[str]] | None = None) -> list[Action]:
+    """``node_jobs`` (node -> jobs with workers there) is an index of ``jobs``; computed if absent."""
+    head = group.head()
     grant = R.GrantValue.load(group.grant.value) if group.grant else None
-    head_job, head_kv = fifo[0] if fifo else (None, None)
+    head_job, head_kv = head if head else (None, None)
     if grant is not None and (head_kv is None or grant.job != head_job
                               or grant.token != head_kv.create_revision):
         # The holder yielded or died; its grant must go before anyone else's comes.
@@ -103,7 +105,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     moved = 0
     for node in spec.node_names():
         ns = nodes.get(node)
-        on_node = {j for j, js in jobs.items() if node in js.nodes()}
+        on_node = (node_jobs.get(node, set()) if node_jobs is not None
+                   else {j for j, js in jobs.items() if node in js.nodes()})
         # 0. Intents of this swap on the node: wait for them, time them out, or read their result.
         node_waiting = False
         refused_restore = None

@@ -34,7 +34,9 @@ class Replica:
         self.reflector = Reflector(self.client, self.keys.root())
         self.waiters = Waiters(self.keys)
         self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions)
-        self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id)
+        self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
+                           config.policy, leadership=lambda: self.leader.leadership,
+                           on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index)
         self.workers = Workers(self.client, self.keys, self.index)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
@@ -53,6 +55,11 @@ class Replica:
         if sched is not None:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
+
+    def _direct_grant(self, group: str, g) -> None:
+        sched = self.leader.scheduler
+        if sched is not None:
+            sched.record_grant(group, g.job, g.token, g.restored, g.elided, g.bytes_moved, direct=True)
 
     def _observe_agent_ops(self, events: list[WatchEvent]) -> None:
         # The leader records how long agents took, once per answered intent (agents

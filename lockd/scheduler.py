@@ -78,7 +78,8 @@ class Scheduler:
                 if gs is None:
                     continue
                 self._note_head(group, gs)
-                actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy)
+                actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy,
+                                       self.index.node_jobs)
                 revs = []
                 for action in actions:
                     rev = await self._apply(group, action)
@@ -103,11 +104,10 @@ class Scheduler:
                 self._mark(group)
 
     def _note_head(self, group: str, gs) -> None:
-        fifo = gs.fifo()
-        depth = len(fifo)
-        self.metrics.queue_depth.labels(group).set(depth)
-        if fifo:
-            tok = fifo[0][1].create_revision
+        self.metrics.queue_depth.labels(group).set(len(gs.queue))
+        head = gs.head()
+        if head:
+            tok = head[1].create_revision
             if self._head_seen.get(group, (0, 0))[0] != tok:
                 self._head_seen[group] = (tok, time.monotonic())
 
@@ -120,7 +120,7 @@ class Scheduler:
                 [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0)],
                 [ops.put(gkey, val.dump(), a.lease)])   # the grant dies with the holder's session
             if resp.succeeded:
-                self._granted(group, a)
+                self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.WriteIntent):
             key = k.intent(a.node, a.job)
@@ -144,15 +144,17 @@ class Scheduler:
             return resp.header.revision if resp.succeeded else 0
         raise TypeError(f"unknown action {a!r}")
 
-    def _granted(self, group: str, a: P.WriteGrant) -> None:
+    def record_grant(self, group: str, job: str, token: int, restored: bool, elided: bool, bytes_moved: int,
+                     direct: bool = False) -> None:
+        """Metrics and the ``grant`` event, for scheduler grants and direct handoffs alike."""
         now = time.monotonic()
-        tok, seen = self._head_seen.get(group, (a.token, now))
+        tok, seen = self._head_seen.get(group, (token, now))
         self.metrics.grants.inc()
-        self.metrics.handoff.observe(now - seen if tok == a.token else 0.0)
-        if a.elided:
+        self.metrics.handoff.observe(now - seen if tok == token else 0.0)
+        if elided:
             self.metrics.elided.inc()
         stok, sstart = self._swap_start.pop(group, (0, now))
-        if stok == a.token:
+        if stok == token:
             self.metrics.swap.observe(now - sstart)
-        log.info("grant", group=group, job=a.job, token=a.token, epoch=self.lead.epoch,
-                 restored=a.restored, elided=a.elided, bytes_moved=a.bytes_moved)
+        log.info("grant", group=group, job=job, token=token, epoch=self.lead.epoch,
+                 restored=restored, elided=elided, bytes_moved=bytes_moved, direct=direct)

@@ -297,3 +297,27 @@ async def test_resent_acquire_takes_over_and_old_call_cannot_release(lockd3):
     for job in (x, j1, j2, y):
         await job.close()
     await ch.close()
+
+
+async def test_yield_on_the_leader_hands_over_in_one_transaction(lockd3, etcd):
+    leader, epoch = lockd3.leader(etcd)
+    follower = next(r for r in lockd3.replicas if r is not leader)
+    ch, stub = await make_group(leader.target)
+    a = await Job(leader.target, "a").open()
+    b = await Job(follower.target, "b").open()
+    ga = await a.acquire("g")
+    wb = asyncio.ensure_future(b.acquire("g"))
+    await wait_queued(stub, 2)
+    deadline = time.monotonic() + 10
+    while not any(ev["token"] == ga.token for ev in leader.events("grant")):
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.05)           # the leader's mirror has seen a's grant
+    y = await a.yield_("g", ga.token)
+    gb = await wb
+    assert y.released and not y.deferred_snapshot and gb.leader_epoch == epoch
+    grants = {ev["token"]: ev for ev in leader.events("grant")}
+    assert grants[gb.token]["direct"] is True and grants[gb.token]["job"] == "b"
+    st = await status(stub)
+    assert st.grant.job_id == "b" and st.grant.token == gb.token and not st.waiters
+    await b.yield_("g", gb.token)
+    await a.close(), await b.close(), await ch.close()

@@ -1,0 +1,57 @@
+"""The leader's direct handoff: release the holder and grant the next job in ONE transaction.
+
+Normally a handoff costs two etcd rounds: the Yield's transaction, its watch
+event reaching the leader, then the leader's grant transaction and its event
+reaching the waiter's replica. When the Yield lands on the leader itself, the
+leader can plan the next grant at once (plan.py on the state as it will be
+after the release) and put it inside the Yield's own transaction, guarded
+exactly like the scheduler's grant: the leader epoch, the next job's queue
+entry and token, and the old grant's exact value. If any guard fails, the
+nested else-branch just drops the old grant, as a plain Yield does, and the
+scheduler grants as usual. Only a plain grant (nothing to move) is done here.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from aetcd import rpc
+
+from lockd import plan as P
+from lockd.index import StateIndex
+from tscore import records as R
+from tscore.etcd import ops
+from tscore.etcd.election import Leadership
+from tscore.keys import Keys
+
+
+def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.WriteGrant | None:
+    """The grant the scheduler would write once ``job`` has released ``group``, if it is a plain one."""
+    gs = index.groups.get(group)
+    if gs is None or job not in gs.queue:
+        return None
+    after = dataclasses.replace(gs, queue={j: kv for j, kv in gs.queue.items() if j != job}, grant=None)
+    actions = P.plan_group(after, index.nodes, index.jobs, R.now_ms(), policy, index.node_jobs)
+    if len(actions) == 1 and isinstance(actions[0], P.WriteGrant):
+        return actions[0]
+    return None
+
+
+def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a: P.WriteGrant
+                  ) -> tuple[rpc.RequestOp, R.GrantValue]:
+    """A nested txn: put the next grant over the old one if every guard holds, else drop the old one."""
+    gkey = keys.grant(group)
+    val = R.GrantValue(a.job, a.token, lead.epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+    drop = rpc.RequestOp(request_txn=rpc.TxnRequest(
+        compare=[ops.value_is(gkey, "==", old_grant)], success=[ops.delete(gkey)]))
+    op = rpc.RequestOp(request_txn=rpc.TxnRequest(
+        compare=[lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
+                 ops.value_is(gkey, "==", old_grant)],
+        success=[ops.put(gkey, val.dump(), a.lease)],   # the grant dies with the new holder's session
+        failure=[drop]))
+    return op, val
+
+
+def drop_only(keys: Keys, group: str, old_grant: bytes) -> rpc.RequestOp:
+    gkey = keys.grant(group)
+    return rpc.RequestOp(request_txn=rpc.TxnRequest(
+        compare=[ops.value_is(gkey, "==", old_grant)], success=[ops.delete(gkey)]))
