@@ -1,14 +1,18 @@
-"""The leader's direct handoff: release the holder and grant the next job in ONE transaction.
+"""Direct handoff: release the holder and grant the next job in ONE transaction.
 
 Normally a handoff costs two etcd rounds: the Yield's transaction, its watch
 event reaching the leader, then the leader's grant transaction and its event
-reaching the waiter's replica. When the Yield lands on the leader itself, the
-leader can plan the next grant at once (plan.py on the state as it will be
-after the release) and put it inside the Yield's own transaction, guarded
-exactly like the scheduler's grant: the leader epoch, the next job's queue
-entry and token, and the old grant's exact value. If any guard fails, the
-nested else-branch just drops the old grant, as a plain Yield does, and the
-scheduler grants as usual. Only a plain grant (nothing to move) is done here.
+reaching the waiter's replica. Instead, the replica serving the Yield plans
+the next grant at once (plan.py, on its mirror as it will be after the
+release) and puts it inside the Yield's own transaction, fenced exactly like
+the scheduler's grant: the current leader's epoch (``create_revision`` of its
+election key, so the write is void if leadership changed), the next job's
+queue entry and token, and the old grant's exact value. The decision is the
+one the leader would take from the same state; a mirror that is stale can
+only make a guard fail. If any guard fails, the nested else-branch just drops
+the old grant, as a plain Yield does, and the leader's scheduler grants as
+usual. Only a plain grant (nothing to snapshot or restore) is done here:
+swaps are always driven by the leader.
 """
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from lockd.workers import Workers
 from tscore import records as R
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient
+from tscore.etcd.election import Leadership
 from tscore.etcd.mirror import Reflector
 from tscore.etcd.watch import WatchEvent
 from tscore.keys import Keys
@@ -35,7 +36,7 @@ class Replica:
         self.waiters = Waiters(self.keys)
         self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions)
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
-                           config.policy, leadership=lambda: self.leader.leadership,
+                           config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index)
         self.workers = Workers(self.client, self.keys, self.index)
@@ -56,10 +57,21 @@ class Replica:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
 
+    def _current_leadership(self) -> Leadership | None:
+        """The leadership that fences a direct handoff: ours when we lead, else the current
+        leader's as this replica's mirror shows it (the guard fails if that is stale)."""
+        if self.leader.leadership is not None:
+            return self.leader.leadership
+        cands = sorted(self.index.leader.values(), key=lambda kv: kv.create_revision)
+        return Leadership(cands[0].key, cands[0].create_revision, None) if cands else None
+
     def _direct_grant(self, group: str, g) -> None:
         sched = self.leader.scheduler
         if sched is not None:
             sched.record_grant(group, g.job, g.token, g.restored, g.elided, g.bytes_moved, direct=True)
+        else:
+            log.info("grant", group=group, job=g.job, token=g.token, epoch=g.leader_epoch, restored=g.restored,
+                     elided=g.elided, bytes_moved=g.bytes_moved, direct=True, replica=self.config.replica_id)
 
     def _observe_agent_ops(self, events: list[WatchEvent]) -> None:
         # The leader records how long agents took, once per answered intent (agents
