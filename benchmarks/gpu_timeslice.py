@@ -154,7 +154,7 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
     with EtcdCluster(1, workdir=logdir) as etcd:
         prefix = "/timeslice/"
         lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=logdir,
-                             extra=["--device-margin-bytes", str(256 << 20), "--swap-timeout", "300"]).start()
+                             extra=["--device-margin-bytes", str(256 << 20), "--swap-timeout", "60"]).start()
         agent = AgentProcess(etcd.endpoints_str, prefix, NODE, logdir, backend="cuda-driver").start()
         try:
             from timeslice import OrchestratorClient
@@ -171,10 +171,19 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
                 ballast.stdout.readline()
             out = os.path.join(logdir, "jobs.jsonl")
             env = {**os.environ, "TIMESLICE_NODE_NAME": NODE}
-            procs = [subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache, peak),
-                                      env=env) for j in ("job-a", "job-b")]
-            rcs = [p.wait(a.job_timeout) for p in procs]
-            res = analyse(load(out), sampler, f"time-sliced, {regime}")
+            procs = []
+            for j in ("job-a", "job-b"):
+                errf = open(os.path.join(logdir, f"{j}.stderr"), "wb")
+                procs.append(subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache,
+                                                      peak), env=env, stdout=errf, stderr=subprocess.STDOUT))
+            rcs = []
+            for p in procs:
+                try:
+                    rcs.append(p.wait(a.job_timeout))
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    rcs.append("timeout")
+            res = analyse(load(out) if os.path.exists(out) else [], sampler, f"time-sliced, {regime}")
             res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache),
                        peak_bytes_hint=peak)
             if any(rcs):
@@ -185,6 +194,19 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
                 ballast.kill()
             agent.stop()
             lockd.stop()
+            _keep_logs(logdir, tag)
+
+
+def _keep_logs(logdir: str, tag: str) -> None:
+    """Bundle a regime's logs (agent, lockd, jobs) into $OUT/<tag>-logs.tar.gz when $OUT is set."""
+    out = os.environ.get("OUT")
+    if not out:
+        return
+    import tarfile
+    with tarfile.open(os.path.join(out, f"{tag}-logs.tar.gz"), "w:gz") as tar:
+        for name in os.listdir(logdir):
+            if name.endswith((".log", ".jsonl", ".stderr")):
+                tar.add(os.path.join(logdir, name), arcname=name)
 
 
 def plot(results, path):
@@ -192,6 +214,8 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = [r for r in results if r.get("timeline")]
+    if not runs:
+        return
     fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.6 * len(runs) + 0.6), squeeze=False)
     colours = {"generate": "tab:blue", "train": "tab:orange", "rewards": "lightgrey"}
     for ax, r in zip(axes[:, 0], runs):
@@ -217,7 +241,7 @@ def main():
     p.add_argument("--train-s", type=float, default=1.5)
     p.add_argument("--mem-gb", type=float, default=4.0)
     p.add_argument("--scratch-gb", type=float, default=2.0)
-    p.add_argument("--job-timeout", type=float, default=240)
+    p.add_argument("--job-timeout", type=float, default=150)
     p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -225,17 +249,28 @@ def main():
     sampler = NvmlSampler()
     sampler.start()
     results = [run_standalone(a, sampler, workdir)]
-    for regime in a.regimes.split(","):
-        results.append(run_sliced(a, sampler, workdir, regime, release_cache=0 if "nocache" in regime else 1))
-        print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
-    sampler.stop.set()
     ideal = min(1.0, 2 * (a.gen_s + a.train_s) / (a.gen_s + a.reward_s + a.train_s))
-    doc = {"command": " ".join(sys.argv), "date": datetime.date.today().isoformat(),
-           "params": vars(a), "ideal_duty_cycle": ideal, "results": results}
+    doc = {"command": "python -m benchmarks.gpu_timeslice " + " ".join(sys.argv[1:]),
+           "date": datetime.date.today().isoformat(), "params": vars(a), "ideal_duty_cycle": ideal,
+           "results": results}
+
+    def save():
+        with open(os.path.join(a.out, "gpu_timeslice.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+
+    save()
+    for regime in a.regimes.split(","):
+        try:
+            results.append(run_sliced(a, sampler, workdir, regime, release_cache=0 if "nocache" in regime else 1))
+        except Exception as e:   # keep the other regimes' figures; the failure is a result too
+            results.append({"label": f"time-sliced, {regime}", "violations": [f"run failed: {e!r}"],
+                            "timeline": [], "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0,
+                            "swaps_restored": 0, "elided": 0, "bytes_moved": 0})
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
+        save()
+    sampler.stop.set()
     png = os.path.join(a.out, "gpu_timeslice_timeline.png")
     plot(results, png)
-    with open(os.path.join(a.out, "gpu_timeslice.json"), "w") as f:
-        json.dump(doc, f, indent=1)
     print(f"{'run':38} {'wall s':>7} {'duty':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
           f"{'op s':>6} {'viol':>4}")
     for r in results:

@@ -106,7 +106,10 @@ class TorchGpu:
         self.allocated = True
 
     def _sum(self) -> float:
-        return float(self.w.double().sum().item())
+        # In float64, chunk by chunk: a float64 copy of all the weights would need twice
+        # their memory, which a GPU shared this tightly does not have.
+        chunk = 8 << 20
+        return float(sum(self.w[i:i + chunk].double().sum().item() for i in range(0, self.w.numel(), chunk)))
 
     def work(self, seconds: float) -> int:
         torch = self.torch
