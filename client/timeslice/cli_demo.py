@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
             if "elide" in regimes:
                 plan.runs.append(RunSpec("sliced-elide", f"time-sliced, elided (each job {j / 1e9:.1f} GB: "
                                          "both fit)", "sliced", j))
-        say(f"\ntwo jobs, {plan.iterations} iterations each: {plan.phases_text()}")
+        say(f"\ntwo jobs, {plan.iterations_text()} each: {plan.phases_text()}")
         say(f"GPU: {plan.device_desc}")
         demo = Demo(plan, doc, out, say=say)
         try:

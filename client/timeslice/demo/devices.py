@@ -22,6 +22,7 @@ import time
 import zlib
 
 BLOCK = 4 << 20                                       # bytes rewritten per step
+CUDA_CONTEXT_BYTES = 1 << 30                          # allowance for a CUDA context in a job's hint
 _STEP = bytes((5 * i + 1) % 256 for i in range(256))  # a permutation of the byte values
 
 
@@ -32,6 +33,7 @@ class SimGpu:
         from nodeagent.sim.client import SimDeviceClient
         self.dev = SimDeviceClient.open(sim_dir)     # registers this process on the device
         self.nbytes = int(nbytes)
+        self.hint_bytes = self.nbytes                # what the job will hold: device_bytes_hint
         self.seed = seed
         self.crcs: list[int] = []
         self.allocated = False
@@ -91,6 +93,9 @@ class TorchGpu:
         import torch
         self.torch = torch
         self.nbytes = int(nbytes)
+        # The job's footprint is its tensors plus the CUDA context (with cuBLAS's
+        # workspace about 0.8 GB on an H200): lockd must make room for both.
+        self.hint_bytes = self.nbytes + CUDA_CONTEXT_BYTES
         self.seed = seed
         self.allocated = False
         self.w = self.a = None

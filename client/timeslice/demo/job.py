@@ -167,7 +167,7 @@ class Job:
             self.client = OrchestratorClient(target=a.target, job_id=a.job_id, after_acquire=self._on_grant)
             self.client.open_session()
             orchestrator = self.client
-            hint = self.gpu.nbytes
+            hint = self.gpu.hint_bytes
             # The whole change a job needs: its GPU phases hold the group.
             generate = orchestrator.on_accelerators(group_id=a.group, device_bytes_hint=hint)(gpu_phase)
             train = orchestrator.on_accelerators(group_id=a.group, device_bytes_hint=hint)(gpu_phase)

@@ -55,6 +55,9 @@ class Plan:
     group: str = "demo"
     runs: list[RunSpec] = field(default_factory=list)
 
+    def iterations_text(self) -> str:
+        return f"{self.iterations} iteration{'s' if self.iterations != 1 else ''}"
+
     def phases_text(self) -> str:
         return (f"generate {self.generate_s:g}s GPU -> rewards {self.rewards_s:g}s CPU -> "
                 f"train {self.train_s:g}s GPU")
@@ -286,7 +289,7 @@ class Demo:
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths)
         lines = [fmt.format(*head), *[fmt.format(*r) for r in rows]]
-        subtitle = (f"{p.iterations} iterations each: {p.phases_text()}; {p.device_desc}")
+        subtitle = f"{p.iterations_text()} each: {p.phases_text()}; {p.device_desc}"
         png = timeline.draw(results, self.out / "timeline.png", subtitle)
         summary = {"plan": {"iterations": p.iterations, "generate_s": p.generate_s, "rewards_s": p.rewards_s,
                             "train_s": p.train_s, "device": p.device, "device_desc": p.device_desc,

@@ -25,7 +25,7 @@ def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path,
 
     path = Path(path)
     n = len(runs)
-    fig, axes = plt.subplots(n, 1, figsize=(12, 1.2 + 1.55 * n), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(12, 1.2 + 1.8 * n), sharex=True, squeeze=False)
     xmax = max((fig_.wall_s for fig_, _ in runs), default=1.0)
     for ax, (fg, by_job) in zip(axes[:, 0], runs):
         labels = []
@@ -46,17 +46,17 @@ def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path,
                                edgecolor="white", linewidth=0.5)
                 if e.get("gpu") and e.get("bytes_moved", 0) > 0:
                     ax.plot([s], [y + 0.42], marker="v", color="#d62728", markersize=7, zorder=5)
-                    ax.annotate(f"{e['bytes_moved'] / 1e6:.0f} MB", (s, y + 0.42), xytext=(4, 1),
+                    ax.annotate(_bytes(e["bytes_moved"]), (s, y + 0.42), xytext=(4, 1),
                                 textcoords="offset points", fontsize=6.5, color="#d62728", va="bottom")
                 elif e.get("gpu") and e.get("elided"):
                     ax.plot([s], [y + 0.42], marker="D", color="#2ca02c", markersize=5, zorder=5)
         ax.set_yticks([y for y, _ in labels], [lb for _, lb in labels])
         ax.set_ylim(-0.6, len(by_job) - 0.2)
         ax.set_xlim(0, xmax * 1.02)
-        moved = f", moved {fg.bytes_moved / 1e6:.0f} MB" if fg.mode == "sliced" else ""
-        swaps = f", swaps {fg.swaps}, elided {fg.elided}" if fg.mode == "sliced" else ""
-        ax.set_title(f"{fg.title}: GPU duty cycle {fg.duty:.0%} (busy {fg.gpu_busy_s:.1f}s of "
-                     f"{fg.wall_s:.1f}s){swaps}{moved}", fontsize=9.5, loc="left")
+        stats = f"GPU duty cycle {fg.duty:.0%} (busy {fg.gpu_busy_s:.1f}s of {fg.wall_s:.1f}s)"
+        if fg.mode == "sliced":
+            stats += f"; swaps {fg.swaps}, elided {fg.elided}, moved {_bytes(fg.bytes_moved)}"
+        ax.set_title(f"{fg.title}\n{stats}", fontsize=9, loc="left")
         ax.grid(axis="x", linestyle=":", alpha=0.5)
     axes[-1, 0].set_xlabel("seconds since the jobs started")
     handles = [Patch(facecolor=COLORS["generate"], label="generate (GPU)"),
@@ -73,3 +73,7 @@ def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path,
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
