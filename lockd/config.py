@@ -65,9 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
     _flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
     _flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
-    _flag(p, "--lease-ttl", type=int, default=5, help="leader lease TTL, s")
-    _flag(p, "--renew-deadline", type=float, default=3.5, help="leader steps down after failing to renew, s")
-    _flag(p, "--retry-period", type=float, default=1.0, help="leader keepalive / campaign period, s")
+    # Defaults sized for a failover within ~3 s: a dead leader's lease expires after
+    # --lease-ttl, and plain handoffs go on meanwhile (fenced by its still-valid epoch).
+    # 3 s is etcd's minimum lease TTL with its default 1 s election timeout.
+    _flag(p, "--lease-ttl", type=int, default=3, help="leader lease TTL, s")
+    _flag(p, "--renew-deadline", type=float, default=2.0, help="leader steps down after failing to renew, s")
+    _flag(p, "--retry-period", type=float, default=0.5, help="leader keepalive / campaign period, s")
     _flag(p, "--session-ttl", type=int, default=10, help="default job session TTL, s")
     _flag(p, "--swap-timeout", type=float, default=120.0, help="an agent op not reported by then fails, s")
     _flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")

@@ -27,6 +27,7 @@ class Policy:
     swap_timeout_ms: int = 120_000        # an agent op not reported by then fails the swap
     device_margin_bytes: int = 0          # kept free beside a restored/elided job
     evict_unknown: bool = True            # footprint unknown (never ran, no hint): make room
+    refused_retry_ms: int = 2_000         # pause before re-trying a restore the agent refused for room
 
 
 @dataclass(frozen=True)
@@ -145,17 +146,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             return [FailWaiter(head_job, token, lease, node=node,
                                reason=f"node agent on {node} is not alive")]
         if refused_restore is not None:
-            if residents:
-                actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
-                continue
-            evicted_since = any(
-                R.IntentValue.load(kv.value).op == R.SNAPSHOT and R.IntentValue.load(kv.value).token == token
-                and kv.mod_revision > refused_restore.mod_revision for kv in ns.intents.values())
-            if not evicted_since:
-                st, _ = _status(ns, head_job)
-                return [FailWaiter(head_job, token, lease, node=node, reason=(
-                    f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))]
-            actions.append(WriteIntent(node, head_job, R.RESTORE, token, refused_restore.mod_revision))
+            step = _after_refused_restore(ns, node, head_job, head_kv, token, residents, refused_restore,
+                                          now_ms, policy)
+            if isinstance(step, FailWaiter):
+                return [step]
+            waiting |= step is None
+            actions += step or []
             continue
         agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
         need: int | None
@@ -168,8 +164,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         else:
             need = hint or None
         if residents:
-            free = (agent.device_free_bytes if agent else 0) - policy.device_margin_bytes
-            must_evict = policy.evict_unknown if need is None else need > free
+            free = _free_bytes(agent, residents, jobs, node) - policy.device_margin_bytes
+            must_evict = policy.evict_unknown if need is None else (need > 0 and need > free)
             if must_evict:
                 actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
                 continue
@@ -180,6 +176,39 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     if waiting or actions:
         return actions
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
+
+
+def _free_bytes(agent: R.AgentValue | None, residents: list[str], jobs: dict[str, JobState], node: str) -> int:
+    """Free device memory on the node, as the agent last reported it, less what residents
+    have registered beyond what that report counted (it can be a refresh old)."""
+    free = agent.device_free_bytes if agent else 0
+    for j in residents:
+        js = jobs.get(j)
+        registered = sum(R.WorkerValue.load(kv.value).device_bytes
+                         for (n, _), kv in js.workers.items() if n == node) if js else 0
+        free -= max(0, registered - (agent.job_device_bytes.get(j, 0) if agent else 0))
+    return free
+
+
+def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],
+                           refused, now_ms: int, policy: Policy) -> list[Action] | FailWaiter | None:
+    """The agent refused the head's restore for lack of room (it admits per GPU, on fresher
+    figures than ours). Make room by evicting residents; else retry every
+    ``refused_retry_ms`` (memory held by an exiting process comes back) until the waiter has
+    waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
+    if residents:
+        return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
+    st, _ = _status(ns, head_job)
+    evicted_since = any(
+        R.IntentValue.load(kv.value).op == R.SNAPSHOT and R.IntentValue.load(kv.value).token == token
+        and kv.mod_revision > refused.mod_revision for kv in ns.intents.values())
+    retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision)
+    if evicted_since:
+        return [retry]
+    if now_ms - R.QueueValue.load(head_kv.value).enqueued_ms < policy.swap_timeout_ms:
+        return [retry] if st is None or now_ms - st.updated_ms >= policy.refused_retry_ms else None
+    return FailWaiter(head_job, token, head_kv.lease, node=node, reason=(
+        f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
 
 
 def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int) -> WriteIntent | None:

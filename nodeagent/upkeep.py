@@ -85,6 +85,9 @@ class Upkeep:
                     await a.renew_session()
                 await self.refresh()
                 a.metrics.etcd_connected.set(1)
+                reap = getattr(a.backend, "reap", None)
+                if reap is not None:                # the simulator: drop files of exited workers
+                    await asyncio.to_thread(reap)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - keep refreshing whatever happens

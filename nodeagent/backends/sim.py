@@ -219,6 +219,13 @@ class SimBackend(Backend):
         self._expect(doc, LOCKED, "unlock")
         self.dev.write_state(pid, {**doc, "state": RUNNING})
 
+    def reap(self) -> list[int]:
+        """Forget exited workers (their device bytes, host copies and files); returns their pids."""
+        dead = self.dev.reap()
+        if dead:
+            log.info("sim_reaped", pids=dead, simulated=True)
+        return dead
+
     # -- sizes -----------------------------------------------------------------
     def device_usage(self, pid: int):
         return self.meter.usage(pid)

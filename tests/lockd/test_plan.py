@@ -29,7 +29,7 @@ def agent(free, total=80 * GB, jobs=None):
 
 
 def workers(*jobs, node="n1"):
-    return {j: JobState(session=kv("s", b"{}"), workers={(node, 1000 + i): kv("w", b"{}")})
+    return {j: JobState(session=kv("s", b"{}"), workers={(node, 1000 + i): kv("w", R.WorkerValue(1000 + i, node))})
             for i, j in enumerate(jobs)}
 
 
@@ -138,7 +138,8 @@ def test_already_issued_intent_is_not_rewritten_and_older_one_is_replaced():
 
 
 def test_two_nodes_both_must_settle():
-    jobs = {"A": JobState(workers={("n1", 1): kv("w", b"{}"), ("n2", 2): kv("w", b"{}")})}
+    jobs = {"A": JobState(workers={("n1", 1): kv("w", R.WorkerValue(1, "n1")),
+                                   ("n2", 2): kv("w", R.WorkerValue(2, "n2"))})}
     nodes = {"n1": NodeState(agent=agent(free=1 * GB)), "n2": NodeState(agent=agent(free=1 * GB))}
     acts = P.plan_group(group([("B", 9, 0)], nodes=("n1", "n2")), nodes, jobs, 0)
     assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0), P.WriteIntent("n2", "A", R.SNAPSHOT, 9, 0)]
@@ -157,9 +158,25 @@ def test_refused_restore_evicts_residents_then_retries_once():
     ns.statuses["A"] = status("A", R.SNAPSHOTTED, R.OK, intent_rev=24, token=9, bytes_=5 * GB)
     # Evicted since the refusal: re-issue the restore (over the refused intent).
     assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 20)]
-    # Refused again after the eviction: fail B with the agent's reason.
+    # Refused again after the eviction (memory of an exiting process, say): wait, retry
+    # after a pause, and fail B with the agent's reason once it has waited the swap timeout.
     ns.intents["B"] = intent("B", R.RESTORE, 9, mod=30)
-    ns.statuses["B"] = status("B", R.SNAPSHOTTED, R.REFUSED, intent_rev=30, token=9, device_bytes=8 * GB,
-                              error="no room on gpu0")
-    acts = P.plan_group(group([("B", 9, 0)]), nodes, jobs, 0)
+    st = R.StatusValue(R.SNAPSHOTTED, "B", outcome=R.REFUSED, intent_revision=30, token=9, device_bytes=8 * GB,
+                       error="no room on gpu0", updated_ms=10_000)
+    ns.statuses["B"] = kv("st/B", st)
+    pol = P.Policy(swap_timeout_ms=60_000, refused_retry_ms=2_000)
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 11_000, pol) == []
+    assert P.plan_group(group([("B", 9, 0)]), nodes, jobs, 12_500, pol) == [
+        P.WriteIntent("n1", "B", R.RESTORE, 9, 30)]
+    acts = P.plan_group(group([("B", 9, 0)]), nodes, jobs, 61_000, pol)
     assert isinstance(acts[0], P.FailWaiter) and "no room on gpu0" in acts[0].reason
+
+
+def test_free_memory_counts_registered_bytes_the_agent_has_not_seen_yet():
+    jobs = {"A": JobState(workers={("n1", 1): kv("w", R.WorkerValue(1, "n1", device_bytes=30 * GB))})}
+    nodes = {"n1": NodeState(agent=agent(free=40 * GB, jobs={"A": 2 * GB}))}
+    # The report says 40 GB free, but A registered 28 GB more than it counted: 12 GB really free.
+    acts = P.plan_group(group([("B", 9, 20 * GB)]), nodes, jobs, 0)
+    assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    acts = P.plan_group(group([("B", 9, 10 * GB)]), nodes, jobs, 0)
+    assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=True, bytes_moved=0)]

@@ -47,9 +47,9 @@ class ElectionTiming:
     Rule: lease_ttl > renew_deadline > 1.2 * retry_period.
     """
 
-    lease_ttl: int = 5
-    renew_deadline: float = 3.5
-    retry_period: float = 1.0
+    lease_ttl: int = 3
+    renew_deadline: float = 2.0
+    retry_period: float = 0.5
 
     def __post_init__(self) -> None:
         if not isinstance(self.lease_ttl, int) or self.lease_ttl < 2:
