@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                              args.etcd_members))
     default = []
     if args.default_trials:
-        print("lockd default timings (lease TTL 5 s, renew deadline 3.5 s, retry period 1 s):")
+        print("lockd default timings (lease TTL 3 s, renew deadline 2 s, retry period 0.5 s):")
         default = asyncio.run(run(["kill"], args.default_trials, args.before, 8.0, [], args.etcd_members))
     summary = {}
     for kind, label in (("kill", "SIGKILL"), ("term", "SIGTERM (graceful)")):

@@ -90,7 +90,7 @@ def rows() -> list[list[str]]:
                             f"<= {x['target_s']:g} s, none lost", C.verdict(x["pass"])])
         x = sm.get("kill_default_timings")
         if x:
-            out.append(["Failover: SIGKILL leader, lockd default timings (TTL 5 s)",
+            out.append(["Failover: SIGKILL leader, lockd default timings (TTL 3 s)",
                         f"max {x['max_gap_s_max']:.2f} s ({x['trials']} trial); lost {x['waiters_lost_total']}",
                         f"<= {x['target_s']:g} s (info)", C.verdict(x["pass"])])
     return out

@@ -16,6 +16,14 @@ if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1; th
     as_root systemctl disable --now etcd >/dev/null 2>&1 || true
 fi
 
+# The chaos suite cuts a lockd replica off from etcd with iptables inside a network
+# namespace it creates (root only; skipped with the reason otherwise).
+if [ "$(id -u)" -eq 0 ] && [[ "$EXTRAS" == *test* ]] && ! command -v iptables >/dev/null 2>&1; then
+    echo "==> installing iptables (chaos partition scenario)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables iproute2 >/dev/null \
+        || echo "    (iptables unavailable: that scenario will be skipped)"
+fi
+
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
     echo "timeslice needs Python >= 3.10 (found $("$PY" --version))" >&2
