@@ -19,6 +19,7 @@ from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import ElectionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
+from tscore.serving import env_flag
 
 
 @dataclass(frozen=True)
@@ -47,36 +48,28 @@ class LockdConfig:
             raise ConfigError("--swap-timeout must be > 0")
 
 
-def _flag(p: argparse.ArgumentParser, name: str, **kw) -> None:
-    env = "TIMESLICE_" + name.lstrip("-").replace("-", "_").upper()
-    if env in os.environ:
-        kw["default"] = os.environ[env]
-    kw["help"] = (kw.get("help", "") + f" [env {env}]").strip()
-    p.add_argument(name, **kw)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    _flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
-    _flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
-    _flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
-    _flag(p, "--etcd-key", default=None, help="client key for etcd")
-    _flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
-    _flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
-    _flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
-    _flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
-    _flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
+    env_flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
+    env_flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
+    env_flag(p, "--etcd-key", default=None, help="client key for etcd")
+    env_flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
+    env_flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    env_flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
+    env_flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
+    env_flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
     # Defaults sized for a failover within ~3 s: a dead leader's lease expires after
     # --lease-ttl, and plain handoffs go on meanwhile (fenced by its still-valid epoch).
     # 3 s is etcd's minimum lease TTL with its default 1 s election timeout.
-    _flag(p, "--lease-ttl", type=int, default=3, help="leader lease TTL, s")
-    _flag(p, "--renew-deadline", type=float, default=2.0, help="leader steps down after failing to renew, s")
-    _flag(p, "--retry-period", type=float, default=0.5, help="leader keepalive / campaign period, s")
-    _flag(p, "--session-ttl", type=int, default=10, help="default job session TTL, s")
-    _flag(p, "--swap-timeout", type=float, default=120.0, help="an agent op not reported by then fails, s")
-    _flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")
-    _flag(p, "--tls-cert", default=None, help="server certificate (turns on TLS)")
-    _flag(p, "--tls-key", default=None, help="server key")
-    _flag(p, "--log-level", default="info")
+    env_flag(p, "--lease-ttl", type=int, default=3, help="leader lease TTL, s")
+    env_flag(p, "--renew-deadline", type=float, default=2.0, help="leader steps down after failing to renew, s")
+    env_flag(p, "--retry-period", type=float, default=0.5, help="leader keepalive / campaign period, s")
+    env_flag(p, "--session-ttl", type=int, default=10, help="default job session TTL, s")
+    env_flag(p, "--swap-timeout", type=float, default=120.0, help="an agent op not reported by then fails, s")
+    env_flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")
+    env_flag(p, "--tls-cert", default=None, help="server certificate (turns on TLS)")
+    env_flag(p, "--tls-key", default=None, help="server key")
+    env_flag(p, "--log-level", default="info")
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:

@@ -6,13 +6,14 @@ import signal
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from lockd.config import LockdConfig
 from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
+from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
 SERVICE_NAME = "timeslice.v1.Lockd"
@@ -39,18 +40,6 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
     return server, port, health_servicer
 
 
-async def _health_loop(replica: Replica, hs: health.aio.HealthServicer, period: float = 2.0) -> None:
-    # SERVING only while this replica can reach etcd: a load balancer then
-    # sends clients to replicas that can actually answer them.
-    while True:
-        ok = await replica.etcd_healthy()
-        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            await hs.set(name, status)
-        replica.metrics.etcd_connected.set(1 if ok else 0)
-        await asyncio.sleep(period)
-
-
 async def serve(config: LockdConfig, ready=None) -> None:
     replica = Replica(config)
     await replica.start()
@@ -58,7 +47,10 @@ async def serve(config: LockdConfig, ready=None) -> None:
     await server.start()
     if config.metrics_port >= 0:
         start_http_server(config.metrics_port, registry=replica.metrics.registry)
-    health_task = asyncio.create_task(_health_loop(replica, hs))
+    # SERVING only while this replica can reach etcd: a load balancer then sends
+    # clients to replicas that can actually answer them.
+    health_task = asyncio.create_task(health_loop(
+        hs, SERVICE_NAME, replica.etcd_healthy, lambda ok: replica.metrics.etcd_connected.set(1 if ok else 0)))
     log.info("serving", replica=config.replica_id, port=port, metrics_port=config.metrics_port,
              tls=bool(config.tls_cert))
     # Machine-readable line for launchers and tests that bind port 0.

@@ -7,49 +7,38 @@ status and a message that says what to do.
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 
-import grpc
 import structlog
 
 from lockd.replica import Replica
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 from tscore.errors import TimesliceError
+from tscore.serving import rpc, status_of
 
 log = structlog.get_logger("lockd.rpc")
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time
-
-
-def _rpc(fn):
-    @functools.wraps(fn)
-    async def wrapper(self, request, context):
-        try:
-            return await fn(self, request, context)
-        except TimesliceError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
-    return wrapper
 
 
 class LockdServicer(pbg.LockdServicer):
     def __init__(self, replica: Replica):
         self.r = replica
 
-    @_rpc
+    @rpc
     async def OpenSession(self, req, context):
         secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds)
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
-    @_rpc
+    @rpc
     async def CloseSession(self, req, context):
         return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret))
 
-    @_rpc
+    @rpc
     async def KeepAlive(self, req, context):
         return pb.KeepAliveReply(ttl_seconds=await self.r.sessions.keepalive(req.job_id, req.session_secret))
 
-    @_rpc
+    @rpc
     async def Acquire(self, req, context):
         t0 = time.monotonic()
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
@@ -70,7 +59,7 @@ class LockdServicer(pbg.LockdServicer):
                                leader_epoch=g.leader_epoch, waited_ms=got.waited_ms, restored=g.restored,
                                elided=g.elided, bytes_moved=g.bytes_moved)
 
-    @_rpc
+    @rpc
     async def Yield(self, req, context):
         await self.r.sessions.verify(req.job_id, req.session_secret)
         released, deferred = await self.r.locks.yield_(req.job_id, req.group_id, req.token)
@@ -78,37 +67,37 @@ class LockdServicer(pbg.LockdServicer):
             self.r.metrics.deferred.inc()
         return pb.YieldReply(released=released, deferred_snapshot=deferred)
 
-    @_rpc
+    @rpc
     async def RegisterWorker(self, req, context):
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
         await self.r.workers.register(req.job_id, lease, req.node, req.pid, req.device_bytes)
         return pb.WorkerReply()
 
-    @_rpc
+    @rpc
     async def UnregisterWorker(self, req, context):
         await self.r.sessions.verify(req.job_id, req.session_secret)
         await self.r.workers.unregister(req.job_id, req.node, req.pid)
         return pb.WorkerReply()
 
-    @_rpc
+    @rpc
     async def CreateGroup(self, req, context):
         spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes])
         return pb.Group(group_id=req.group_id,
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes])
 
-    @_rpc
+    @rpc
     async def DeleteGroup(self, req, context):
         return pb.DeleteGroupReply(deleted=await self.r.groups.delete(req.group_id, req.force))
 
-    @_rpc
+    @rpc
     async def ListGroups(self, req, context):
         return pb.ListGroupsReply(groups=self.r.groups.list())
 
-    @_rpc
+    @rpc
     async def GetGroupStatus(self, req, context):
         return self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
 
-    @_rpc
+    @rpc
     async def ListJobs(self, req, context):
         return pb.ListJobsReply(jobs=self.r.workers.job_list())
 
@@ -128,7 +117,7 @@ class LockdServicer(pbg.LockdServicer):
                 try:
                     st = self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
                 except TimesliceError as e:
-                    await context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
+                    await context.abort(status_of(e), str(e))
                     return
                 st.revision = 0                 # compare content, not the revision it was read at
                 body = st.SerializeToString()

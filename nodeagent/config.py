@@ -24,6 +24,7 @@ from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import SessionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
+from tscore.serving import env_flag
 
 # Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")
@@ -100,46 +101,32 @@ class AgentConfig:
         return f"{host}:{port}"
 
 
-def _env(name: str) -> str:
-    return "TIMESLICE_" + name.lstrip("-").replace("-", "_").upper()
-
-
-def _flag(p: argparse.ArgumentParser, name: str, *fallback_env: str, **kw) -> None:
-    envs = (_env(name), *fallback_env)
-    for env in envs:
-        if env in os.environ:
-            kw["default"] = os.environ[env]
-            break
-    kw["help"] = (kw.get("help", "") + f" [env {' or '.join(envs)}]").strip()
-    p.add_argument(name, **kw)
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    _flag(p, "--node", D.ENV_NODE_NAME, default=None, help="this node's name (default: host name)")
-    _flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
-    _flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
-    _flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
-    _flag(p, "--etcd-key", default=None, help="client key for etcd")
-    _flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
-    _flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
-    _flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
-    _flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
-    _flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
-    _flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
-    _flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
+    env_flag(p, "--node", D.ENV_NODE_NAME, default=None, help="this node's name (default: host name)")
+    env_flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
+    env_flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
+    env_flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
+    env_flag(p, "--etcd-key", default=None, help="client key for etcd")
+    env_flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
+    env_flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    env_flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
+    env_flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
+    env_flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
+    env_flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
           help="local state (fencing tokens, snapshot size records)")
-    _flag(p, "--host-reserve-bytes", type=int, default=DEFAULT_HOST_RESERVE_BYTES,
+    env_flag(p, "--host-reserve-bytes", type=int, default=DEFAULT_HOST_RESERVE_BYTES,
           help="host memory kept free: a snapshot that would dip into it is refused")
-    _flag(p, "--lock-timeout-ms", type=int, default=DEFAULT_LOCK_TIMEOUT_MS,
+    env_flag(p, "--lock-timeout-ms", type=int, default=DEFAULT_LOCK_TIMEOUT_MS,
           help="checkpoint lock wait for in-flight GPU work, ms")
-    _flag(p, "--refresh-interval", type=float, default=2.0, help="agent key refresh period, s")
-    _flag(p, "--agent-lease-ttl", type=int, default=10,
+    env_flag(p, "--refresh-interval", type=float, default=2.0, help="agent key refresh period, s")
+    env_flag(p, "--agent-lease-ttl", type=int, default=10,
           help="TTL of the lease that keeps this agent's liveness key, s")
-    _flag(p, "--sim-dir", default=None, help="simulated device directory (backend sim)")
-    _flag(p, "--sim-capacity-bytes", type=int, default=None, help="simulated device capacity")
-    _flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
-    _flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
-    _flag(p, "--log-level", default="info")
+    env_flag(p, "--sim-dir", default=None, help="simulated device directory (backend sim)")
+    env_flag(p, "--sim-capacity-bytes", type=int, default=None, help="simulated device capacity")
+    env_flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
+    env_flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
+    env_flag(p, "--log-level", default="info")
 
 
 def _opt(v, cast):

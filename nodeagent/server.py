@@ -11,7 +11,7 @@ import signal
 
 import grpc
 import structlog
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from nodeagent.agent import Agent
@@ -20,6 +20,7 @@ from nodeagent.operations import Operations
 from nodeagent.servicer import NodeAgentServicer
 from tscore.etcd import ops
 from tsproto import nodeagent_pb2_grpc as pbg
+from tscore.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
 SERVICE_NAME = "timeslice.v1.NodeAgent"
@@ -45,18 +46,6 @@ async def _etcd_ok(agent: Agent, timeout: float = 2.0) -> bool:
         return False
 
 
-async def _health_loop(agent: Agent, hs: health.aio.HealthServicer, period: float = 2.0) -> None:
-    # SERVING while the agent can reach etcd with a live lease: only then can
-    # it receive intents and report on them.
-    while True:
-        ok = await _etcd_ok(agent)
-        status = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
-        for name in ("", SERVICE_NAME):
-            await hs.set(name, status)
-        agent.metrics.etcd_connected.set(1 if ok else 0)
-        await asyncio.sleep(period)
-
-
 async def serve(cfg: AgentConfig, ready=None) -> None:
     agent = Agent(cfg)
     operations = Operations(agent)
@@ -66,7 +55,10 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     await server.start()
     if cfg.metrics_port >= 0:
         start_http_server(cfg.metrics_port, registry=agent.metrics.registry)
-    health_task = asyncio.create_task(_health_loop(agent, hs))
+    # SERVING while the agent can reach etcd with a live lease: only then can it
+    # receive intents and report on them.
+    health_task = asyncio.create_task(health_loop(
+        hs, SERVICE_NAME, lambda: _etcd_ok(agent), lambda ok: agent.metrics.etcd_connected.set(1 if ok else 0)))
     log.info("serving", node=cfg.node, port=port, metrics_port=cfg.metrics_port, backend=agent.backend.name,
              simulated=agent.backend.name == "sim")
     # Machine-readable line for launchers and tests that bind port 0.

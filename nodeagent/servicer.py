@@ -6,25 +6,13 @@ INVALID_ARGUMENT); ``_rpc`` maps them in one place.
 """
 from __future__ import annotations
 
-import functools
 
-import grpc
 
 from nodeagent.operations import Operation, Operations
-from tscore.errors import TimesliceError
 from tsproto import nodeagent_pb2 as pb
 from tsproto import nodeagent_pb2_grpc as pbg
 from tscore import records as R
-
-
-def _rpc(fn):
-    @functools.wraps(fn)
-    async def wrapper(self, request, context):
-        try:
-            return await fn(self, request, context)
-        except TimesliceError as e:
-            await context.abort(getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL), str(e))
-    return wrapper
+from tscore.serving import rpc
 
 
 def _op(o: Operation) -> pb.Operation:
@@ -36,19 +24,19 @@ class NodeAgentServicer(pbg.NodeAgentServicer):
     def __init__(self, agent, operations: Operations):
         self.agent, self.ops = agent, operations
 
-    @_rpc
+    @rpc
     async def Snapshot(self, req, context):
         return _op(await self.ops.submit(R.SNAPSHOT, req.job_id, list(req.pids)))
 
-    @_rpc
+    @rpc
     async def Restore(self, req, context):
         return _op(await self.ops.submit(R.RESTORE, req.job_id, list(req.pids)))
 
-    @_rpc
+    @rpc
     async def GetOperation(self, req, context):
         return _op(self.ops.get(req.operation_id))
 
-    @_rpc
+    @rpc
     async def Status(self, req, context):
         pictures = await self.agent.upkeep.pictures()
         value = await self.agent.upkeep.agent_value(pictures)

@@ -2,120 +2,39 @@
 
 Each replica is ``python -m lockd.cli serve`` on a free loopback port (it
 prints ``LOCKD_READY port=N``), logging JSON to its own file. Replicas can be
-stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and resumed.
+stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and resumed
+(see tscore/testing/server.py).
 """
 from __future__ import annotations
 
 import base64
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-from tscore.testing.procs import pid_alive, signal_tree, terminate, track, untrack
+from tscore.testing.procs import pid_alive, terminate
+from tscore.testing.server import ServerProcess
 
 
-class LockdProcess:
+class LockdProcess(ServerProcess):
+    READY_TAG = b"LOCKD_READY"
+    NAME = "lockd"
+
     def __init__(self, endpoints: str, prefix: str, replica_id: str, logdir: str, extra: list[str]):
         self.endpoints, self.prefix, self.replica_id = endpoints, prefix, replica_id
-        self.log_path = os.path.join(logdir, f"lockd-{replica_id}.log")
         self.extra = extra
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-        self._log_start = 0
+        super().__init__(os.path.join(logdir, f"lockd-{replica_id}.log"))
 
     @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+    def label(self) -> str:
+        return f"lockd {self.replica_id}"
 
-    def start(self, timeout: float = 30.0) -> "LockdProcess":
-        argv = [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
+    def argv(self) -> list[str]:
+        return [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
                 "--prefix", self.prefix, "--listen", "127.0.0.1:0", "--metrics-port", "-1",
                 "--replica-id", self.replica_id, *self.extra]
-        try:
-            self._log_start = os.path.getsize(self.log_path)   # a restart appends: read only its lines
-        except FileNotFoundError:
-            self._log_start = 0
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
-        track(self.proc)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lockd {self.replica_id} exited rc={self.proc.returncode}:\n{self.log_tail()}")
-            port = self._ready_port()
-            if port:
-                self.port = port
-                return self
-            time.sleep(0.05)
-        raise TimeoutError(f"lockd {self.replica_id} not ready in {timeout}s:\n{self.log_tail()}")
-
-    def _ready_port(self) -> int:
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(self._log_start)
-                for line in f:
-                    if line.startswith(b"LOCKD_READY "):
-                        fields = dict(kv.split(b"=", 1) for kv in line.split()[1:])
-                        return int(fields[b"port"])
-        except FileNotFoundError:
-            pass
-        return 0
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc else 0
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, grace: float = 10.0) -> None:
-        if self.proc is not None:
-            terminate([self.proc], grace)
-            untrack(self.proc.pid)
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            signal_tree(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-            untrack(self.proc.pid)
-
-    def pause(self) -> None:
-        signal_tree(self.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        signal_tree(self.pid, signal.SIGCONT)
-
-    def restart(self, timeout: float = 30.0) -> "LockdProcess":
-        if self.alive():
-            self.stop()
-        return self.start(timeout)
-
-    def log_tail(self, n: int = 60) -> str:
-        try:
-            with open(self.log_path, "rb") as f:
-                return b"".join(f.readlines()[-n:]).decode(errors="replace")
-        except FileNotFoundError:
-            return ""
-
-    def events(self, name: str) -> list[dict]:
-        """Structured log events named ``name`` (stable keys: group, job, token, epoch, ...)."""
-        out = []
-        with open(self.log_path, "rb") as f:
-            for line in f:
-                if line.startswith(b"{"):
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue
-                    if ev.get("event") == name:
-                        out.append(ev)
-        return out
 
 
 class LockdCluster:
