@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import json
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from timeslice.errors import TimesliceClientError
+from tscore.defaults import ENV_TARGET
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
 COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_up", "timeslice.cli_demo"]
@@ -58,10 +60,25 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def default_target() -> str | None:
+    """$TIMESLICE_TARGET, else the lockd replicas of a local cluster started by
+    ``timeslice up`` and still running (so ``timeslice status`` just works after
+    it), else None (the client's own default)."""
+    if os.environ.get(ENV_TARGET):
+        return None                       # the client reads it itself
+    try:
+        from timeslice.launcher.settings import load
+        from timeslice.launcher.state import find_running
+        found = find_running(load()[0].log_dir)
+    except Exception:                     # no launcher, no readable state: plain default
+        return None
+    return found[1].get("target") if found else None
+
+
 def admin_client(args: argparse.Namespace):
     """A client for admin/status calls (it opens no session, so needs no job id)."""
     from timeslice.client import OrchestratorClient
-    return OrchestratorClient(args.target, job_id=CLI_JOB_ID, timeout=args.timeout)
+    return OrchestratorClient(args.target or default_target(), job_id=CLI_JOB_ID, timeout=args.timeout)
 
 
 def to_jsonable(data: Any) -> Any:
