@@ -3,11 +3,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 
 from lockd import config as C
 from tscore import logs
 from tscore.errors import ConfigError
+
+
+def _run(coro) -> None:
+    # uvloop when installed and not disabled: the replica's CPU goes mostly to the
+    # event loop and gRPC's callbacks, which uvloop runs markedly cheaper.
+    if os.environ.get("TIMESLICE_UVLOOP", "1") != "0":
+        try:
+            import uvloop
+        except ImportError:
+            pass
+        else:
+            return uvloop.run(coro)
+    return asyncio.run(coro)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure("lockd", cfg.log_level)
     from lockd.server import serve
     try:
-        asyncio.run(serve(cfg))
+        _run(serve(cfg))
     except KeyboardInterrupt:
         pass
     return 0
