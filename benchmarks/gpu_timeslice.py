@@ -243,12 +243,13 @@ def main():
     p.add_argument("--scratch-gb", type=float, default=2.0)
     p.add_argument("--job-timeout", type=float, default=150)
     p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
+    p.add_argument("--no-standalone", action="store_true", help="skip the one-after-the-other baseline")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="gpu-ts-")
     sampler = NvmlSampler()
     sampler.start()
-    results = [run_standalone(a, sampler, workdir)]
+    results = [] if a.no_standalone else [run_standalone(a, sampler, workdir)]
     ideal = min(1.0, 2 * (a.gen_s + a.train_s) / (a.gen_s + a.reward_s + a.train_s))
     doc = {"command": "python -m benchmarks.gpu_timeslice " + " ".join(sys.argv[1:]),
            "date": datetime.date.today().isoformat(), "params": vars(a), "ideal_duty_cycle": ideal,
