@@ -19,7 +19,7 @@ from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import ElectionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
-from tscore.serving import env_flag
+from tscore.serving import add_etcd_flags, env_flag, etcd_config
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,7 @@ class LockdConfig:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    env_flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
-    env_flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
-    env_flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
-    env_flag(p, "--etcd-key", default=None, help="client key for etcd")
-    env_flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
-    env_flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    add_etcd_flags(p)
     env_flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
     env_flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
     env_flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
@@ -73,10 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:
-    etcd = EtcdConfig.parse(
-        a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
-        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
-        password=os.environ.get(D.ENV_ETCD_PASSWORD))
+    etcd = etcd_config(a)
     kw = {}
     if a.replica_id:
         kw["replica_id"] = a.replica_id

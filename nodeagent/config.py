@@ -11,7 +11,6 @@ with the same environment finds the same device.
 from __future__ import annotations
 
 import argparse
-import os
 import socket
 from dataclasses import dataclass, field
 
@@ -24,7 +23,7 @@ from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import SessionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
-from tscore.serving import env_flag
+from tscore.serving import add_etcd_flags, env_flag, etcd_config
 
 # Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")
@@ -103,12 +102,7 @@ class AgentConfig:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--node", D.ENV_NODE_NAME, default=None, help="this node's name (default: host name)")
-    env_flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
-    env_flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
-    env_flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
-    env_flag(p, "--etcd-key", default=None, help="client key for etcd")
-    env_flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
-    env_flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+    add_etcd_flags(p)
     env_flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
     env_flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
     env_flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
@@ -134,10 +128,7 @@ def _opt(v, cast):
 
 
 def from_args(a: argparse.Namespace) -> AgentConfig:
-    etcd = EtcdConfig.parse(
-        a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
-        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
-        password=os.environ.get(D.ENV_ETCD_PASSWORD))
+    etcd = etcd_config(a)
     try:
         return AgentConfig(
             node=a.node or socket.gethostname(), etcd=etcd, prefix=a.prefix, listen=a.listen,

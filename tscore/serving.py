@@ -4,7 +4,8 @@
   gRPC status its ``code`` names, with its message, in one place.
 - ``health_loop``: SERVING only while a probe (can we reach etcd?) passes, so
   load balancers and Kubernetes send traffic only to processes that can answer.
-- ``env_flag``: an argparse flag whose default comes from ``TIMESLICE_<FLAG>``.
+- ``env_flag``: an argparse flag whose default comes from ``TIMESLICE_<FLAG>``;
+  ``add_etcd_flags`` / ``etcd_config`` are the etcd connection flags every server takes.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from typing import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2
 
+from tscore import defaults as D
 from tscore.errors import TimesliceError
+from tscore.etcd.client import EtcdConfig
 
 
 def status_of(e: TimesliceError) -> grpc.StatusCode:
@@ -59,3 +62,21 @@ def env_flag(p: argparse.ArgumentParser, name: str, *fallback_env: str, **kw) ->
             break
     kw["help"] = (kw.get("help", "") + f" [env {' or '.join(envs)}]").strip()
     p.add_argument(name, **kw)
+
+
+def add_etcd_flags(p: argparse.ArgumentParser) -> None:
+    """--etcd-endpoints/-ca/-cert/-key/-timeout and --prefix (user and password come from
+    TIMESLICE_ETCD_USER / TIMESLICE_ETCD_PASSWORD only: never on a command line)."""
+    env_flag(p, "--etcd-endpoints", default=D.ETCD_ENDPOINTS, help="comma-separated etcd host:port")
+    env_flag(p, "--etcd-ca", default=None, help="CA bundle for etcd TLS")
+    env_flag(p, "--etcd-cert", default=None, help="client certificate for etcd")
+    env_flag(p, "--etcd-key", default=None, help="client key for etcd")
+    env_flag(p, "--etcd-timeout", type=float, default=5.0, help="deadline of each etcd call, s")
+    env_flag(p, "--prefix", default=D.KEY_PREFIX, help="key prefix in etcd")
+
+
+def etcd_config(a: argparse.Namespace) -> EtcdConfig:
+    return EtcdConfig.parse(
+        a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
+        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
+        password=os.environ.get(D.ENV_ETCD_PASSWORD))
