@@ -13,6 +13,7 @@ import time
 import structlog
 
 from lockd import plan as P
+from lockd.cleanup import plan_cleanup
 from lockd.index import StateIndex
 from lockd.metrics import Metrics
 from tscore import records as R
@@ -27,9 +28,9 @@ log = structlog.get_logger("lockd.scheduler")
 
 class Scheduler:
     def __init__(self, leadership: Leadership, keys: Keys, index: StateIndex, reflector: Reflector,
-                 policy: P.Policy, metrics: Metrics, tick: float = 1.0):
+                 policy: P.Policy, metrics: Metrics, tick: float = 1.0, cleanup_every: int = 10):
         self.lead, self.keys, self.index, self.reflector = leadership, keys, index, reflector
-        self.policy, self.metrics, self.tick = policy, metrics, tick
+        self.policy, self.metrics, self.tick, self.cleanup_every = policy, metrics, tick, cleanup_every
         self._dirty: set[str] = set()
         self._workers: dict[str, asyncio.Task] = {}
         self._head_seen: dict[str, tuple[int, float]] = {}   # group -> (token, first seen)
@@ -59,12 +60,17 @@ class Scheduler:
             self._workers[group] = asyncio.create_task(self._work(group), name=f"sched-{group}")
 
     async def run(self) -> None:
-        """Re-plan every group each tick (agent timeouts need the clock), until deposed."""
+        """Re-plan every group each tick (agent timeouts need the clock), until deposed;
+        every ``cleanup_every`` ticks, forget the intents and statuses of departed jobs."""
         self.mark_all()
+        ticks = 0
         try:
             while not self.deposed.is_set():
                 await asyncio.sleep(self.tick)
                 self.mark_all()
+                ticks += 1
+                if ticks % self.cleanup_every == 0:
+                    await self._cleanup()
         finally:
             for t in list(self._workers.values()):
                 t.cancel()
@@ -102,6 +108,20 @@ class Scheduler:
             if group in self._dirty and not self.deposed.is_set():
                 await asyncio.sleep(0.05)
                 self._mark(group)
+
+    async def _cleanup(self) -> None:
+        for f in plan_cleanup(self.index.groups, self.index.nodes, self.index.jobs):
+            try:
+                resp = await self.lead.txn([ops.mod_rev(f.key, "==", f.mod_revision)], [ops.delete(f.key)])
+            except NotLeader as e:
+                self.deposed_reason = str(e)
+                self.deposed.set()
+                return
+            except TimesliceError as e:
+                log.warning("cleanup_failed", key=f.key.decode(errors="replace"), error=str(e))
+                return
+            if resp.succeeded:
+                log.info("forgot", key=f.key.decode(errors="replace"), epoch=self.lead.epoch)
 
     def _note_head(self, group: str, gs) -> None:
         self.metrics.queue_depth.labels(group).set(len(gs.queue))

@@ -330,3 +330,26 @@ async def test_yield_on_the_leader_hands_over_in_one_transaction(lockd3, etcd):
     assert st.grant.job_id == "b" and st.grant.token == gb.token and not st.waiters
     await b.yield_("g", gb.token)
     await a.close(), await b.close(), await ch.close()
+
+
+async def test_leader_forgets_departed_jobs_intents_and_empty_statuses(lockd3, etcd):
+    from tscore.etcd import EtcdClient, EtcdConfig, ops
+    from tscore.keys import Keys
+
+    keys = Keys(lockd3.prefix)
+    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+    put = await c.txn([], [ops.put(keys.intent("n1", "ghost"), R.IntentValue(R.SNAPSHOT, "ghost", "g", 5, 1).dump())])
+    rev = put.header.revision
+    await c.txn([], [ops.put(keys.status("n1", "ghost"), R.StatusValue(
+        R.RUNNING, "ghost", op=R.SNAPSHOT, outcome=R.OK, intent_revision=rev).dump()),
+        ops.put(keys.status("n1", "parked"), R.StatusValue(R.SNAPSHOTTED, "parked", outcome=R.OK).dump())])
+    deadline = time.monotonic() + 40
+    while True:
+        left = {k: bool((await c.range(ops.range_req(k))).kvs)
+                for k in (keys.intent("n1", "ghost"), keys.status("n1", "ghost"))}
+        if not any(left.values()):
+            break
+        assert time.monotonic() < deadline, f"not forgotten: {left}"
+        await asyncio.sleep(0.5)
+    assert (await c.range(ops.range_req(keys.status("n1", "parked")))).kvs, "a parked context's record stays"
+    await c.close()
