@@ -102,7 +102,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     spec = R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec()
 
     actions: list[Action] = []
-    waiting = restored = elided = False
+    # pending: some node still needs a snapshot or restore (even if its intent is
+    # already written); the grant comes only when no node does.
+    waiting = pending = restored = elided = False
     moved = 0
     for node in spec.node_names():
         ns = nodes.get(node)
@@ -125,7 +127,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                 continue
             if job == head_job and intent.op == R.RESTORE and st.outcome == R.REFUSED:
                 # No room after all (the agent admits per GPU, with fresher figures):
-                # make room and retry once, below, before failing the job.
+                # make room or retry, below, before failing the job.
                 refused_restore = ikv
                 continue
             bad = st.outcome in (R.FAILED, R.REFUSED) or (
@@ -150,8 +152,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                                           now_ms, policy)
             if isinstance(step, FailWaiter):
                 return [step]
-            waiting |= step is None
             actions += step or []
+            pending = True
             continue
         agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
         need: int | None
@@ -168,12 +170,14 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             must_evict = policy.evict_unknown if need is None else (need > 0 and need > free)
             if must_evict:
                 actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
+                pending = True
                 continue
             elided = True
         if b_where == "snapshotted":
             actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            pending = True
     actions = [a for a in actions if a is not None]
-    if waiting or actions:
+    if waiting or pending:
         return actions
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 

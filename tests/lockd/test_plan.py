@@ -180,3 +180,11 @@ def test_free_memory_counts_registered_bytes_the_agent_has_not_seen_yet():
     assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
     acts = P.plan_group(group([("B", 9, 10 * GB)]), nodes, jobs, 0)
     assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=True, bytes_moved=0)]
+
+
+def test_never_grants_while_a_node_still_needs_a_move_even_if_its_intent_exists():
+    # A resident whose snapshot intent was answered "ok" but whose state still says running
+    # (an agent bug or a stale read): the planner must wait, not grant beside it.
+    ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=20)},
+                   statuses={"A": status("A", R.RUNNING, R.OK, intent_rev=20, token=9)})
+    assert P.plan_group(group([("B", 9, 10 * GB)]), {"n1": ns}, workers("A"), 0) == []
