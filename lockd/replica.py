@@ -70,6 +70,7 @@ class Replica:
         if sched is not None:
             sched.record_grant(group, g.job, g.token, g.restored, g.elided, g.bytes_moved, direct=True)
         else:
+            self.metrics.grants.inc()
             log.info("grant", group=group, job=g.job, token=g.token, epoch=g.leader_epoch, restored=g.restored,
                      elided=g.elided, bytes_moved=g.bytes_moved, direct=True, replica=self.config.replica_id)
 
