@@ -45,13 +45,11 @@ def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a:
     """A nested txn: put the next grant over the old one if every guard holds, else drop the old one."""
     gkey = keys.grant(group)
     val = R.GrantValue(a.job, a.token, lead.epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
-    drop = rpc.RequestOp(request_txn=rpc.TxnRequest(
-        compare=[ops.value_is(gkey, "==", old_grant)], success=[ops.delete(gkey)]))
     op = rpc.RequestOp(request_txn=rpc.TxnRequest(
         compare=[lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
                  ops.value_is(gkey, "==", old_grant)],
         success=[ops.put(gkey, val.dump(), a.lease)],   # the grant dies with the new holder's session
-        failure=[drop]))
+        failure=[drop_only(keys, group, old_grant)]))
     return op, val
 
 

@@ -62,9 +62,11 @@ class StateIndex:
         self.jobs: dict[str, JobState] = {}
         self.leader: dict[bytes, KV] = {}
         self.node_jobs: dict[str, set[str]] = {}      # node -> jobs with workers there
+        self.node_groups: dict[str, set[str]] = {}    # node -> groups whose spec lists it
 
     def rebuild(self, kvs: dict[bytes, KV]) -> None:
         self.groups, self.nodes, self.jobs, self.leader, self.node_jobs = {}, {}, {}, {}, {}
+        self.node_groups = {}
         for kv in sorted(kvs.values(), key=lambda kv: kv.create_revision):
             self._apply(kv.key, kv)
 
@@ -98,7 +100,13 @@ class StateIndex:
         gs = self.groups.setdefault(g, GroupState())
         sub = parts[2]
         if sub == "spec":
+            # Keep node -> groups current: agents refresh their keys every few seconds and
+            # each refresh asks which groups a node serves; parse a spec once, not per ask.
+            for nodes in self.node_groups.values():
+                nodes.discard(g)
             gs.spec = kv
+            for node in (GroupSpec.load(kv.value).node_names() if kv is not None else ()):
+                self.node_groups.setdefault(node, set()).add(g)
         elif sub == "grant":
             gs.grant = kv
         elif sub == "queue" and len(parts) == 4:
@@ -137,9 +145,12 @@ class StateIndex:
             del self.jobs[j]
         return ("job", j)
 
+    def leader_candidate(self) -> KV | None:
+        """The election key with the lowest create revision: the current leader's, as mirrored."""
+        return min(self.leader.values(), key=lambda kv: kv.create_revision, default=None)
+
     def groups_on_node(self, node: str) -> list[str]:
-        return [g for g, gs in self.groups.items()
-                if gs.spec is not None and node in GroupSpec.load(gs.spec.value).node_names()]
+        return sorted(self.node_groups.get(node, ()))
 
     def groups_of_job(self, job: str) -> list[str]:
         return [g for g, gs in self.groups.items() if job in gs.queue]

@@ -71,7 +71,8 @@ class Locks:
         queue = FifoQueue(self.client, self.keys.queue(group))
         attempt = secrets.token_hex(8)
         value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
-        entry = await queue.enqueue(job, value, lease)
+        # No head read: the leader decides the turn; we wait for our grant in the mirror.
+        entry = await queue.enqueue(job, value, lease, with_head=False)
         if entry.lease != lease:
             raise LockError(f"job {job!r} is queued on {group!r} under an older session")
         revision = entry.revision

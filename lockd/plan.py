@@ -67,14 +67,14 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
 
 
-def _status(ns: NodeState | None, job: str) -> tuple[R.StatusValue | None, int]:
+def _status(ns: NodeState | None, job: str) -> R.StatusValue | None:
     kv = ns.statuses.get(job) if ns else None
-    return (R.StatusValue.load(kv.value), 0) if kv else (None, 0)
+    return R.StatusValue.load(kv.value) if kv else None
 
 
 def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
     """Where a job's context is on a node: running | snapshotted | gone | absent."""
-    st, _ = _status(ns, job)
+    st = _status(ns, job)
     if not on_node:
         return "absent"
     if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING):
@@ -117,7 +117,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             intent = R.IntentValue.load(ikv.value)
             if intent.token != token:
                 continue
-            st, _ = _status(ns, job)
+            st = _status(ns, job)
             if st is None or st.intent_revision != ikv.mod_revision or not st.outcome:
                 if now_ms - intent.issued_ms > policy.swap_timeout_ms:
                     return [FailWaiter(head_job, token, lease, node=node, reason=(
@@ -159,7 +159,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         need: int | None
         if b_where == "snapshotted":
             # The restore needs its snapshot's size; the phase then needs its peak (the hint).
-            need = max(_status(ns, head_job)[0].device_bytes, hint)
+            need = max(_status(ns, head_job).device_bytes, hint)
         elif b_where == "running":
             have = agent.job_device_bytes.get(head_job, 0) if agent else 0
             need = max(0, hint - have)
@@ -202,10 +202,10 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
     waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
     if residents:
         return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
-    st, _ = _status(ns, head_job)
+    st = _status(ns, head_job)
     evicted_since = any(
-        R.IntentValue.load(kv.value).op == R.SNAPSHOT and R.IntentValue.load(kv.value).token == token
-        and kv.mod_revision > refused.mod_revision for kv in ns.intents.values())
+        kv.mod_revision > refused.mod_revision and (i := R.IntentValue.load(kv.value)).op == R.SNAPSHOT
+        and i.token == token for kv in ns.intents.values())
     retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision)
     if evicted_since:
         return [retry]

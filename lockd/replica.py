@@ -62,8 +62,8 @@ class Replica:
         leader's as this replica's mirror shows it (the guard fails if that is stale)."""
         if self.leader.leadership is not None:
             return self.leader.leadership
-        cands = sorted(self.index.leader.values(), key=lambda kv: kv.create_revision)
-        return Leadership(cands[0].key, cands[0].create_revision, None) if cands else None
+        head = self.index.leader_candidate()
+        return Leadership(head.key, head.create_revision, None) if head else None
 
     def _direct_grant(self, group: str, g) -> None:
         sched = self.leader.scheduler
@@ -108,8 +108,8 @@ class Replica:
     @property
     def epoch(self) -> int:
         """The current leader's epoch as this replica knows it (0: none known)."""
-        cands = sorted(self.index.leader.values(), key=lambda kv: kv.create_revision)
-        return cands[0].create_revision if cands else 0
+        head = self.index.leader_candidate()
+        return head.create_revision if head else 0
 
     async def stop(self) -> None:
         """Resign first (so the next leader starts at once), then stop everything."""

@@ -7,6 +7,7 @@ reader during a rolling upgrade.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,11 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@functools.cache
+def _field_names(cls) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
 class Record:
     def dump(self) -> bytes:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()
@@ -44,7 +50,7 @@ class Record:
     @classmethod
     def load(cls: type[T], raw: bytes | str) -> T:
         data: dict[str, Any] = json.loads(raw)
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = _field_names(cls)
         return cls(**{k: v for k, v in data.items() if k in names})
 
 

@@ -188,3 +188,23 @@ def test_never_grants_while_a_node_still_needs_a_move_even_if_its_intent_exists(
     ns = NodeState(agent=agent(free=1 * GB), intents={"A": intent("A", R.SNAPSHOT, 9, mod=20)},
                    statuses={"A": status("A", R.RUNNING, R.OK, intent_rev=20, token=9)})
     assert P.plan_group(group([("B", 9, 10 * GB)]), {"n1": ns}, workers("A"), 0) == []
+
+
+def test_index_knows_which_groups_serve_a_node_as_specs_come_and_go():
+    from lockd.index import StateIndex
+    from tscore.etcd.watch import DELETE, PUT, WatchEvent
+    from tscore.keys import Keys
+
+    keys = Keys("/t/")
+    idx = StateIndex(keys)
+
+    def ev(kind, key, value=b""):
+        return WatchEvent(kind, rpc.KeyValue(key=key, value=value, create_revision=1, mod_revision=1), None)
+
+    spec = lambda *ns: R.GroupSpec([{"node": n, "gpus": []} for n in ns]).dump()  # noqa: E731
+    idx.apply([ev(PUT, keys.spec("g1"), spec("n1", "n2")), ev(PUT, keys.spec("g2"), spec("n2"))])
+    assert idx.groups_on_node("n2") == ["g1", "g2"] and idx.groups_on_node("n1") == ["g1"]
+    idx.apply([ev(PUT, keys.spec("g1"), spec("n3"))])
+    assert idx.groups_on_node("n1") == [] and idx.groups_on_node("n3") == ["g1"]
+    idx.apply([ev(DELETE, keys.spec("g2"))])
+    assert idx.groups_on_node("n2") == []

@@ -9,6 +9,6 @@ from tscore.etcd.watch import DELETE, PUT, Watch, WatchEvent
 
 __all__ = [
     "DELETE", "PUT", "Election", "ElectionTiming", "Entry", "EtcdClient", "EtcdConfig",
-    "FifoLock", "FifoQueue", "LeaderInfo", "Leadership", "Session", "SessionTiming",
+    "FifoLock", "FifoQueue", "LeaderInfo", "Leadership", "Reflector", "Session", "SessionTiming",
     "Watch", "WatchEvent", "wait_deposed",
 ]

@@ -46,21 +46,24 @@ class FifoQueue:
     def key(self, name: str) -> bytes:
         return self.prefix + name.encode()
 
-    async def enqueue(self, name: str, value: bytes, lease: int) -> Entry:
+    async def enqueue(self, name: str, value: bytes, lease: int, with_head: bool = True) -> Entry:
         """Join the queue, or find our existing place: never enqueues twice.
 
         One transaction creates the key if absent and reads the head, so the
         uncontended path is a single round trip, and a retried call (after a
         lost reply) lands on the failure branch and returns the same entry.
+        ``with_head=False`` skips the head read (etcd sorts the whole queue to
+        answer it) for callers that learn their turn another way.
         """
         key = self.key(name)
+        head_op = [ops.first_in(self.prefix)] if with_head else []
         resp = await self.client.txn(
             [ops.create_rev(key, "==", 0)],
-            [ops.put(key, value, lease), ops.first_in(self.prefix)],
-            [ops.get(key), ops.first_in(self.prefix)],
+            [ops.put(key, value, lease), *head_op],
+            [ops.get(key), *head_op],
         )
         rev = resp.header.revision
-        head_kvs = resp.responses[1].response_range.kvs
+        head_kvs = resp.responses[1].response_range.kvs if with_head else ()
         head = head_kvs[0] if head_kvs else None
         if resp.succeeded:
             # Our put is the txn's revision, hence our create_revision.

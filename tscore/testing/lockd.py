@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from tscore.testing.procs import pid_alive, terminate
+from tscore.testing.procs import terminate
 from tscore.testing.server import ServerProcess
 
 
@@ -89,11 +89,3 @@ class LockdCluster:
     def dump_logs(self, n: int = 40) -> str:
         return "\n".join(f"--- {r.replica_id} ---\n{r.log_tail(n)}" for r in self.replicas)
 
-
-def wait_dead(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not pid_alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
