@@ -19,8 +19,10 @@ class Groups:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex):
         self.client, self.keys, self.index = client, keys, index
 
-    async def create(self, group: str, nodes: list[tuple[str, list[int]]]) -> R.GroupSpec:
+    async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "") -> R.GroupSpec:
         check_id("group", group)
+        if isolation not in R.ISOLATIONS:
+            raise InvalidIdError(f"isolation must be one of {sorted(R.ISOLATIONS)}, got {isolation[:32]!r}")
         if len(nodes) > MAX_NODES:
             raise InvalidIdError(f"a group has at most {MAX_NODES} nodes")
         seen = set()
@@ -31,14 +33,14 @@ class Groups:
             seen.add(node)
             if any(g < 0 for g in gpus):
                 raise InvalidIdError("gpu indices must be >= 0")
-        spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms())
+        spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation)
         key = self.keys.spec(group)
         # Create-if-absent; re-creating with the same nodes is a harmless retry.
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, spec.dump())], [ops.get(key)])
         if not resp.succeeded:
             old = R.GroupSpec.load(resp.responses[0].response_range.kvs[0].value)
-            if old.nodes != spec.nodes:
-                raise AlreadyExists(f"group {group!r} exists with other nodes: {old.node_names()}")
+            if old.nodes != spec.nodes or old.isolation != spec.isolation:
+                raise AlreadyExists(f"group {group!r} exists with other nodes or isolation: {old.node_names()}")
             return old
         return spec
 
@@ -58,7 +60,8 @@ class Groups:
         out = []
         for g, gs in sorted(self.index.groups.items()):
             if gs.spec is not None:
-                out.append(pb.Group(group_id=g, nodes=_nodes(R.GroupSpec.load(gs.spec.value))))
+                spec = R.GroupSpec.load(gs.spec.value)
+                out.append(pb.Group(group_id=g, nodes=_nodes(spec), isolation=spec.isolation))
         return out
 
     def status(self, group: str, epoch: int, revision: int) -> pb.GroupStatus:

@@ -70,7 +70,8 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     async def RegisterWorker(self, req, context):
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
-        await self.r.workers.register(req.job_id, lease, req.node, req.pid, req.device_bytes)
+        await self.r.workers.register(req.job_id, lease, req.node, req.pid, req.device_bytes, req.swap,
+                                      req.gpus, req.endpoint, req.tags, req.collective)
         return pb.WorkerReply()
 
     @rpc
@@ -81,8 +82,8 @@ class LockdServicer(pbg.LockdServicer):
 
     @rpc
     async def CreateGroup(self, req, context):
-        spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes])
-        return pb.Group(group_id=req.group_id,
+        spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation)
+        return pb.Group(group_id=req.group_id, isolation=spec.isolation,
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes])
 
     @rpc

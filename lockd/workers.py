@@ -16,6 +16,9 @@ from tscore.ids import check_id
 from tscore.keys import Keys
 
 MAX_PID = 2**22          # Linux pid_max upper bound
+MAX_GPUS = 64            # GPU indexes per worker
+MAX_TAGS = 32            # memory regions per cooperative worker
+MAX_ENDPOINT = 512       # characters of an inference server's base URL
 
 
 class Workers:
@@ -28,11 +31,37 @@ class Workers:
         if not 0 < pid <= MAX_PID:
             raise InvalidIdError(f"pid must be in 1..{MAX_PID}, got {pid}")
 
-    async def register(self, job: str, lease: int, node: str, pid: int, device_bytes: int) -> None:
+    @staticmethod
+    def _swap(swap: str, gpus, endpoint: str, tags) -> tuple[str, list[int], dict]:
+        """Validate how the agent is to move the worker; returns (swap, gpus, tags)."""
+        swap = swap or R.SWAP_CHECKPOINT
+        if swap not in R.SWAP_KINDS:
+            raise InvalidIdError(f"swap must be one of {sorted(R.SWAP_KINDS)}, got {swap[:32]!r}")
+        gpus = list(gpus)
+        if len(gpus) > MAX_GPUS or any(not 0 <= g < 1024 for g in gpus):
+            raise InvalidIdError(f"gpus: at most {MAX_GPUS} indexes in 0..1023")
+        if len(endpoint) > MAX_ENDPOINT:
+            raise InvalidIdError(f"endpoint longer than {MAX_ENDPOINT} characters")
+        if swap in (R.SWAP_VLLM, R.SWAP_SGLANG) and not endpoint.startswith(("http://", "https://")):
+            raise InvalidIdError(f"swap={swap} needs the server's http(s) base URL in endpoint")
+        if len(tags) > MAX_TAGS:
+            raise InvalidIdError(f"at most {MAX_TAGS} tags")
+        out = {}
+        for t in tags:
+            check_id("tag", t.tag)
+            if t.policy not in R.TAG_POLICIES:
+                raise InvalidIdError(f"tag {t.tag!r}: policy must be one of {sorted(R.TAG_POLICIES)}")
+            out[t.tag] = t.policy
+        return swap, sorted(set(gpus)), out
+
+    async def register(self, job: str, lease: int, node: str, pid: int, device_bytes: int,
+                       swap: str = "", gpus=(), endpoint: str = "", tags=(), collective: bool = False) -> None:
         self._check(node, pid)
         if device_bytes < 0:
             raise InvalidIdError("device_bytes must be >= 0")
-        val = R.WorkerValue(pid, node, device_bytes, R.now_ms())
+        swap, gpus, tagmap = self._swap(swap, gpus, endpoint, tags)
+        val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
+                            tags=tagmap, collective=collective)
         # Re-registering overwrites: a plain put is idempotent here.
         await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease)])
 

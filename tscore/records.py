@@ -33,6 +33,19 @@ PROCESS_GONE = "gone"          # nothing to do: the processes are gone (not an e
 SNAPSHOT = "snapshot"
 RESTORE = "restore"
 
+# How the agent moves a worker's memory (WorkerValue.swap; see lockd.proto WorkerRequest.swap).
+SWAP_CHECKPOINT = "checkpoint"
+SWAP_COOPERATIVE = "cooperative"
+SWAP_VLLM = "vllm"
+SWAP_SGLANG = "sglang"
+SWAP_KINDS = frozenset({SWAP_CHECKPOINT, SWAP_COOPERATIVE, SWAP_VLLM, SWAP_SGLANG})
+TAG_OFFLOAD = "offload"        # kept in host memory, restored bit-exact
+TAG_DISCARD = "discard"        # released on pause, recreated empty on resume
+TAG_POLICIES = frozenset({TAG_OFFLOAD, TAG_DISCARD})
+ISOLATION_NONE = ""            # a parked cooperative worker keeps its (small) CUDA context on the device
+ISOLATION_FULL = "full"        # after the cooperative pause, the CUDA checkpoint takes what is left
+ISOLATIONS = frozenset({ISOLATION_NONE, ISOLATION_FULL})
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -58,6 +71,7 @@ class Record:
 class GroupSpec(Record):
     nodes: list[dict] = field(default_factory=list)   # [{"node": str, "gpus": [int]}]
     created_ms: int = 0
+    isolation: str = ISOLATION_NONE
 
     def node_names(self) -> list[str]:
         return [n["node"] for n in self.nodes]
@@ -106,6 +120,11 @@ class WorkerValue(Record):
     node: str
     device_bytes: int = 0
     registered_ms: int = 0
+    swap: str = SWAP_CHECKPOINT
+    gpus: list[int] = field(default_factory=list)     # GPU indexes on the node; [] = unknown
+    endpoint: str = ""                                 # vllm/sglang base URL
+    tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)
+    collective: bool = False                           # CUDA IPC / NCCL p2p: never checkpoint
 
 
 @dataclass

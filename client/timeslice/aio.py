@@ -337,9 +337,10 @@ class AsyncOrchestratorClient(ClientCore):
 
     # == workers =====================================================================
     async def register_worker(self, pid: int | None = None, node: str | None = None,
-                              device_bytes: int = 0) -> Worker:
+                              device_bytes: int = 0, *, swap: str = "", gpus=(), endpoint: str = "",
+                              tags=None, collective: bool = False) -> Worker:
         await self._ensure_session()
-        req, w = self._worker_req(pid, node, device_bytes)
+        req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
         req.session_secret = self._secret()
         await self._invoke(Call.REGISTER_WORKER, lambda: req, deadline=self._deadline(self.config.timeout))
         log.info("worker_registered", job=self.job_id, node=w.node, pid=w.pid)

@@ -375,11 +375,19 @@ class OrchestratorClient(ClientCore):
         await asyncio.to_thread(self._scope_exit, group_id)
 
     # == workers =====================================================================
-    def register_worker(self, pid: int | None = None, node: str | None = None, device_bytes: int = 0) -> Worker:
+    def register_worker(self, pid: int | None = None, node: str | None = None, device_bytes: int = 0, *,
+                        swap: str = "", gpus=(), endpoint: str = "", tags=None,
+                        collective: bool = False) -> Worker:
         """Tell the node agents that process ``pid`` (default: this one) on ``node``
-        (default: $TIMESLICE_NODE_NAME, else the host name) holds this job's device memory."""
+        (default: $TIMESLICE_NODE_NAME, else the host name) holds this job's device memory.
+
+        ``swap`` says how the agent moves it: "checkpoint" (default, CUDA checkpoint of the
+        whole process), "cooperative" (the process pauses itself; see ``timeslice.cooperative``),
+        "vllm"/"sglang" (the server's HTTP API at ``endpoint``). ``gpus``: the node's GPU indexes
+        it uses. ``tags``: region -> "offload"|"discard". ``collective``: it uses CUDA IPC/NCCL p2p,
+        so its context must never be checkpointed."""
         self._ensure_session()
-        req, w = self._worker_req(pid, node, device_bytes)
+        req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
         self._invoke(Call.REGISTER_WORKER, lambda: _with_secret(req, self._secret()),
                      deadline=self._deadline(self.config.timeout))
         log.info("worker_registered", job=self.job_id, node=w.node, pid=w.pid)

@@ -178,10 +178,16 @@ class ClientCore:
         s = self._session
         return s.secret if s else ""
 
-    def _worker_req(self, pid: int | None, node: str | None, device_bytes: int) -> tuple[pb.WorkerRequest, Worker]:
+    def _worker_req(self, pid: int | None, node: str | None, device_bytes: int,
+                    swap: str = "", gpus=(), endpoint: str = "", tags=None,
+                    collective: bool = False) -> tuple[pb.WorkerRequest, Worker]:
+        """The RegisterWorker request. ``swap``/``gpus``/``endpoint``/``tags``/``collective``
+        say how the node agent is to move the worker (see lockd.proto WorkerRequest)."""
         w = Worker(valid_id("node", node) if node else node_name(), int(pid or os.getpid()), int(device_bytes))
         req = pb.WorkerRequest(job_id=self.job_id, session_secret=self._secret(), node=w.node, pid=w.pid,
-                               device_bytes=w.device_bytes)
+                               device_bytes=w.device_bytes, swap=swap, gpus=list(gpus), endpoint=endpoint,
+                               tags=[pb.TagPolicy(tag=t, policy=p) for t, p in (tags or {}).items()],
+                               collective=collective)
         return req, w
 
     @staticmethod

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13tsproto/lockd.proto\x12\x0ctimeslice.v1\"9\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x05\"a\n\x10OpenSessionReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x05\"4\n\nSessionRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\"#\n\x11\x43loseSessionReply\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"%\n\x0eKeepAliveReply\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x05\"e\n\x0e\x41\x63quireRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65vice_bytes_hint\x18\x04 \x01(\x03\"\x9f\x01\n\x0c\x41\x63quireReply\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x05 \x01(\x01\x12\x10\n\x08restored\x18\x06 \x01(\x08\x12\x0e\n\x06\x65lided\x18\x07 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x08 \x01(\x03\"W\n\x0cYieldRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x03\"9\n\nYieldReply\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x19\n\x11\x64\x65\x66\x65rred_snapshot\x18\x02 \x01(\x08\"h\n\rWorkerRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x14\n\x0c\x64\x65vice_bytes\x18\x05 \x01(\x03\"\r\n\x0bWorkerReply\"&\n\x08NodeSpec\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x03(\x05\"M\n\x12\x43reateGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\"@\n\x05Group\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\"5\n\x12\x44\x65leteGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"#\n\x10\x44\x65leteGroupReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x13\n\x11ListGroupsRequest\"6\n\x0fListGroupsReply\x12#\n\x06groups\x18\x01 \x03(\x0b\x32\x13.timeslice.v1.Group\"\x1c\n\x08GroupRef\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\'\n\x06Waiter\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\"\x8c\x01\n\x05Grant\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x03\x12\x10\n\x08restored\x18\x04 \x01(\x08\x12\x0e\n\x06\x65lided\x18\x05 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x06 \x01(\x03\x12\x17\n\x0fgranted_unix_ms\x18\x07 \x01(\x03\"j\n\x08JobState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x12\n\nelapsed_ms\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\x03\"\xb4\x01\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0b\x61gent_alive\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x15\n\rresident_jobs\x18\x04 \x03(\t\x12$\n\x04jobs\x18\x05 \x03(\x0b\x32\x16.timeslice.v1.JobState\x12\x19\n\x11\x64\x65vice_free_bytes\x18\x06 \x01(\x03\x12\x1a\n\x12\x64\x65vice_total_bytes\x18\x07 \x01(\x03\"\x8e\x02\n\x0bGroupStatus\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.timeslice.v1.Waiter\x12\"\n\x05grant\x18\x04 \x01(\x0b\x32\x13.timeslice.v1.Grant\x12%\n\x07waiters\x18\x05 \x03(\x0b\x32\x14.timeslice.v1.Waiter\x12-\n\x0bnode_status\x18\x06 \x03(\x0b\x32\x18.timeslice.v1.NodeStatus\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x03\x12\x10\n\x08revision\x18\x08 \x01(\x03\"\x11\n\x0fListJobsRequest\"L\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x0f\n\x07workers\x18\x04 \x01(\x05\"4\n\rListJobsReply\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.timeslice.v1.JobInfo2\xb7\x07\n\x05Lockd\x12O\n\x0bOpenSession\x12 .timeslice.v1.OpenSessionRequest\x1a\x1e.timeslice.v1.OpenSessionReply\x12I\n\x0c\x43loseSession\x12\x18.timeslice.v1.SessionRef\x1a\x1f.timeslice.v1.CloseSessionReply\x12\x43\n\tKeepAlive\x12\x18.timeslice.v1.SessionRef\x1a\x1c.timeslice.v1.KeepAliveReply\x12\x43\n\x07\x41\x63quire\x12\x1c.timeslice.v1.AcquireRequest\x1a\x1a.timeslice.v1.AcquireReply\x12=\n\x05Yield\x12\x1a.timeslice.v1.YieldRequest\x1a\x18.timeslice.v1.YieldReply\x12H\n\x0eRegisterWorker\x12\x1b.timeslice.v1.WorkerRequest\x1a\x19.timeslice.v1.WorkerReply\x12J\n\x10UnregisterWorker\x12\x1b.timeslice.v1.WorkerRequest\x1a\x19.timeslice.v1.WorkerReply\x12\x44\n\x0b\x43reateGroup\x12 .timeslice.v1.CreateGroupRequest\x1a\x13.timeslice.v1.Group\x12O\n\x0b\x44\x65leteGroup\x12 .timeslice.v1.DeleteGroupRequest\x1a\x1e.timeslice.v1.DeleteGroupReply\x12L\n\nListGroups\x12\x1f.timeslice.v1.ListGroupsRequest\x1a\x1d.timeslice.v1.ListGroupsReply\x12\x43\n\x0eGetGroupStatus\x12\x16.timeslice.v1.GroupRef\x1a\x19.timeslice.v1.GroupStatus\x12\x41\n\nWatchGroup\x12\x16.timeslice.v1.GroupRef\x1a\x19.timeslice.v1.GroupStatus0\x01\x12\x46\n\x08ListJobs\x12\x1d.timeslice.v1.ListJobsRequest\x1a\x1b.timeslice.v1.ListJobsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13tsproto/lockd.proto\x12\x0ctimeslice.v1\"9\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x13\n\x0bttl_seconds\x18\x02 \x01(\x05\"a\n\x10OpenSessionReply\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08lease_id\x18\x03 \x01(\x03\x12\x13\n\x0bttl_seconds\x18\x04 \x01(\x05\"4\n\nSessionRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\"#\n\x11\x43loseSessionReply\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\"%\n\x0eKeepAliveReply\x12\x13\n\x0bttl_seconds\x18\x01 \x01(\x05\"e\n\x0e\x41\x63quireRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65vice_bytes_hint\x18\x04 \x01(\x03\"\x9f\x01\n\x0c\x41\x63quireReply\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\r\n\x05token\x18\x03 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x03\x12\x11\n\twaited_ms\x18\x05 \x01(\x01\x12\x10\n\x08restored\x18\x06 \x01(\x08\x12\x0e\n\x06\x65lided\x18\x07 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x08 \x01(\x03\"W\n\x0cYieldRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x10\n\x08group_id\x18\x03 \x01(\t\x12\r\n\x05token\x18\x04 \x01(\x03\"9\n\nYieldReply\x12\x10\n\x08released\x18\x01 \x01(\x08\x12\x19\n\x11\x64\x65\x66\x65rred_snapshot\x18\x02 \x01(\x08\"\xd1\x01\n\rWorkerRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x16\n\x0esession_secret\x18\x02 \x01(\t\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x0b\n\x03pid\x18\x04 \x01(\x05\x12\x14\n\x0c\x64\x65vice_bytes\x18\x05 \x01(\x03\x12\x0c\n\x04swap\x18\x06 \x01(\t\x12\x0c\n\x04gpus\x18\x07 \x03(\x05\x12\x10\n\x08\x65ndpoint\x18\x08 \x01(\t\x12%\n\x04tags\x18\t \x03(\x0b\x32\x17.timeslice.v1.TagPolicy\x12\x12\n\ncollective\x18\n \x01(\x08\"(\n\tTagPolicy\x12\x0b\n\x03tag\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\"\r\n\x0bWorkerReply\"&\n\x08NodeSpec\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x0c\n\x04gpus\x18\x02 \x03(\x05\"`\n\x12\x43reateGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\x12\x11\n\tisolation\x18\x03 \x01(\t\"S\n\x05Group\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\x12\x11\n\tisolation\x18\x03 \x01(\t\"5\n\x12\x44\x65leteGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"#\n\x10\x44\x65leteGroupReply\x12\x0f\n\x07\x64\x65leted\x18\x01 \x01(\x08\"\x13\n\x11ListGroupsRequest\"6\n\x0fListGroupsReply\x12#\n\x06groups\x18\x01 \x03(\x0b\x32\x13.timeslice.v1.Group\"\x1c\n\x08GroupRef\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\'\n\x06Waiter\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\"\x8c\x01\n\x05Grant\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05token\x18\x02 \x01(\x03\x12\x14\n\x0cleader_epoch\x18\x03 \x01(\x03\x12\x10\n\x08restored\x18\x04 \x01(\x08\x12\x0e\n\x06\x65lided\x18\x05 \x01(\x08\x12\x13\n\x0b\x62ytes_moved\x18\x06 \x01(\x03\x12\x17\n\x0fgranted_unix_ms\x18\x07 \x01(\x03\"j\n\x08JobState\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x12\n\nelapsed_ms\x18\x04 \x01(\x01\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\r\n\x05token\x18\x06 \x01(\x03\"\xb4\x01\n\nNodeStatus\x12\x0c\n\x04node\x18\x01 \x01(\t\x12\x13\n\x0b\x61gent_alive\x18\x02 \x01(\x08\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x15\n\rresident_jobs\x18\x04 \x03(\t\x12$\n\x04jobs\x18\x05 \x03(\x0b\x32\x16.timeslice.v1.JobState\x12\x19\n\x11\x64\x65vice_free_bytes\x18\x06 \x01(\x03\x12\x1a\n\x12\x64\x65vice_total_bytes\x18\x07 \x01(\x03\"\x8e\x02\n\x0bGroupStatus\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12%\n\x05nodes\x18\x02 \x03(\x0b\x32\x16.timeslice.v1.NodeSpec\x12$\n\x06holder\x18\x03 \x01(\x0b\x32\x14.timeslice.v1.Waiter\x12\"\n\x05grant\x18\x04 \x01(\x0b\x32\x13.timeslice.v1.Grant\x12%\n\x07waiters\x18\x05 \x03(\x0b\x32\x14.timeslice.v1.Waiter\x12-\n\x0bnode_status\x18\x06 \x03(\x0b\x32\x18.timeslice.v1.NodeStatus\x12\x14\n\x0cleader_epoch\x18\x07 \x01(\x03\x12\x10\n\x08revision\x18\x08 \x01(\x03\"\x11\n\x0fListJobsRequest\"L\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x10\n\x08lease_id\x18\x02 \x01(\x03\x12\x0e\n\x06groups\x18\x03 \x03(\t\x12\x0f\n\x07workers\x18\x04 \x01(\x05\"4\n\rListJobsReply\x12#\n\x04jobs\x18\x01 \x03(\x0b\x32\x15.timeslice.v1.JobInfo2\xb7\x07\n\x05Lockd\x12O\n\x0bOpenSession\x12 .timeslice.v1.OpenSessionRequest\x1a\x1e.timeslice.v1.OpenSessionReply\x12I\n\x0c\x43loseSession\x12\x18.timeslice.v1.SessionRef\x1a\x1f.timeslice.v1.CloseSessionReply\x12\x43\n\tKeepAlive\x12\x18.timeslice.v1.SessionRef\x1a\x1c.timeslice.v1.KeepAliveReply\x12\x43\n\x07\x41\x63quire\x12\x1c.timeslice.v1.AcquireRequest\x1a\x1a.timeslice.v1.AcquireReply\x12=\n\x05Yield\x12\x1a.timeslice.v1.YieldRequest\x1a\x18.timeslice.v1.YieldReply\x12H\n\x0eRegisterWorker\x12\x1b.timeslice.v1.WorkerRequest\x1a\x19.timeslice.v1.WorkerReply\x12J\n\x10UnregisterWorker\x12\x1b.timeslice.v1.WorkerRequest\x1a\x19.timeslice.v1.WorkerReply\x12\x44\n\x0b\x43reateGroup\x12 .timeslice.v1.CreateGroupRequest\x1a\x13.timeslice.v1.Group\x12O\n\x0b\x44\x65leteGroup\x12 .timeslice.v1.DeleteGroupRequest\x1a\x1e.timeslice.v1.DeleteGroupReply\x12L\n\nListGroups\x12\x1f.timeslice.v1.ListGroupsRequest\x1a\x1d.timeslice.v1.ListGroupsReply\x12\x43\n\x0eGetGroupStatus\x12\x16.timeslice.v1.GroupRef\x1a\x19.timeslice.v1.GroupStatus\x12\x41\n\nWatchGroup\x12\x16.timeslice.v1.GroupRef\x1a\x19.timeslice.v1.GroupStatus0\x01\x12\x46\n\x08ListJobs\x12\x1d.timeslice.v1.ListJobsRequest\x1a\x1b.timeslice.v1.ListJobsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -49,42 +49,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_YIELDREQUEST']._serialized_end=677
   _globals['_YIELDREPLY']._serialized_start=679
   _globals['_YIELDREPLY']._serialized_end=736
-  _globals['_WORKERREQUEST']._serialized_start=738
-  _globals['_WORKERREQUEST']._serialized_end=842
-  _globals['_WORKERREPLY']._serialized_start=844
-  _globals['_WORKERREPLY']._serialized_end=857
-  _globals['_NODESPEC']._serialized_start=859
-  _globals['_NODESPEC']._serialized_end=897
-  _globals['_CREATEGROUPREQUEST']._serialized_start=899
-  _globals['_CREATEGROUPREQUEST']._serialized_end=976
-  _globals['_GROUP']._serialized_start=978
-  _globals['_GROUP']._serialized_end=1042
-  _globals['_DELETEGROUPREQUEST']._serialized_start=1044
-  _globals['_DELETEGROUPREQUEST']._serialized_end=1097
-  _globals['_DELETEGROUPREPLY']._serialized_start=1099
-  _globals['_DELETEGROUPREPLY']._serialized_end=1134
-  _globals['_LISTGROUPSREQUEST']._serialized_start=1136
-  _globals['_LISTGROUPSREQUEST']._serialized_end=1155
-  _globals['_LISTGROUPSREPLY']._serialized_start=1157
-  _globals['_LISTGROUPSREPLY']._serialized_end=1211
-  _globals['_GROUPREF']._serialized_start=1213
-  _globals['_GROUPREF']._serialized_end=1241
-  _globals['_WAITER']._serialized_start=1243
-  _globals['_WAITER']._serialized_end=1282
-  _globals['_GRANT']._serialized_start=1285
-  _globals['_GRANT']._serialized_end=1425
-  _globals['_JOBSTATE']._serialized_start=1427
-  _globals['_JOBSTATE']._serialized_end=1533
-  _globals['_NODESTATUS']._serialized_start=1536
-  _globals['_NODESTATUS']._serialized_end=1716
-  _globals['_GROUPSTATUS']._serialized_start=1719
-  _globals['_GROUPSTATUS']._serialized_end=1989
-  _globals['_LISTJOBSREQUEST']._serialized_start=1991
-  _globals['_LISTJOBSREQUEST']._serialized_end=2008
-  _globals['_JOBINFO']._serialized_start=2010
-  _globals['_JOBINFO']._serialized_end=2086
-  _globals['_LISTJOBSREPLY']._serialized_start=2088
-  _globals['_LISTJOBSREPLY']._serialized_end=2140
-  _globals['_LOCKD']._serialized_start=2143
-  _globals['_LOCKD']._serialized_end=3094
+  _globals['_WORKERREQUEST']._serialized_start=739
+  _globals['_WORKERREQUEST']._serialized_end=948
+  _globals['_TAGPOLICY']._serialized_start=950
+  _globals['_TAGPOLICY']._serialized_end=990
+  _globals['_WORKERREPLY']._serialized_start=992
+  _globals['_WORKERREPLY']._serialized_end=1005
+  _globals['_NODESPEC']._serialized_start=1007
+  _globals['_NODESPEC']._serialized_end=1045
+  _globals['_CREATEGROUPREQUEST']._serialized_start=1047
+  _globals['_CREATEGROUPREQUEST']._serialized_end=1143
+  _globals['_GROUP']._serialized_start=1145
+  _globals['_GROUP']._serialized_end=1228
+  _globals['_DELETEGROUPREQUEST']._serialized_start=1230
+  _globals['_DELETEGROUPREQUEST']._serialized_end=1283
+  _globals['_DELETEGROUPREPLY']._serialized_start=1285
+  _globals['_DELETEGROUPREPLY']._serialized_end=1320
+  _globals['_LISTGROUPSREQUEST']._serialized_start=1322
+  _globals['_LISTGROUPSREQUEST']._serialized_end=1341
+  _globals['_LISTGROUPSREPLY']._serialized_start=1343
+  _globals['_LISTGROUPSREPLY']._serialized_end=1397
+  _globals['_GROUPREF']._serialized_start=1399
+  _globals['_GROUPREF']._serialized_end=1427
+  _globals['_WAITER']._serialized_start=1429
+  _globals['_WAITER']._serialized_end=1468
+  _globals['_GRANT']._serialized_start=1471
+  _globals['_GRANT']._serialized_end=1611
+  _globals['_JOBSTATE']._serialized_start=1613
+  _globals['_JOBSTATE']._serialized_end=1719
+  _globals['_NODESTATUS']._serialized_start=1722
+  _globals['_NODESTATUS']._serialized_end=1902
+  _globals['_GROUPSTATUS']._serialized_start=1905
+  _globals['_GROUPSTATUS']._serialized_end=2175
+  _globals['_LISTJOBSREQUEST']._serialized_start=2177
+  _globals['_LISTJOBSREQUEST']._serialized_end=2194
+  _globals['_JOBINFO']._serialized_start=2196
+  _globals['_JOBINFO']._serialized_end=2272
+  _globals['_LISTJOBSREPLY']._serialized_start=2274
+  _globals['_LISTJOBSREPLY']._serialized_end=2326
+  _globals['_LOCKD']._serialized_start=2329
+  _globals['_LOCKD']._serialized_end=3280
 # @@protoc_insertion_point(module_scope)

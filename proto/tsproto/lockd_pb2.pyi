@@ -99,18 +99,36 @@ class YieldReply(_message.Message):
     def __init__(self, released: _Optional[bool] = ..., deferred_snapshot: _Optional[bool] = ...) -> None: ...
 
 class WorkerRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "node", "pid", "device_bytes")
+    __slots__ = ("job_id", "session_secret", "node", "pid", "device_bytes", "swap", "gpus", "endpoint", "tags", "collective")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SWAP_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    TAGS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     node: str
     pid: int
     device_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., device_bytes: _Optional[int] = ...) -> None: ...
+    swap: str
+    gpus: _containers.RepeatedScalarFieldContainer[int]
+    endpoint: str
+    tags: _containers.RepeatedCompositeFieldContainer[TagPolicy]
+    collective: bool
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., node: _Optional[str] = ..., pid: _Optional[int] = ..., device_bytes: _Optional[int] = ..., swap: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ..., endpoint: _Optional[str] = ..., tags: _Optional[_Iterable[_Union[TagPolicy, _Mapping]]] = ..., collective: _Optional[bool] = ...) -> None: ...
+
+class TagPolicy(_message.Message):
+    __slots__ = ("tag", "policy")
+    TAG_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    tag: str
+    policy: str
+    def __init__(self, tag: _Optional[str] = ..., policy: _Optional[str] = ...) -> None: ...
 
 class WorkerReply(_message.Message):
     __slots__ = ()
@@ -125,20 +143,24 @@ class NodeSpec(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
-    __slots__ = ("group_id", "nodes")
+    __slots__ = ("group_id", "nodes", "isolation")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ...) -> None: ...
+    isolation: str
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ...) -> None: ...
 
 class Group(_message.Message):
-    __slots__ = ("group_id", "nodes")
+    __slots__ = ("group_id", "nodes", "isolation")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ...) -> None: ...
+    isolation: str
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("group_id", "force")
