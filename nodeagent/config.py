@@ -60,6 +60,9 @@ class AgentConfig:
     sim_checkpoint_gbps: float | None = None
     sim_restore_gbps: float | None = None
     log_level: str = "info"
+    channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
+    swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
+    freeze_parked: bool = True                # lock a paused cooperative worker so stray GPU calls block
 
     def __post_init__(self) -> None:
         check_id("node", self.node)
@@ -78,6 +81,8 @@ class AgentConfig:
             raise ConfigError("--lock-timeout-ms must be > 0: an unbounded lock can wedge the agent")
         if not 0 < self.refresh_interval < self.session.ttl:
             raise ConfigError(f"--refresh-interval must be in (0, session ttl {self.session.ttl}s)")
+        if not 0 < self.swap_deadline_s <= 3600:
+            raise ConfigError("--swap-deadline-s must be in (0, 3600]")
         if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
             raise ConfigError("--sim-capacity-bytes must be > 0")
         for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
@@ -121,6 +126,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
     env_flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
     env_flag(p, "--log-level", default="info")
+    env_flag(p, "--channel-socket", "TIMESLICE_AGENT_SOCKET", default="",
+          help="Unix socket for cooperative workers (default: /run/timeslice/agent-<node>.sock as root, "
+               "else a per-user temp dir)")
+    env_flag(p, "--swap-deadline-s", type=float, default=120.0,
+          help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--no-freeze", action="store_true", default=False,
+          help="do not lock paused cooperative workers (a stray GPU call then faults instead of blocking)")
 
 
 def _opt(v, cast):
@@ -138,6 +150,8 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,
             sim_capacity_bytes=_opt(a.sim_capacity_bytes, int),
             sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
-            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level)
+            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level,
+            channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
+            freeze_parked=not a.no_freeze)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e
