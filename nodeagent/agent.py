@@ -69,7 +69,8 @@ class Agent:
         except OSError as e:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
-        self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize)
+        self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
+                                     self._worker_left)
         self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
@@ -162,6 +163,28 @@ class Agent:
         if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):
             return f"wrong session secret for job {job!r}"
         return None
+
+    async def _worker_left(self, info) -> None:
+        """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
+
+        The freeze only turns a stray device call into a wait; a process on its
+        way out must not wait on it (its exit may touch the device). Its paused
+        memory stays paused, and a later restore resumes it if it comes back.
+        """
+        if not info.paused:
+            return
+        base = self.backend.base
+
+        def unfreeze() -> None:
+            from nodeagent.backends.base import ProcState
+            if base.get_state(info.pid) is ProcState.LOCKED:
+                base.unlock(info.pid)
+                log.info("cooperative_unfrozen", pid=info.pid, job=info.job, reason="channel closed")
+        try:
+            async with self.runner.lock(info.job):
+                await asyncio.to_thread(unfreeze)
+        except Exception as e:  # noqa: BLE001 - gone already, most likely
+            log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
 
     def _swapper(self, pid: int) -> Swapper | None:
         """The swapper of ``pid`` if its registration asks for one (None: the checkpoint backend)."""

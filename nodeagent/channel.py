@@ -129,8 +129,10 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
 class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
-    def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize):
+    def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
+        self.on_disconnect = on_disconnect
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self._server: asyncio.AbstractServer | None = None
@@ -227,6 +229,8 @@ class ChannelServer:
             conn.fail_all("the worker closed its channel")
             conn.close()
         log.info("channel_worker_disconnected", pid=pid, job=job, reason=why, paused=info.paused)
+        if self.on_disconnect is not None and not info.connected:
+            await self.on_disconnect(info)
 
     @staticmethod
     async def _refuse(writer: asyncio.StreamWriter, code: str, message: str) -> None:

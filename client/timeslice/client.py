@@ -518,6 +518,10 @@ class OrchestratorClient(ClientCore):
                 return
             self._closing = True          # a deliberate close is not a session loss
         self._ka_stop.set()
+        with self._mu:
+            workers, self._cooperative = self._cooperative, []
+        for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
+            w.close()
         s = self._session
         if s is not None and self._lost is None:
             self._close_session(s, timeout)
@@ -526,9 +530,6 @@ class OrchestratorClient(ClientCore):
             self._held.clear()
             channels = list(self._channels.values())
             self._dangling.clear()
-            workers, self._cooperative = self._cooperative, []
-        for w in workers:
-            w.close()
         for ch in channels:
             ch.close()
         t = self._ka_thread
