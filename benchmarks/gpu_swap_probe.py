@@ -109,7 +109,7 @@ def main() -> int:
         comp.prepare("snapshot", [pid])
         n_out = comp.checkpoint(pid)
         t1 = time.monotonic()
-        state_parked = str(comp.get_state(pid))
+        state_parked = f"{comp.get_state(pid)}/{base.get_state(pid)}"
         n_in = comp.restore(pid)
         t2 = time.monotonic()
         comp.finish([pid])
@@ -120,14 +120,16 @@ def main() -> int:
     # A stray call while parked and frozen: it must wait, then see its weights intact.
     comp.prepare("snapshot", [pid])
     comp.checkpoint(pid)
+    frozen = str(base.get_state(pid))
     child.stdin.write("stray\n")
     child.stdin.flush()
     time.sleep(3.0)
+    print(json.dumps({"stray_sent": True, "base_state": frozen, "child_alive": child.poll() is None}), flush=True)
     t0 = time.monotonic()
     comp.restore(pid)
     comp.finish([pid])
     stray = read()
-    res["stray"] = {**stray, "restore_s": time.monotonic() - t0, "blocked_at_least_3s": stray["stray_blocked_s"] >= 3.0}
+    res["stray"] = {**stray, "base_state_while_parked": frozen, "restore_s": time.monotonic() - t0, "blocked_at_least_3s": stray["stray_blocked_s"] >= 3.0}
     # Full isolation: pause, then the CUDA checkpoint takes the rest (context, kv scratch, cache).
     comp.prepare("snapshot", [pid], isolation="full")
     t0 = time.monotonic()

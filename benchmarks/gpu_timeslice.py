@@ -180,6 +180,10 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
             if regime.startswith("nofit"):
                 # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
                 keep = peak + 2 * GB
+                if "coop" in regime:
+                    # A parked cooperative job keeps its CUDA context and allocator remnants on the
+                    # device (measured ~1.2 GB with PyTorch on an H200); full isolation would move them.
+                    keep += a.coop_residual_gb * GB
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
                 ballast = subprocess.Popen([sys.executable, "-c", (
                     "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
@@ -264,6 +268,8 @@ def main():
     p.add_argument("--job-timeout", type=float, default=150)
     p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
     p.add_argument("--no-standalone", action="store_true", help="skip the one-after-the-other baseline")
+    p.add_argument("--coop-residual-gb", type=float, default=1.5,
+                   help="extra room left in the nofit-coop regime for the parked job's context")
     p.add_argument("--repeat", type=int, default=1, help="run the regimes this many times back to back")
     p.add_argument("--name", default="gpu_timeslice", help="file name stem of the results")
     a = p.parse_args()
