@@ -15,11 +15,15 @@ Around a cooperative pause the checkpoint backend still has a role:
 
 * ``isolation="full"`` (group policy): after the pause the CUDA checkpoint
   takes what is left (context, stray allocations); restore runs it backwards;
-* ``freeze`` (default on where the checkpoint backend can lock the process):
-  after the pause the process is locked (the driver's lock, ~0.5 ms), so a
-  stray device call outside a hold *blocks* until the next grant instead of
-  faulting on a released page (torch-memory-saver: sticky error 700, the
-  process is lost). It is unlocked before the worker is asked to resume.
+* ``freeze`` (off by default; agent flag ``--freeze-parked``): after the pause
+  the process is locked (the driver's lock, ~0.5 ms), so a stray device call
+  outside a hold *waits* instead of touching a released page. Measured on an
+  H200 (benchmarks/gpu_swap_probe.py): the stray call did wait while parked,
+  but the lock must be lifted before the worker can resume (resuming is CUDA
+  work too), and the waiting call then ran first and faulted (illegal address,
+  the process lost). So the freeze only moves the fault from the stray call to
+  the next grant, where it is harder to diagnose: the rule stays "touch the
+  device only while holding", and the freeze is an opt-in for debugging.
 
 ``prepare`` tells the backend, per op, the group's isolation and how many
 device bytes the incoming job needs; when that is less than everything the
@@ -79,7 +83,7 @@ def choose_tags(regions: dict[int, tuple[dict[str, str], dict[str, int]]], need_
 
 class CompositeBackend(Backend):
     def __init__(self, base: Backend, resolve: Callable[[int], Swapper | None],
-                 deadline_s: float = DEFAULT_SWAP_DEADLINE_S, freeze: bool = True,
+                 deadline_s: float = DEFAULT_SWAP_DEADLINE_S, freeze: bool = False,
                  lock_timeout_ms: int = 10_000):
         self.base, self.resolve, self.deadline_s, self.freeze = base, resolve, deadline_s, freeze
         self.lock_timeout_ms = lock_timeout_ms
