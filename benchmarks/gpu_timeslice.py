@@ -179,6 +179,7 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
             admin.create_group("gpu", nodes=[NODE])
             if regime.startswith("nofit"):
                 # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
+                _settle(sampler)
                 keep = peak + 2 * GB
                 if "coop" in regime:
                     # A parked cooperative job keeps its CUDA context and allocator remnants on the
@@ -216,9 +217,21 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
         finally:
             if ballast:
                 ballast.kill()
+                ballast.wait()      # its memory must be back before the next regime sizes its ballast
             agent.stop()
             lockd.stop()
             _keep_logs(logdir, tag)
+
+
+def _settle(sampler, tries: int = 50) -> None:
+    """Wait until the GPU's free memory stops rising (a previous regime's processes are gone)."""
+    last = -1
+    for _ in range(tries):
+        free = sampler.free_bytes()
+        if free <= last + (64 << 20):
+            return
+        last = free
+        time.sleep(0.2)
 
 
 def _keep_logs(logdir: str, tag: str) -> None:
