@@ -161,8 +161,8 @@ def agent_ops(agent: AgentProcess):
     return out
 
 
-def run_sliced(a, sampler, workdir, regime, release_cache):
-    tag = regime.replace(" ", "-")
+def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
+    tag = regime.replace(" ", "-") + (f"-{rep}" if rep else "")
     logdir = os.path.join(workdir, tag)
     os.makedirs(logdir, exist_ok=True)
     ballast = None
@@ -184,7 +184,7 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
                 if "coop" in regime:
                     # A parked cooperative job keeps its CUDA context and allocator remnants on the
                     # device (measured ~1.2 GB with PyTorch on an H200); full isolation would move them.
-                    keep += a.coop_residual_gb * GB
+                    keep += int(a.coop_residual_gb * GB)
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
                 ballast = subprocess.Popen([sys.executable, "-c", (
                     "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
@@ -301,9 +301,9 @@ def main():
             json.dump(doc, f, indent=1)
 
     save()
-    for regime in [r for _ in range(a.repeat) for r in a.regimes.split(",")]:
+    for rep, regime in [(i, r) for i in range(a.repeat) for r in a.regimes.split(",")]:
         try:
-            results.append(run_sliced(a, sampler, workdir, regime, release_cache=0 if "nocache" in regime else 1))
+            results.append(run_sliced(a, sampler, workdir, regime, 0 if "nocache" in regime else 1, rep))
         except Exception as e:   # keep the other regimes' figures; the failure is a result too
             results.append({"label": f"time-sliced, {regime}", "violations": [f"run failed: {e!r}"],
                             "timeline": [], "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0,
