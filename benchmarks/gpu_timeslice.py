@@ -190,7 +190,8 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
                     "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
                     "torch.cuda.synchronize(); print('ballast',flush=True); time.sleep(3600)"), str(ballast_bytes)],
                     stdout=subprocess.PIPE)
-                ballast.stdout.readline()
+                if not ballast.stdout.readline():
+                    raise RuntimeError("the ballast process failed: the regime would not be a no-fit one")
             out = os.path.join(logdir, "jobs.jsonl")
             env = {**os.environ, "TIMESLICE_NODE_NAME": NODE, "TIMESLICE_AGENT_SOCKET": agent.socket}
             swap = "cooperative" if "coop" in regime else "checkpoint"
