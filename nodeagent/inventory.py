@@ -36,9 +36,10 @@ class Inventory:
         dev = getattr(self.backend, "dev", None)
         if self.backend.name != "sim" or dev is None:
             return None
-        capacity = dev.ledger.snapshot()[0]
-        from nodeagent.sim.device import DEVICE_ID
-        return [{"index": 0, "uuid": DEVICE_ID, "total_bytes": capacity, "free_bytes": dev.free()}]
+        capacity = dev.ledger.layout()[0]
+        from nodeagent.sim.device import device_id
+        return [{"index": g, "uuid": device_id(g), "total_bytes": capacity, "free_bytes": free}
+                for g, free in enumerate(dev.free_per_gpu())]
 
     def _nvml_gpus(self) -> list[dict] | None:
         if not self._nvml_tried:
