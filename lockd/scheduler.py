@@ -85,7 +85,7 @@ class Scheduler:
                     continue
                 self._note_head(group, gs)
                 actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy,
-                                       self.index.node_jobs)
+                                       self.index.node_jobs, self.index.specs_held_by)
                 revs = []
                 for action in actions:
                     rev = await self._apply(group, action)

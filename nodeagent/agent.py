@@ -216,7 +216,8 @@ class Agent:
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
         d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0)
         if d.kind != I.RUN:
-            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, token=d.fence,
+            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, gpu_bytes=pic.gpu_bytes,
+                          token=d.fence,
                           error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
             if await self._answer(intent, st):
                 self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()

@@ -91,7 +91,8 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
-           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0) -> R.StatusValue:
+           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0,
+           gpu_bytes: dict[str, int] | None = None) -> R.StatusValue:
     """The status answering ``intent`` (outcome "" = still in progress).
 
     ``token`` is the intent's, except in a stale-token refusal: there it is the
@@ -103,12 +104,12 @@ def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, de
         state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
         intent_revision=intent.revision, token=token or intent.token, bytes=bytes_moved,
         device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
-        pids=sorted(pids), updated_ms=R.now_ms())
+        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}))
 
 
 def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
     return status(intent, IN_PROGRESS[intent.op], "", device_bytes=picture.device_bytes,
-                  pids=picture.live_pids)
+                  pids=picture.live_pids, gpu_bytes=picture.gpu_bytes)
 
 
 def outcome_of(result: JobResult) -> str:
@@ -135,7 +136,7 @@ def final(intent: Intent, result: JobResult, after: Picture, elapsed_ms: float,
                   f"{rollback.error}")
     return status(intent, after.state, outcome_of(result), bytes_moved=moved_bytes(result, rollback),
                   device_bytes=after.device_bytes, elapsed_ms=elapsed_ms, error=error,
-                  pids=after.live_pids)
+                  pids=after.live_pids, gpu_bytes=after.gpu_bytes)
 
 
 def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
@@ -149,7 +150,8 @@ def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
     # A running job's size moves with its allocator; the leader reads it from the
     # agent key. Only a snapshot's size, which a restore needs, is kept exact here.
     if old.state == after.state and sorted(old.pids) == after.live_pids and \
-            (after.state != R.SNAPSHOTTED or old.device_bytes == after.device_bytes):
+            (after.state != R.SNAPSHOTTED or (old.device_bytes, old.gpu_bytes) == (after.device_bytes,
+                                                                                  after.gpu_bytes)):
         return None
     return R.StatusValue(**{**old.__dict__, "state": after.state, "device_bytes": after.device_bytes,
-                            "pids": after.live_pids, "updated_ms": R.now_ms()})
+                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes})
