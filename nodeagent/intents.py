@@ -12,7 +12,9 @@ Per intent, in this order:
   2. no live process of the job on this node → gone (not an error);
   3. already in the target state (snapshotted for a snapshot, running for a
      restore) → ok, nothing redone;
-  4. otherwise run the backend op.
+  4. a snapshot the job's backend may not take (``checkpoint_refusal``: a
+     collective worker swapped by the driver checkpoint) → refused, nothing touched;
+  5. otherwise run the backend op.
 """
 from __future__ import annotations
 
@@ -78,7 +80,32 @@ class Decision:
     fence: int = 0                     # a stale-token refusal: the token that fences it out
 
 
-def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0) -> Decision:
+# NCCL settings under which a collective job's contexts survive a driver checkpoint (README).
+NCCL_CHECKPOINT_SAFE = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0"
+
+
+def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
+    """Why the driver checkpoint must not touch this job ("" if it may).
+
+    A worker registered ``collective=True`` uses CUDA IPC / NCCL peer-to-peer. Measured on
+    2×H200 (driver 580): the checkpoint of such processes succeeds, the restore fails (801,
+    or 1 with NCCL_CUMEM_ENABLE=0) and the job is lost. So unless it is swapped cooperatively
+    (``swap`` cooperative / vllm / sglang: the communicator stays alive), it is refused before
+    anything is touched.
+    """
+    bad = sorted(w.pid for w in workers if w.collective and (w.swap or R.SWAP_CHECKPOINT) == R.SWAP_CHECKPOINT)
+    if not bad:
+        return ""
+    shown = ", ".join(map(str, bad[:8])) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    return (f"snapshot refused: pid(s) {shown} registered collective=True (CUDA IPC / NCCL peer-to-peer) "
+            f"with swap=checkpoint; a driver restore of such a context fails and loses the job. Register "
+            f"them with swap=cooperative (or vllm/sglang), or run NCCL with {NCCL_CHECKPOINT_SAFE} and "
+            f"register collective=False")
+
+
+def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0,
+           refusal: str = "") -> Decision:
+    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``)."""
     if intent.error:
         return Decision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
@@ -87,6 +114,8 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
         return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
+    if refusal and intent.op == R.SNAPSHOT:
+        return Decision(REFUSE, R.REFUSED, refusal)
     return Decision(RUN)
 
 
