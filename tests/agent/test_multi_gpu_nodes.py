@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from agenthelpers import MiB, status, wait_agent, wait_status
+from chaos_tests.holders import check_holders_not_parked, etcd_history
 from nodeagent.sim.device import SimDevice
 from tscore import records as R
 from tscore.testing.agent import AgentProcess, SimWorker
@@ -183,6 +184,7 @@ async def test_two_nodes_four_gpus_parallel_swaps_and_an_agent_killed_mid_swap(e
             assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), "fencing tokens increase"
             grants = lockd.replicas[0].wait_events("grant", len(tokens))
             assert [e["token"] for e in grants] == tokens, "one grant per acquire, in order"
+            assert check_holders_not_parked(await etcd_history(client, keys), keys) == []
             for job in jobs.secret:
                 await stub.CloseSession(lpb.SessionRef(job_id=job, session_secret=jobs.secret[job]))
     finally:
@@ -213,4 +215,36 @@ async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_pre
             await jobs.yield_("job-d", g)
     finally:
         os.kill(cpu_only.pid, signal.SIGKILL)
+        lockd.stop()
+
+
+async def test_a_holder_is_never_parked_by_another_groups_grant_on_the_same_node(etcd, key_prefix, keys, client,
+                                                                                 cluster, tmp_path):
+    """#15 item 4: PX holds gA (GPU 0) and computes; PY acquires gB (GPU 1 of the same node)
+    without a size hint. PX is not snapshotted: its device calls never block while it holds."""
+    cluster.agent("node-1")
+    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
+                         extra=["--swap-timeout", "8"]).start()
+    try:
+        async with grpc.aio.insecure_channel(lockd.replicas[0].target) as ch:
+            stub = lpbg.LockdStub(ch)
+            for g, gpu in (("gA", 0), ("gB", 1)):
+                await stub.CreateGroup(lpb.CreateGroupRequest(group_id=g, nodes=[lpb.NodeSpec(node="node-1",
+                                                                                             gpus=[gpu])]))
+            jobs = Jobs(stub)
+            await jobs.open("PX", "PY")
+            px = SimWorker(cluster.sim["node-1"], 4 * MiB, seed=5, step_ms=20,
+                           env={"TIMESLICE_SIM_HOST_DIR": str(cluster.host["node-1"]), "TIMESLICE_SIM_GPU": "0"})
+            cluster.workers["PX"] = [px.ready()]
+            await jobs.register("PX", px.pid, "node-1", 4 * MiB)
+            await wait_agent(client, keys, "node-1", lambda a: a.job_gpus.get("PX") == {"sim0": 4 * MiB})
+            ga = await jobs.acquire("PX", group="gA")
+            gb = await jobs.acquire("PY", group="gB", timeout=20)
+            assert (gb.restored, gb.bytes_moved) == (False, 0)
+            assert px.verify(timeout=5), "PX computes while it holds gA"
+            assert await status(client, keys, "node-1", "PX") is None
+            await jobs.yield_("PY", gb, group="gB")
+            await jobs.yield_("PX", ga, group="gA")
+            assert check_holders_not_parked(await etcd_history(client, keys), keys) == []
+    finally:
         lockd.stop()
