@@ -163,6 +163,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
         need = _need(view, head_job, b_where, b_snap, b_gpus, hint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
+        free: dict[int, int] = {}
         if need is None:
             short = set(b_gpus) if policy.evict_unknown else set()
         else:
@@ -171,11 +172,17 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if refused_restore is not None:
             short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
         evict = sorted(j for j, g in residents.items() if g & short)
-        if evict and any(_protected(j, node, residents[j], view, holding) for j in evict):
-            # A job that holds a group on these devices is running there: never park it.
-            # The head waits until it yields (its Acquire deadline bounds the wait).
-            pending = True
-            continue
+        kept = {j for j in evict if _protected(j, node, residents[j], view, holding)}
+        if kept:
+            # A job that holds a group on these devices is running there: never park it. Evict
+            # the others if that alone makes room; else the head waits until the holder yields
+            # (its Acquire deadline bounds the wait).
+            evict = [j for j in evict if j not in kept]
+            if need is None or refused_restore is not None or any(
+                    need[g] > free.get(g, 0) - policy.device_margin_bytes
+                    + sum((view.seen(j) or {}).get(g, 0) for j in evict) for g in short):
+                pending = True
+                continue
         if refused_restore is not None:
             step = _after_refused_restore(ns, node, head_job, head_kv, token, evict, refused_restore,
                                           now_ms, policy)

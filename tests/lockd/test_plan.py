@@ -333,3 +333,17 @@ def test_index_knows_which_groups_a_job_holds():
     assert idx.specs_held_by("PX") == [] and idx.specs_held_by("PY") == [spec]
     idx.apply([ev(DELETE, keys.grant("gA"))])
     assert idx.specs_held_by("PY") == [] and idx.job_grants == {}
+
+
+def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
+    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY needs 40 GB: evicting A is enough.
+    jobs = {"PX": JobState(workers=worker_on("PX", 1)), "A": JobState(workers=worker_on("A", 2)),
+            "PY": JobState(workers=worker_on("PY", 3))}
+    ns = NodeState(agent=agent4([80 * GB, 10 * GB], {"PX": {"gpu1": 30 * GB}, "A": {"gpu1": 40 * GB}}))
+    held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [1]}])]}
+    g = group_gpus([("PY", 9, 40 * GB)], [1])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == [
+        P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    # 60 GB is more than A's 40 GB and the 10 GB free: nothing is parked, PY waits for PX.
+    g = group_gpus([("PY", 9, 60 * GB)], [1])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == []
