@@ -24,7 +24,7 @@ evenly over the GPUs the job uses there.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from lockd.index import JobState
@@ -140,3 +140,26 @@ def overlaps(spec: R.GroupSpec, node: str, gpus: frozenset[int], view: NodeView)
         if entry.get("node") == node and (not entry.get("gpus") or view.group_gpus(entry) & gpus):
             return True
     return False
+
+
+def need_per_gpu(view: NodeView, job: str, where: str, snap: R.StatusValue | None, gpus: frozenset[int],
+          hint: int) -> dict[int, int] | None:
+    """Bytes the head needs made free per GPU here; None when unknown (never ran, no hint)."""
+    peak = spread(hint, gpus)
+    if where == "snapshotted":
+        # The restore needs its snapshot back on each process's own GPU; the phase then its peak.
+        per = view.by_index(snap.gpu_bytes) if snap.gpu_bytes else None
+        if per is None:      # no per-GPU record (an older agent): it must fit on every GPU it may use
+            per = {g: snap.device_bytes for g in gpus}
+        return {g: max(per.get(g, 0), peak.get(g, 0)) for g in set(per) | set(peak)}
+    if where == "running":
+        have = view.seen(job) or {}
+        return {g: max(0, n - have.get(g, 0)) for g, n in peak.items()}
+    return peak or None
+
+
+def is_protected(job: str, node: str, gpus: frozenset[int], view: NodeView,
+               holding: Callable[[str], Iterable[R.GroupSpec]] | None) -> bool:
+    """True if ``job`` holds a group whose devices on ``node`` it occupies (a snapshot would
+    park the holder, all its processes on the node at once, while it runs)."""
+    return holding is not None and any(overlaps(spec, node, gpus, view) for spec in holding(job))

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from lockd.index import GroupState, JobState, NodeState
-from lockd.placement import NodeView, overlaps, spread
+from lockd.placement import NodeView, is_protected, need_per_gpu
 from tscore import records as R
 
 
@@ -161,7 +161,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
         b_snap = _status(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
-        need = _need(view, head_job, b_where, b_snap, b_gpus, hint)
+        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
         free: dict[int, int] = {}
         if need is None:
@@ -172,7 +172,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if refused_restore is not None:
             short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
         evict = sorted(j for j, g in residents.items() if g & short)
-        kept = {j for j in evict if _protected(j, node, residents[j], view, holding)}
+        kept = {j for j in evict if is_protected(j, node, residents[j], view, holding)}
         if kept:
             # A job that holds a group on these devices is running there: never park it. Evict
             # the others if that alone makes room; else the head waits until the holder yields
@@ -203,29 +203,6 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     if waiting or pending:
         return actions
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
-
-
-def _need(view: NodeView, job: str, where: str, snap: R.StatusValue | None, gpus: frozenset[int],
-          hint: int) -> dict[int, int] | None:
-    """Bytes the head needs made free per GPU here; None when unknown (never ran, no hint)."""
-    peak = spread(hint, gpus)
-    if where == "snapshotted":
-        # The restore needs its snapshot back on each process's own GPU; the phase then its peak.
-        per = view.by_index(snap.gpu_bytes) if snap.gpu_bytes else None
-        if per is None:      # no per-GPU record (an older agent): it must fit on every GPU it may use
-            per = {g: snap.device_bytes for g in gpus}
-        return {g: max(per.get(g, 0), peak.get(g, 0)) for g in set(per) | set(peak)}
-    if where == "running":
-        have = view.seen(job) or {}
-        return {g: max(0, n - have.get(g, 0)) for g, n in peak.items()}
-    return peak or None
-
-
-def _protected(job: str, node: str, gpus: frozenset[int], view: NodeView,
-               holding: Callable[[str], Iterable[R.GroupSpec]] | None) -> bool:
-    """True if ``job`` holds a group whose devices on ``node`` it occupies (a snapshot would
-    park the holder, all its processes on the node at once, while it runs)."""
-    return holding is not None and any(overlaps(spec, node, gpus, view) for spec in holding(job))
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],
