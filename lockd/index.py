@@ -65,12 +65,14 @@ class StateIndex:
         self.node_jobs: dict[str, set[str]] = {}      # node -> jobs with workers there
         self.node_groups: dict[str, set[str]] = {}    # node -> groups whose spec lists it
         self.job_grants: dict[str, set[str]] = {}     # job -> groups whose grant names it
+        self._released: set[str] = set()              # groups whose holder let go, this batch
 
     def rebuild(self, kvs: dict[bytes, KV]) -> None:
         self.groups, self.nodes, self.jobs, self.leader, self.node_jobs = {}, {}, {}, {}, {}
         self.node_groups, self.job_grants = {}, {}
         for kv in sorted(kvs.values(), key=lambda kv: kv.create_revision):
             self._apply(kv.key, kv)
+        self._released.clear()
 
     def apply(self, events: list[WatchEvent]) -> set[tuple[str, str]]:
         """Apply a batch; returns what it touched as {("group"|"node"|"job", id)}."""
@@ -79,6 +81,9 @@ class StateIndex:
             t = self._apply(ev.kv.key, ev.kv if ev.is_put else None)
             if t is not None:
                 touched.add(t)
+        # ("released", g): g's holder yielded or died; heads of other groups may have waited on it.
+        touched.update(("released", g) for g in self._released)
+        self._released.clear()
         return touched
 
     def _apply(self, key: bytes, kv: KV | None) -> tuple[str, str] | None:
@@ -114,12 +119,13 @@ class StateIndex:
             # Keep job -> held groups current: the planner asks it for every resident it
             # would snapshot (a holder is never parked on its group's devices).
             old = _grant_job(gs.grant)
-            if old is not None:
+            gs.grant = kv
+            new = _grant_job(kv)
+            if old is not None and old != new:
+                self._released.add(g)
                 self.job_grants.get(old, set()).discard(g)
                 if not self.job_grants.get(old, True):
                     del self.job_grants[old]
-            gs.grant = kv
-            new = _grant_job(kv)
             if new is not None:
                 self.job_grants.setdefault(new, set()).add(g)
         elif sub == "queue" and len(parts) == 4:

@@ -347,3 +347,30 @@ def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
     # 60 GB is more than A's 40 GB and the 10 GB free: nothing is parked, PY waits for PX.
     g = group_gpus([("PY", 9, 60 * GB)], [1])
     assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == []
+
+
+def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
+    from lockd.index import StateIndex
+    from lockd.scheduler import Scheduler
+    from tscore.etcd.watch import DELETE, PUT, WatchEvent
+    from tscore.keys import Keys
+
+    keys = Keys("/t/")
+    idx = StateIndex(keys)
+
+    def ev(kind, key, value=b""):
+        return WatchEvent(kind, rpc.KeyValue(key=key, value=value, create_revision=1, mod_revision=1), None)
+
+    touched = idx.apply([ev(PUT, keys.spec(g), R.GroupSpec([{"node": n, "gpus": [i]}]).dump())
+                         for g, n, i in (("gA", "n1", 0), ("gB", "n1", 1), ("gC", "n2", 0))])
+    touched |= idx.apply([ev(PUT, keys.grant("gA"), R.GrantValue("PX", 5, 1).dump())])
+    assert not any(kind == "released" for kind, _ in touched)
+    touched = idx.apply([ev(DELETE, keys.grant("gA"))])
+    assert ("released", "gA") in touched
+
+    sched = Scheduler(None, keys, idx, None, P.Policy(), None)
+    marked = []
+    sched._mark = marked.append
+    sched._blocked = {"gB", "gC"}
+    sched.on_touched({("released", "gA")})
+    assert marked == ["gB"]          # gB shares n1 with gA and waits; gC is on another node
