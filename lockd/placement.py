@@ -38,6 +38,7 @@ class NodeView:
     all_gpus: frozenset[int] = frozenset()
     free: dict[int, int] = field(default_factory=dict)
     _index: dict[str, int] = field(default_factory=dict)
+    _regs: dict[int, list[R.WorkerValue]] = field(default_factory=dict)   # id(JobState) -> its workers here
 
     @classmethod
     def of(cls, node: str, agent: R.AgentValue | None) -> "NodeView":
@@ -71,16 +72,23 @@ class NodeView:
         named = frozenset(int(g) for g in (spec_entry or {}).get("gpus") or ())
         return named or self.all_gpus
 
+    def workers(self, js: JobState | None) -> list[R.WorkerValue]:
+        """The job's registrations on this node, parsed once per plan."""
+        if js is None:
+            return []
+        got = self._regs.get(id(js))
+        if got is None:
+            got = self._regs[id(js)] = [R.WorkerValue.load(kv.value) for (n, _), kv in js.workers.items()
+                                        if n == self.node]
+        return got
+
     def declared(self, js: JobState | None) -> tuple[frozenset[int], bool]:
         """(GPUs the job's workers here declared, whether every worker declared some)."""
         found: set[int] = set()
         every = True
-        for (n, _), kv in (js.workers.items() if js else ()):
-            if n != self.node:
-                continue
-            gpus = R.WorkerValue.load(kv.value).gpus
-            every &= bool(gpus)
-            found.update(int(g) for g in gpus)
+        for w in self.workers(js):
+            every &= bool(w.gpus)
+            found.update(int(g) for g in w.gpus)
         return frozenset(found), every and bool(found)
 
     def seen(self, job: str) -> dict[int, int] | None:
@@ -114,9 +122,7 @@ class NodeView:
         free = dict(self.free)
         counted = self.agent.job_device_bytes if self.agent else {}
         for j, gpus in residents.items():
-            js = jobs.get(j)
-            registered = sum(R.WorkerValue.load(kv.value).device_bytes
-                             for (n, _), kv in (js.workers.items() if js else ()) if n == self.node)
+            registered = sum(w.device_bytes for w in self.workers(jobs.get(j)))
             extra = max(0, registered - counted.get(j, 0))
             if extra and gpus:
                 share = -(-extra // len(gpus))
