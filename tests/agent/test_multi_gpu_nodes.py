@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 
 import grpc
 import pytest
@@ -212,6 +213,27 @@ async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_pre
             assert (g.restored, g.bytes_moved) == (False, 0)
             assert cluster.agents["node-1"].events("op_started") == []
             assert await status(client, keys, "node-1", "job-c") is None
+            await jobs.yield_("job-d", g)
+
+            # A worker registered before it initialised its device, which it does later: from
+            # then on it is resident like any other, and the next head makes room.
+            late = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stdin.readline(); from nodeagent.sim.worker import main; "
+                 f"main(['--sim-dir', {str(cluster.sim['node-1'])!r}, '--bytes', '{2 * MiB}', '--gpu', '0'])"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                env={**os.environ, "TIMESLICE_SIM_HOST_DIR": str(cluster.host["node-1"])})
+            cluster.extra_procs.append(late)
+            await jobs.open("job-e")
+            await jobs.register("job-e", late.pid, "node-1")
+            await wait_agent(client, keys, "node-1", lambda a: a.job_gpus.get("job-e") == {})
+            late.stdin.write("go\n")
+            late.stdin.flush()
+            assert late.stdout.readline().startswith("READY")
+            await wait_agent(client, keys, "node-1", lambda a: a.job_gpus.get("job-e") == {"sim0": 2 * MiB})
+            g = await jobs.acquire("job-d", timeout=20)
+            assert g.bytes_moved == 2 * MiB, "the initialised worker was made room for"
+            st = await status(client, keys, "node-1", "job-e")
+            assert (st.state, st.gpu_bytes) == (R.SNAPSHOTTED, {"sim0": 2 * MiB})
             await jobs.yield_("job-d", g)
     finally:
         os.kill(cpu_only.pid, signal.SIGKILL)
