@@ -19,7 +19,7 @@ timeout fails B's Acquire with the reason; the group moves on to the next job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lockd.index import GroupState, JobState, NodeState
 from lockd.placement import NodeView, is_protected, need_per_gpu
@@ -41,7 +41,8 @@ class WriteIntent:
     op: str
     token: int
     expect_mod_revision: int              # 0: the intent key must be absent
-    need_bytes: int = 0                   # snapshot: room the incoming job needs here (0: release all)
+    # snapshot: room the incoming job needs here (0: release all); advisory, so not part of equality
+    need_bytes: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,14 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             pending = True
             continue
         if evict:
-            actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in evict]
+            # How much each must free: a cooperative worker then releases only that much
+            # (discard regions first); 0 = everything (unknown need, or a refused restore).
+            def room(j: str) -> int:
+                if need is None or refused_restore is not None:
+                    return 0
+                return sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes))
+                           for g in short & residents[j])
+            actions += [_intent(ns, node, j, R.SNAPSHOT, token, room(j)) for j in evict]
             pending = True
             continue
         elided |= any(g & set(b_gpus) for g in residents.values())
@@ -227,10 +235,11 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
 
 
-def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int) -> WriteIntent | None:
+def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int,
+            need_bytes: int = 0) -> WriteIntent | None:
     kv = ns.intents.get(job) if ns else None
     if kv is not None:
         cur = R.IntentValue.load(kv.value)
         if cur.op == op and cur.token == token:
             return None                                   # already issued: wait for its report
-    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0)
+    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0, need_bytes)

@@ -176,6 +176,10 @@ def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
     """
     if old.outcome == "":
         return None                    # an op in progress: its driver writes the status
+    if any(str(st) == "unknown" for st in after.states.values()):
+        # A process the backend cannot read now (a cooperative worker whose channel is not back
+        # yet after an agent restart): keep the last known truth rather than guess "running".
+        return None
     # A running job's size moves with its allocator; the leader reads it from the
     # agent key. Only a snapshot's size, which a restore needs, is kept exact here.
     if old.state == after.state and sorted(old.pids) == after.live_pids and \

@@ -177,3 +177,31 @@ async def test_oversized_and_malformed_frames_are_cut_off(agents):
         assert b"refused" in data and b"INVALID_ARGUMENT" in data
     # The agent still serves a well-formed worker afterwards.
     assert agent.alive()
+
+
+async def test_an_agent_restart_while_a_worker_is_paused_forgets_nothing(client, keys, agents):
+    """The worker reconnects to the new agent and says what it has paused: the job stays
+    snapshotted (never reported running on released memory) and the next restore resumes it."""
+    agent = agents()
+    await session(client, keys, "coop-r")
+    rec = Recorder()
+    w = worker(agent, "coop-r", rec).start()
+    try:
+        await register(client, keys, "coop-r", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-r", R.SNAPSHOT, token=21)
+        assert (await answered(client, keys, NODE, "coop-r", rev)).state == R.SNAPSHOTTED
+        agent.kill()
+        agent2 = agents()                         # same node, state dir and socket path
+        assert agent2.socket == agent.socket
+        # (both agents log to one file: the reconnection is the event that carries the paused tags)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not agent2.events("channel_worker_connected", job="coop-r",
+                                                                  paused=["weights"]):
+            await agent_refresh_pause()
+        assert agent2.events("channel_worker_connected", job="coop-r", paused=["weights"])
+        assert (await status(client, keys, NODE, "coop-r")).state == R.SNAPSHOTTED
+        rev = await intent(client, keys, NODE, "coop-r", R.RESTORE, token=22)
+        st = await answered(client, keys, NODE, "coop-r", rev, timeout=20)
+        assert (st.outcome, st.state) == (R.OK, R.RUNNING) and rec.calls == ["pause", "resume"]
+    finally:
+        w.close()

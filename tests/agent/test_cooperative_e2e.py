@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from agenthelpers import MiB, NODE, status
+from agenthelpers import MiB, NODE, status, wait_agent
 from nodeagent.sim.device import SimDevice
 from tscore import records as R
 from tscore.testing.lockd import LockdCluster
@@ -27,8 +27,7 @@ FOOTPRINT = 1 * MiB + WEIGHTS + KV          # context + regions: two do not fit 
 
 
 class Job:
-    def __init__(self, target: str, job: str, sim_dir, sock: str):
-        regions = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"
+    def __init__(self, target: str, job: str, sim_dir, sock: str, regions: str = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"):
         self.p = subprocess.Popen([sys.executable, SCRIPT, target, job, NODE, str(sim_dir), sock, regions],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                   env={**os.environ, "TIMESLICE_NODE_NAME": NODE})
@@ -130,3 +129,37 @@ async def test_cooperative_handover_offload_discard_and_parked_exit(etcd, key_pr
 
 async def _async(v):
     return v
+
+
+async def test_only_what_the_incoming_job_needs_is_released(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
+    """A holds 7 MiB (context, 4 MiB weights, 2 MiB discardable kv) of an 8 MiB device; B needs 2 MiB.
+    The leader asks A to free only the shortfall: A drops its kv (nothing copied) and keeps its weights."""
+    SimDevice(sim_dir, capacity_bytes=8 * MiB)
+    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+    agent = agents()
+    jobs: list[Job] = []
+    try:
+        target = lockd.replicas[0].target
+        from timeslice import OrchestratorClient
+        with OrchestratorClient(target=target, job_id="admin") as admin:
+            admin.create_group("g", nodes=[NODE])
+        a = Job(target, "sel-a", sim_dir, agent.socket)
+        b = Job(target, "sel-b", sim_dir, agent.socket, regions=f"weights:{MiB}:offload")
+        jobs += [a, b]
+        assert a(f"acquire g {FOOTPRINT}")["ok"] and a("yield g")["ok"]
+        # The leader decides from the agent's report: let it show all of A (its context too).
+        await wait_agent(client, keys, NODE, lambda v: v.job_device_bytes.get("sel-a") == FOOTPRINT)
+        gb = b(f"acquire g {2 * MiB}")
+        assert gb["ok"] and gb["bytes_moved"] == 0, gb          # a discard region moves nothing
+        assert a("swaps")["paused"] == ["kv"]
+        st = await status(client, keys, NODE, "sel-a")
+        assert (st.state, st.bytes, st.device_bytes) == (R.SNAPSHOTTED, 0, KV)
+        assert b("verify weights")["match"] and b("yield g")["ok"]
+        ga = a(f"acquire g {FOOTPRINT}")
+        assert ga["ok"] and ga["restored"], ga
+        assert a("verify weights")["match"] and a("verify kv")["match"]
+        assert a("yield g")["ok"]
+    finally:
+        for j in jobs:
+            j.kill()
+        lockd.stop()

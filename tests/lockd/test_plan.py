@@ -374,3 +374,14 @@ def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
     sched._blocked = {"gB", "gC"}
     sched.on_touched({("released", "gA")})
     assert marked == ["gB"]          # gB shares n1 with gA and waits; gC is on another node
+
+
+def test_a_snapshot_intent_says_how_much_room_is_needed():
+    """B needs 30 GB, 5 GB are free (less the margin): A is asked to free 25 GB, so a
+    cooperative A releases only that much (discard regions first). Unknown need: everything."""
+    jobs = workers("A", "B")
+    ns = NodeState(agent=agent(free=5 * GB), statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=30 * GB)})
+    [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert (a.job, a.op, a.need_bytes) == ("A", R.SNAPSHOT, 25 * GB)
+    [a] = P.plan_group(group([("B", 9, 0)]), {"n1": NodeState(agent=agent(free=70 * GB))}, workers("A"), 0)
+    assert a.need_bytes == 0
