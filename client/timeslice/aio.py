@@ -158,10 +158,10 @@ class AsyncOrchestratorClient(ClientCore):
                 return self._session
             cfg = self.config
             t0 = time.monotonic()
-            reply = await self._invoke(
-                Call.OPEN_SESSION, lambda: pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=cfg.session_ttl),
-                deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, t0)
+            sent = [t0]
+            reply = await self._invoke(Call.OPEN_SESSION, lambda: self._open_req(sent),
+                                       deadline=t0 + cfg.timeout + cfg.session_ttl)
+            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             self._session = s
             log.info("session_opened", job=self.job_id, lease=s.lease_id, ttl=s.ttl, target=self.target)
             self._ka_task = asyncio.create_task(self._keepalive_loop(s), name=f"timeslice-keepalive-{self.job_id}")
@@ -229,13 +229,16 @@ class AsyncOrchestratorClient(ClientCore):
         await self._ensure_session()
         deadline = self._deadline(timeout)
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
+        left: list = []                     # this call's attempts left running on replicas we moved off
 
-        def build():
-            return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
-                                     device_bytes_hint=int(device_bytes_hint))
+        def attempt(stub, idx, req, t):
+            return self._acquire_attempt(stub, idx, req, t, left)
 
-        reply = await self._invoke(Call.ACQUIRE, build, deadline=deadline, cap=0, attempt=self._acquire_attempt,
-                                   st=st)
+        try:
+            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+                                       deadline=deadline, cap=0, attempt=attempt, st=st)
+        finally:
+            self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grant_held(grant)
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
@@ -248,7 +251,18 @@ class AsyncOrchestratorClient(ClientCore):
                 raise
         return grant
 
-    async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None):
+    def _drop_left(self, left: list) -> None:
+        """The call is over: cancel its older attempts (see OrchestratorClient._drop_left)."""
+        for item in left:
+            call, task = item
+            call.cancel()
+            task.cancel()
+            if item in self._dangling:
+                self._dangling.remove(item)
+        left.clear()
+
+    async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
+                               left: list):
         call = stub.Acquire(req, timeout=t)
         task = asyncio.ensure_future(call)
         gen0 = self._gen
@@ -263,6 +277,7 @@ class AsyncOrchestratorClient(ClientCore):
                     self._check_usable(Call.ACQUIRE)
                 if t is None and self._gen != gen0 and self._cur != idx:
                     self._dangling.append((call, task))    # keep it alive: see client.py's module doc
+                    left.append((call, task))
                     finished = True
                     return _MOVED
         finally:

@@ -184,12 +184,12 @@ class OrchestratorClient(ClientCore):
                 return self._session
             cfg = self.config
             t0 = time.monotonic()
+            sent = [t0]
             # An older session of this job id (a restarted job, or our own attempt
             # whose reply was lost) is waited out: it expires within its TTL.
-            reply = self._invoke(Call.OPEN_SESSION,
-                                 lambda: pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=cfg.session_ttl),
+            reply = self._invoke(Call.OPEN_SESSION, lambda: self._open_req(sent),
                                  deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, t0)
+            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             with self._mu:
                 self._session = s
             log.info("session_opened", job=self.job_id, lease=s.lease_id, ttl=s.ttl, target=self.target)
@@ -262,12 +262,16 @@ class OrchestratorClient(ClientCore):
         self._ensure_session()
         deadline = self._deadline(timeout)
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
+        left: list[grpc.Future] = []        # this call's attempts left running on replicas we moved off
 
-        def build():
-            return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
-                                     device_bytes_hint=int(device_bytes_hint))
+        def attempt(stub, idx, req, t):
+            return self._acquire_attempt(stub, idx, req, t, left)
 
-        reply = self._invoke(Call.ACQUIRE, build, deadline=deadline, cap=0, attempt=self._acquire_attempt, st=st)
+        try:
+            reply = self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+                                 deadline=deadline, cap=0, attempt=attempt, st=st)
+        finally:
+            self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grant_held(grant)
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
@@ -280,7 +284,19 @@ class OrchestratorClient(ClientCore):
                 raise
         return grant
 
-    def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None):
+    def _drop_left(self, left: list[grpc.Future]) -> None:
+        """The call is over: its older attempts are of no use any more. Cancelling one makes
+        its replica withdraw it, which changes nothing once a newer attempt took the entry
+        over (lockd removes only what the attempt still owns)."""
+        with self._mu:
+            for fut in left:
+                fut.cancel()
+                if fut in self._dangling:
+                    self._dangling.remove(fut)
+            left.clear()
+
+    def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
+                         left: list[grpc.Future]):
         fut = stub.Acquire.future(req, timeout=t)
         done = threading.Event()
         fut.add_done_callback(lambda _f: done.set())
@@ -293,6 +309,7 @@ class OrchestratorClient(ClientCore):
                 if t is None and self._gen != gen0 and self._cur != idx:
                     with self._mu:
                         self._dangling.append(fut)     # keep it alive: see the module doc
+                        left.append(fut)
                     finished = True
                     return _MOVED
             finished = True
