@@ -153,6 +153,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # gRPC >= 1.6x times an unanswered ping out by this one (default 60 s), not the above.
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 0),   # only while a call is open (an idle channel costs nothing)
     ("grpc.http2.max_pings_without_data", 0),     # a blocked Acquire sends no data for minutes
 ]
