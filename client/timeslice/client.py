@@ -17,11 +17,20 @@ client then refuses session calls until ``reset_session()``.
 
 Failover. The client keeps one channel per target and sends to the current
 one; an UNAVAILABLE (or an attempt deadline) moves it to the next and the call
-is re-sent if it is idempotent (see retry.py for the rules). A blocked
-``acquire(timeout=None)`` also moves when another call (the keepalive) finds
-its replica dead, and re-sends on the next one, leaving the first call
-running rather than cancelling it: a cancelled Acquire makes lockd give up
-the job's queue entry, which the re-sent Acquire may already have found.
+is re-sent if it is idempotent (see retry.py for the rules). HTTP/2 keepalive
+pings (config.KEEPALIVE_TIME_MS) turn a stopped replica into an UNAVAILABLE
+within ~2 s, as a killed one is. A blocked ``acquire(timeout=None)`` also moves
+when another call (the keepalive) finds its replica dead, and re-sends on the
+next one, leaving the first call running until the acquire ends rather than
+cancelling it at once: a cancelled Acquire makes lockd give up the job's queue
+entry, which the re-sent Acquire may not have found yet. Every attempt carries
+a fresh ``attempt_seq``: lockd never lets an older attempt, processed late by a
+replica that was stalled, replace a newer one or enqueue the job again.
+
+Session. The keepalive watchdog counts from when the OpenSession attempt that
+opened the session was sent (the lease is younger), not from when the call
+began: a restarted job's OpenSession may wait a whole TTL for its predecessor's
+session to expire.
 """
 from __future__ import annotations
 
