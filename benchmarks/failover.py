@@ -55,6 +55,11 @@ LABEL = {"kill": "SIGKILL", "term": "SIGTERM (graceful)", "pause5": "SIGSTOP lea
 FAILED = (grpc.aio.AioRpcError, C.GiveUp, TimesliceClientError)
 
 
+def _code(e: BaseException) -> str:
+    code = getattr(e, "code", "")
+    return str(code() if callable(code) else code)
+
+
 class LibJob:
     """A job on the product's client, behind PingPong's interface."""
 
@@ -96,7 +101,7 @@ class PingPong:
             try:
                 r = await job.acquire(GROUP, timeout=30)
             except FAILED as e:
-                self.errors.append(f"{job.job_id} Acquire: {getattr(e, 'code', lambda: '')()} {e}"[:300])
+                self.errors.append(f"{job.job_id} Acquire: {_code(e)} {e}"[:300])
                 return
             self.granted[job.job_id] += 1
             self.grants.append((C.now(), job.job_id, r.token))
@@ -104,7 +109,7 @@ class PingPong:
             try:
                 await job.yield_(GROUP, r.token)
             except FAILED as e:
-                self.errors.append(f"{job.job_id} Yield: {getattr(e, 'code', lambda: '')()} {e}"[:300])
+                self.errors.append(f"{job.job_id} Yield: {_code(e)} {e}"[:300])
                 return
 
     async def finish(self, timeout: float = 40.0) -> bool:

@@ -31,6 +31,7 @@ from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
+from timeslice import withdraw as W
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
@@ -84,6 +85,7 @@ class AsyncOrchestratorClient(ClientCore):
         self._ka_task: asyncio.Task | None = None
         self._holds: dict[str, _AsyncHold] = {}
         self._dangling: list[tuple[Any, asyncio.Future]] = []
+        self._withdraw: set[str] = set()            # groups whose failed acquire is still to take back
 
     # == plumbing ==================================================================
     def _stub(self, idx: int) -> pbg.LockdStub:
@@ -182,6 +184,8 @@ class AsyncOrchestratorClient(ClientCore):
                 await self._invoke(Call.KEEPALIVE, self._ref, deadline=last_ok + s.ttl,
                                    cap=cfg.keepalive_attempt_timeout)
                 last_ok = t0
+                if self._withdraw:
+                    await self._withdraw_pending(cfg.keepalive_period / 2)
             except (E.SessionLostError, E.AuthError, E.ClientClosedError):
                 return
             except E.TimesliceClientError as e:
@@ -228,6 +232,7 @@ class AsyncOrchestratorClient(ClientCore):
         """Wait until this job holds ``group_id`` (FIFO); see OrchestratorClient.acquire."""
         await self._ensure_session()
         deadline = self._deadline(timeout)
+        self._withdraw.discard(group_id)    # a new acquire of the group supersedes a withdrawal
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
         left: list = []                     # this call's attempts left running on replicas we moved off
 
@@ -237,6 +242,11 @@ class AsyncOrchestratorClient(ClientCore):
         try:
             reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
                                        deadline=deadline, cap=0, attempt=attempt, st=st)
+        except E.TimesliceClientError as e:
+            if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
+                self._withdraw.add(group_id)
+                await self._withdraw_pending(W.FIRST_BUDGET_S)
+            raise
         finally:
             self._drop_left(left)
         grant = Grant.from_pb(reply)
@@ -250,6 +260,36 @@ class AsyncOrchestratorClient(ClientCore):
                 await self._release_quietly(group_id, grant.token)
                 raise
         return grant
+
+    async def _withdraw_pending(self, budget: float) -> None:
+        """Take back the entries failed acquires may have left (see withdraw.py)."""
+        for group in sorted(self._withdraw):
+            if await self._withdraw_one(group, budget):
+                self._withdraw.discard(group)
+                log.info("acquire_withdrawn", job=self.job_id, group=group)
+
+    async def _withdraw_one(self, group: str, budget: float) -> bool:
+        end = time.monotonic() + budget
+        n = 0
+        while time.monotonic() < end and not self._closed and self._lost is None:
+            if group not in self._withdraw:
+                return False                    # a new acquire of the group took over
+            idx = self._cur
+            try:
+                r = await self._stub(idx).Acquire(self._acquire_req(group, 0), timeout=W.ATTEMPT_S)
+                code, details = None, ""
+            except grpc.RpcError as e:
+                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
+            v = W.verdict(code, details)
+            if v is W.Verdict.GRANTED:
+                await self._release_quietly(group, r.token)   # granted to nobody: hand it straight back
+                return True
+            if v is W.Verdict.DONE:
+                return True
+            self._failover(idx, f"withdraw: {code}")
+            n += 1
+            await asyncio.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
+        return False
 
     def _drop_left(self, left: list) -> None:
         """The call is over: cancel its older attempts (see OrchestratorClient._drop_left)."""

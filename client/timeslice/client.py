@@ -48,6 +48,7 @@ from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
+from timeslice import withdraw as W
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
@@ -112,6 +113,8 @@ class OrchestratorClient(ClientCore):
         self._ka_thread: threading.Thread | None = None
         self._holds: dict[str, _Hold] = {}
         self._dangling: list[grpc.Future] = []
+        self._withdraw: set[str] = set()            # groups whose failed acquire is still to take back
+        self._withdraw_mu = threading.Lock()
         ref = weakref.ref(self)
         self._atexit = lambda: (c := ref()) is not None and c._close_quietly()
         atexit.register(self._atexit)
@@ -224,6 +227,8 @@ class OrchestratorClient(ClientCore):
                 self._invoke(Call.KEEPALIVE, self._ref, deadline=last_ok + s.ttl,
                              cap=cfg.keepalive_attempt_timeout)
                 last_ok = t0
+                if self._withdraw:
+                    self._withdraw_pending(cfg.keepalive_period / 2)
             except (E.SessionLostError, E.AuthError, E.ClientClosedError):
                 return                                  # _invoke recorded the loss
             except E.TimesliceClientError as e:
@@ -269,6 +274,8 @@ class OrchestratorClient(ClientCore):
         Calling it while holding the group returns the same grant at once.
         """
         self._ensure_session()
+        with self._withdraw_mu:             # a new acquire of the group supersedes a withdrawal
+            self._withdraw.discard(group_id)
         deadline = self._deadline(timeout)
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
         left: list[grpc.Future] = []        # this call's attempts left running on replicas we moved off
@@ -279,6 +286,12 @@ class OrchestratorClient(ClientCore):
         try:
             reply = self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
                                  deadline=deadline, cap=0, attempt=attempt, st=st)
+        except E.TimesliceClientError as e:
+            if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
+                with self._withdraw_mu:
+                    self._withdraw.add(group_id)
+                self._withdraw_pending(W.FIRST_BUDGET_S)
+            raise
         finally:
             self._drop_left(left)
         grant = Grant.from_pb(reply)
@@ -292,6 +305,35 @@ class OrchestratorClient(ClientCore):
                 self._release_quietly(group_id, grant.token)
                 raise
         return grant
+
+    def _withdraw_pending(self, budget: float) -> None:
+        """Take back the entries failed acquires may have left (see withdraw.py)."""
+        with self._withdraw_mu:
+            for group in sorted(self._withdraw):
+                if self._withdraw_one(group, budget):
+                    self._withdraw.discard(group)
+                    log.info("acquire_withdrawn", job=self.job_id, group=group)
+
+    def _withdraw_one(self, group: str, budget: float) -> bool:
+        end = time.monotonic() + budget
+        n = 0
+        while time.monotonic() < end and not self._closed and self._lost is None:
+            idx = self._cur
+            try:
+                r = self._stub(idx).Acquire(self._acquire_req(group, 0), timeout=W.ATTEMPT_S)
+                code, details = None, ""
+            except grpc.RpcError as e:
+                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
+            v = W.verdict(code, details)
+            if v is W.Verdict.GRANTED:
+                self._release_quietly(group, r.token)   # granted to nobody: hand it straight back
+                return True
+            if v is W.Verdict.DONE:
+                return True
+            self._failover(idx, f"withdraw: {code}")
+            n += 1
+            time.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
+        return False
 
     def _drop_left(self, left: list[grpc.Future]) -> None:
         """The call is over: its older attempts are of no use any more. Cancelling one makes

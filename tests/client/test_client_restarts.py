@@ -156,3 +156,48 @@ def test_acquire_sent_to_a_stalled_replica_leaves_no_ghost_when_it_resumes(etcd,
     finally:
         admin.close()
         job.close()
+
+
+def test_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lockd_own, uid):
+    """The only replica a waiter knows dies under its blocked acquire, which fails
+    (UNAVAILABLE). The job's queue entry outlives the call; when the replica is back and
+    the session renews there, the client takes the entry back, so the group is not later
+    granted to nobody (a ghost holder) while the job goes on with its session."""
+    from timeslice.errors import UnavailableError
+    from timeslice.retry import RetryPolicy
+
+    cluster = lockd_own
+    leader, _ = cluster.leader(etcd)
+    victim = next(r for r in cluster.replicas if r is not leader)
+    survivors = [r.target for r in cluster.replicas if r is not victim]
+    holder = OrchestratorClient(survivors, job_id=f"holder-{uid}")
+    waiter = OrchestratorClient([victim.target], job_id=f"gone-{uid}", session_ttl=10,
+                                retry=RetryPolicy(failover_window=1.0, attempt_timeout=1.0))
+    try:
+        g = f"wd-{uid}"
+        holder.create_group(g, ["node-x"])
+        holder.acquire(g)
+        out = {}
+
+        def wait():
+            try:
+                waiter.acquire(g)
+            except Exception as e:  # noqa: BLE001
+                out["err"] = e
+        t = threading.Thread(target=wait, daemon=True)
+        t.start()
+        wait_for(lambda: holder.status(g).waiters, what="waiter queued")
+        victim.kill()
+        t.join(30)
+        assert isinstance(out.get("err"), UnavailableError)
+        assert holder.status(g).waiters, "the entry outlived the failed call (the case under test)"
+        victim.extra = [*victim.extra, "--listen", victim.target]   # back on the same address
+        victim.start()
+        wait_for(lambda: not holder.status(g).waiters, timeout=20, what="the failed acquire withdrawn")
+        holder.yield_(g)
+        st = holder.status(g)
+        assert st.holder is None and not st.waiters, f"ghost: {st}"
+        assert not waiter.session_lost
+    finally:
+        holder.close()
+        waiter.close()
