@@ -60,12 +60,9 @@ class AttemptFence:
     def __init__(self, client: EtcdClient, keys: Keys, reflector: Reflector):
         self.client, self.keys, self.reflector = client, keys, reflector
 
-    def key(self, group: str, job: str) -> bytes:
-        return self.keys.group(group) + b"attempts/" + job.encode()
-
     async def claim(self, group: str, job: str, lease: int, seq: int, value: bytes) -> Claim:
         """Create or take over ``job``'s entry in ``group`` as attempt ``seq``; raises if stale."""
-        fkey, qkey = self.key(group, job), self.keys.queue_entry(group, job)
+        fkey, qkey = self.keys.attempt(group, job), self.keys.queue_entry(group, job)
         fkv, qkv = self.reflector.get(fkey), self.reflector.get(qkey)
         m = fkv.mod_revision if fkv is not None else 0
         c = qkv.create_revision if qkv is not None else 0
