@@ -26,6 +26,9 @@ from tscore.errors import ConfigError, EtcdError, EtcdUnavailable, OutcomeUnknow
 _CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 3000),
+    # gRPC >= 1.6x times an unanswered ping out by this one (default 60 s), not the above:
+    # without it a paused member holds our calls for a minute.
+    ("grpc.http2.ping_timeout_ms", 3000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
