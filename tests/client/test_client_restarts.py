@@ -201,3 +201,43 @@ def test_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lockd_own,
     finally:
         holder.close()
         waiter.close()
+
+
+def test_async_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lockd_own, uid):
+    from timeslice.errors import UnavailableError
+    from timeslice.retry import RetryPolicy
+
+    cluster = lockd_own
+    leader, _ = cluster.leader(etcd)
+    victim = next(r for r in cluster.replicas if r is not leader)
+    survivors = [r.target for r in cluster.replicas if r is not victim]
+    holder = OrchestratorClient(survivors, job_id=f"aholder-{uid}")
+    g = f"awd-{uid}"
+
+    async def run():
+        waiter = AsyncOrchestratorClient([victim.target], job_id=f"agone-{uid}", session_ttl=10,
+                                         retry=RetryPolicy(failover_window=1.0, attempt_timeout=1.0))
+        try:
+            task = asyncio.ensure_future(waiter.acquire(g))
+            while not holder.status(g).waiters:
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(victim.kill)
+            with pytest.raises(UnavailableError):
+                await asyncio.wait_for(task, 30)
+            assert holder.status(g).waiters
+            victim.extra = [*victim.extra, "--listen", victim.target]
+            await asyncio.to_thread(victim.start)
+            await asyncio.to_thread(wait_for, lambda: not holder.status(g).waiters, 20, "withdrawn")
+            assert not waiter.session_lost
+        finally:
+            await waiter.close()
+
+    try:
+        holder.create_group(g, ["node-x"])
+        holder.acquire(g)
+        asyncio.run(run())
+        holder.yield_(g)
+        st = holder.status(g)
+        assert st.holder is None and not st.waiters, f"ghost: {st}"
+    finally:
+        holder.close()
