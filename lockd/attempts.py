@@ -19,8 +19,9 @@ claimed the queue entry. ``claim`` is one compare-and-swap transaction:
     Else get fence, get entry            re-judge from what etcd holds now
 
 An attempt whose number is below the fence's is stale and changes nothing.
-The first guess of (m, c) comes from the replica's mirror, so the usual path
-is one round trip; a wrong guess costs one more.
+The first guess of m comes from the replica's mirror and c is guessed 0 (a
+fresh Acquire), so the usual path is one round trip; a wrong guess (a re-sent
+attempt, a mirror that lags) costs one more.
 """
 from __future__ import annotations
 
@@ -63,9 +64,11 @@ class AttemptFence:
     async def claim(self, group: str, job: str, lease: int, seq: int, value: bytes) -> Claim:
         """Create or take over ``job``'s entry in ``group`` as attempt ``seq``; raises if stale."""
         fkey, qkey = self.keys.attempt(group, job), self.keys.queue_entry(group, job)
-        fkv, qkv = self.reflector.get(fkey), self.reflector.get(qkey)
+        # First guess: the fence as this replica's mirror shows it (only the job's own
+        # attempts write it), and no entry (a fresh Acquire; a re-send costs a retry).
+        fkv, qkv = self.reflector.get(fkey), None
         m = fkv.mod_revision if fkv is not None else 0
-        c = qkv.create_revision if qkv is not None else 0
+        c = 0
         for _ in range(MAX_TRIES):
             if fkv is not None and fence_seq(fkv.value) > seq:
                 raise Superseded(f"a newer Acquire attempt of {job!r} on {group!r} "
