@@ -47,16 +47,18 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_HINT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
     device_bytes_hint: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ...) -> None: ...
+    attempt_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
     __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
