@@ -30,6 +30,7 @@ log = structlog.get_logger("nodeagent.upkeep")
 
 class Upkeep:
     def __init__(self, agent):
+        self._warned: dict[str, int] = {}      # job -> the parking (status updated_ms) already warned of
         self.agent = agent
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
@@ -74,6 +75,27 @@ class Upkeep:
             new = I.corrected(old, pic) if old is not None else None
             if new is not None and await a.reporter.correct(job, new, skv.mod_revision):
                 log.info("status_corrected", job=job, state=new.state, pids=new.pids)
+        self.warn_parked(a.jobs.statuses())
+
+    def warn_parked(self, statuses) -> None:
+        """Say once per parking when a job has stayed snapshotted past ``parked_warn_s``.
+
+        A parked job with a live session is normal between phases, but a long one is
+        where a stray device call outside a hold hides: on the checkpoint backend the
+        call blocks until the job acquires again; on the cooperative one it faults.
+        """
+        now, limit = R.now_ms(), self.agent.cfg.parked_warn_s * 1000
+        parked = {st.job: st.updated_ms for st in statuses if st.state == R.SNAPSHOTTED}
+        for job in list(self._warned):
+            if parked.get(job) != self._warned[job]:
+                del self._warned[job]                       # restored (or re-parked): a new parking
+        for job, since in parked.items():
+            if since and now - since >= limit and self._warned.get(job) != since:
+                self._warned[job] = since
+                log.warning("job_parked_long", job=job, node=self.agent.node, parked_s=round((now - since) / 1000),
+                            hint="the job is snapshotted and has not acquired again; it must not touch the GPU "
+                                 "until it does (a stray call blocks on the checkpoint backend, faults on the "
+                                 "cooperative one)")
 
     async def loop(self) -> None:
         a = self.agent

@@ -205,3 +205,20 @@ async def test_an_agent_restart_while_a_worker_is_paused_forgets_nothing(client,
         assert (st.outcome, st.state) == (R.OK, R.RUNNING) and rec.calls == ["pause", "resume"]
     finally:
         w.close()
+
+
+async def test_a_long_parked_job_is_said_once(client, keys, agents):
+    agent = agents(extra=["--parked-warn-s", "0.5", "--refresh-interval", "0.2"])
+    await session(client, keys, "coop-p")
+    w = worker(agent, "coop-p", Recorder()).start()
+    try:
+        await register(client, keys, "coop-p", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-p", R.SNAPSHOT, token=31)
+        await answered(client, keys, NODE, "coop-p", rev)
+        [ev] = agent.wait_events("job_parked_long", 1, timeout=10, job="coop-p")
+        assert ev["parked_s"] >= 0 and "must not touch the GPU" in ev["hint"]
+        await agent_refresh_pause()
+        await agent_refresh_pause()
+        assert len(agent.events("job_parked_long", job="coop-p")) == 1     # once per parking
+    finally:
+        w.close()
