@@ -391,6 +391,29 @@ class AsyncOrchestratorClient(ClientCore):
                     await self.yield_(group_id)
 
     # == workers =====================================================================
+    async def cooperate(self, memory, *, node: str | None = None, socket_path: str | None = None,
+                        gpus=(), prepin: bool = True):
+        """Async twin of ``OrchestratorClient.cooperate``: the channel and its serving thread are
+        the same (the agent's requests are answered off the event loop); prepin runs in a thread."""
+        from timeslice.config import node_name
+        from timeslice.cooperative import CooperativeWorker
+        await self._ensure_session()
+        node = node or node_name()
+        w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
+        pid = await asyncio.to_thread(w.connect)
+        try:
+            await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
+                                       swap="cooperative", gpus=gpus, tags=dict(memory.tags))
+            w.start()
+            if prepin and hasattr(memory, "prepin"):
+                await asyncio.to_thread(memory.prepin)
+                w.announce()
+        except BaseException:
+            w.close()
+            raise
+        self._cooperative.append(w)
+        return w
+
     async def register_worker(self, pid: int | None = None, node: str | None = None,
                               device_bytes: int = 0, *, swap: str = "", gpus=(), endpoint: str = "",
                               tags=None, collective: bool = False) -> Worker:
@@ -482,6 +505,9 @@ class AsyncOrchestratorClient(ClientCore):
         if ka is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await ka
+        workers, self._cooperative = self._cooperative, []
+        for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
+            await asyncio.to_thread(w.close)
         s = self._session
         if s is not None and self._lost is None:
             await self._close_session(s)

@@ -163,3 +163,28 @@ async def test_only_what_the_incoming_job_needs_is_released(etcd, key_prefix, ke
         for j in jobs:
             j.kill()
         lockd.stop()
+
+
+async def test_the_async_client_cooperates_too(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
+    from nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice import AsyncOrchestratorClient
+    SimDevice(sim_dir, capacity_bytes=10 * MiB)
+    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+    agent = agents()
+    try:
+        async with AsyncOrchestratorClient(target=lockd.replicas[0].target, job_id="coop-aio") as c:
+            await c.create_group("g", nodes=[NODE])
+            await c.acquire("g", timeout=30)
+            mem = SimCooperativeMemory({"weights": (MiB, "offload")}, sim_dir, gbps=0)
+            w = await c.cooperate(mem, node=NODE, socket_path=agent.socket)
+            assert w.pid == os.getpid()
+            from agenthelpers import get
+            kv = await get(client, keys.worker("coop-aio", NODE, w.pid))
+            reg = R.WorkerValue.load(kv.value)
+            assert (reg.swap, reg.tags) == (R.SWAP_COOPERATIVE, {"weights": "offload"})
+            assert mem.host_bytes() == MiB                     # prepinned at registration
+            await c.yield_("g")
+        assert w._closed.is_set()                              # close() closed the channel
+        mem.close()
+    finally:
+        lockd.stop()
