@@ -222,3 +222,31 @@ async def test_a_long_parked_job_is_said_once(client, keys, agents):
         assert len(agent.events("job_parked_long", job="coop-p")) == 1     # once per parking
     finally:
         w.close()
+
+
+async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, keys, agents, sim_dir):
+    """isolation=full: after the cooperative pause, the checkpoint backend takes the rest (here the
+    SIMULATED context arena), so nothing of the parked job stays on the device; a restore undoes both."""
+    from nodeagent.sim.coop import SimCooperativeMemory
+    agent = agents()
+    await session(client, keys, "coop-full")
+    mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)
+    w = CooperativeWorker("coop-full", SECRET, mem, NODE, agent.socket).start()
+    dev = SimDevice(sim_dir)
+    try:
+        await register(client, keys, "coop-full", w.pid, {"weights": "offload"})
+        assert dev.held(w.pid) == 4 * MiB                    # context (1 MiB) + weights
+        val = R.IntentValue(R.SNAPSHOT, "coop-full", "g", 41, 1, R.now_ms(), isolation=R.ISOLATION_FULL)
+        rev = await put(client, keys.intent(NODE, "coop-full"), val.dump())
+        st = await answered(client, keys, NODE, "coop-full", rev)
+        assert (st.outcome, st.state) == (R.OK, R.SNAPSHOTTED)
+        assert dev.held(w.pid) == 0 and dev.read_state(w.pid)["state"] == "checkpointed"
+        assert st.bytes == 4 * MiB                           # 3 MiB paused + the 1 MiB context checkpointed
+        val = R.IntentValue(R.RESTORE, "coop-full", "g", 42, 1, R.now_ms(), isolation=R.ISOLATION_FULL)
+        rev = await put(client, keys.intent(NODE, "coop-full"), val.dump())
+        st = await answered(client, keys, NODE, "coop-full", rev)
+        assert (st.outcome, st.state) == (R.OK, R.RUNNING) and dev.held(w.pid) == 4 * MiB
+        assert mem.checksum("weights") == mem.expected("weights")
+    finally:
+        w.close()
+        mem.close()
