@@ -13,10 +13,13 @@ from lockd.config import LockdConfig
 from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
+from tscore.auth import Authority, Gate, load_admin_token
 from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
 SERVICE_NAME = "timeslice.v1.Lockd"
+#: Methods that change what other jobs see (groups): they need the admin token.
+ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
 
 
 def _read(path: str) -> bytes:
@@ -26,7 +29,12 @@ def _read(path: str) -> bytes:
 
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    authority = Authority(load_admin_token(config.admin_token_file), config.insecure_no_admin_auth)
+    if authority.token is None:
+        log.warning("admin_calls_" + ("open" if authority.insecure else "disabled"),
+                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
+                                                       else "; CreateGroup/DeleteGroup are refused"))
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[Gate(authority, ADMIN_METHODS)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -21,6 +21,7 @@ from pathlib import Path
 import structlog
 
 from nodeagent import intents as I
+from nodeagent.protected import protected_reason
 from nodeagent.backends import pick_backend
 from nodeagent.backends.base import Backend
 from nodeagent.config import AgentConfig
@@ -201,6 +202,10 @@ class Agent:
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
+        # A job may register any pid; the agent never acts on init, itself or the system's servers.
+        for pid in [p for p in registered if protected_reason(p)]:
+            log.warning("protected_pid_registered", job=job, pid=pid, why=protected_reason(pid))
+            registered.discard(pid)
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
 
     async def _handle(self, intent: I.Intent) -> None:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 
+from tscore.testing.lockd import shared_admin_token
 from tscore.testing.procs import track, untrack
 from tscore.testing.server import ServerProcess
 
@@ -32,6 +33,7 @@ class AgentProcess(ServerProcess):
         self.sim_dir = str(sim_dir) if sim_dir else None
         self.state_dir = str(state_dir or os.path.join(logdir, f"agent-{node}-state"))
         self.extra = list(extra or [])
+        shared_admin_token()
         super().__init__(os.path.join(logdir, f"nodeagent-{node}.log"), env)
 
     @property

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from timeslice.launcher import state as S
 from timeslice.launcher.procs import Child, ChildFailed, read_ready_line
 from timeslice.launcher.settings import Settings
+from tscore.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE, TOKEN_FILE_NAME, write_token_file
 from tscore.keys import prefix_range_end
 
 DEFAULT_GROUP = "local"
@@ -196,7 +198,8 @@ class LocalCluster:
     def _start_lockd_and_agent(self, timeout: float) -> None:
         s = self.settings
         eps = self.etcd_endpoints_str
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV_ADMIN_TOKEN_FILE: self._admin_token_file()}
+        env.pop(ENV_ADMIN_TOKEN, None)         # the file is the one source: lockd, the agent and the CLI share it
         n = s.lockd_replicas
         self.progress(f"lockd: starting {n} replica{'s' if n > 1 else ''}; "
                       f"nodeagent: starting on node {self.node!r} (backend {s.backend})")
@@ -226,6 +229,15 @@ class LocalCluster:
             self.progress(f"nodeagent: SIMULATED device of {_size(s.sim_device_capacity_bytes)} in {self.sim_dir} "
                           f"(snapshot {s.sim_snapshot_bytes_per_s / 1e9:g} GB/s, "
                           f"restore {s.sim_restore_bytes_per_s / 1e9:g} GB/s)")
+
+    def _admin_token_file(self) -> str:
+        """The admin token of this cluster, in <run_dir>/admin-token (mode 0600): $TIMESLICE_ADMIN_TOKEN
+        if set, else a fresh random one. This process's own admin calls use it too."""
+        path = self.run_dir / TOKEN_FILE_NAME
+        write_token_file(path, os.environ.get(ENV_ADMIN_TOKEN, "").strip() or secrets.token_urlsafe(32))
+        if not os.environ.get(ENV_ADMIN_TOKEN):
+            os.environ[ENV_ADMIN_TOKEN_FILE] = str(path)
+        return str(path)
 
     def _agent_child(self, eps: str, env: dict) -> Child:
         s = self.settings
@@ -317,6 +329,7 @@ class LocalCluster:
                     "restore_bytes_per_s": s.sim_restore_bytes_per_s} if self.backend == "sim" else None,
             "processes": [c.to_dict() for c in self.children()],
             "etcdctl": self.etcdctl_command(),
+            "admin_token_file": str(self.run_dir / TOKEN_FILE_NAME),
         }
 
     def write_state(self) -> None:
