@@ -6,9 +6,11 @@ re-created group's grant to another job would look like an ordinary handoff).
 Before the delete, one notice per queued job is written under
 ``jobs/<job>/revoked/<group>`` ({group, token, held}), leased to the job's own
 session so it can never outlive the job. The job's next Yield of that group
-with that token gets ABORTED "group_deleted: ..." and the notice is consumed.
-Reading it costs nothing on the normal path: only a Yield that already failed
-looks for a notice.
+with that token gets ABORTED "group_deleted: ..." and the notice is consumed;
+until then every KeepAlive reply lists the group (``revoked_groups``), so a
+holder in the middle of its GPU phase learns of it within a keepalive period.
+A Yield pays nothing on the normal path (only a Yield that already failed
+looks for a notice); a KeepAlive pays one small keys-only read.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient
 from tscore.keys import Keys
 
+MAX_LISTED = 64      # revoked groups a KeepAlive reply lists
 BATCH = 64          # puts per transaction: etcd refuses a txn of more than --max-txn-ops (128) operations
 
 
@@ -49,6 +52,13 @@ class Revocations:
                     except EtcdLeaseGone:
                         continue
         return written
+
+    async def pending(self, job: str) -> list[str]:
+        """Groups deleted under ``job`` that its Yield has not been told of yet (at most MAX_LISTED)."""
+        prefix = self.keys.revocations(job)
+        # Keys only, bounded: one small read per keepalive (a few per minute per job).
+        r = await self.client.range(ops.range_req(prefix, prefix=True, keys_only=True, limit=MAX_LISTED))
+        return [kv.key[len(prefix):].decode() for kv in r.kvs]
 
     async def raise_if_revoked(self, job: str, group: str, token: int) -> None:
         """After a failed Yield: raise GroupRevoked if the group was deleted under this very hold."""

@@ -37,7 +37,10 @@ class LockdServicer(pbg.LockdServicer):
 
     @rpc
     async def KeepAlive(self, req, context):
-        return pb.KeepAliveReply(ttl_seconds=await self.r.sessions.keepalive(req.job_id, req.session_secret))
+        ttl = await self.r.sessions.keepalive(req.job_id, req.session_secret)
+        # A holder learns here, within a keepalive period, that its group was deleted under it.
+        revoked = await self.r.groups.revocations.pending(req.job_id)
+        return pb.KeepAliveReply(ttl_seconds=ttl, revoked_groups=revoked)
 
     @rpc
     async def Acquire(self, req, context):

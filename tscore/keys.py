@@ -106,8 +106,11 @@ class Keys:
             raise ValueError(f"pid must be a positive integer, got {pid!r}")
         return self.workers(job) + f"{check_id('node', node)}/{pid}".encode()
 
+    def revocations(self, job: str) -> bytes:
+        return self.job(job) + b"revoked/"
+
     def revoked(self, job: str, group: str) -> bytes:
-        return self.job(job) + b"revoked/" + check_id("group", group).encode()
+        return self.revocations(job) + check_id("group", group).encode()
 
     # --- nodes ----------------------------------------------------------------
     def nodes(self) -> bytes:

@@ -107,11 +107,16 @@ async def test_deleting_a_held_group_tells_the_holder_and_fences_its_token(stack
     await admin.CreateGroup(lpb.CreateGroupRequest(group_id="del-g", nodes=[lpb.NodeSpec(node=NODE)]), timeout=10)
     gb = await b.acquire("del-g", hint=30 * MiB)       # 30 MiB do not fit beside A's 40 on 64
     assert gb.token > ga.token and not gb.elided          # A's process was moved out for B
-    # A's next call on the group says the group was deleted under its hold (not a plain "not queued").
+    # A hears of it on its keepalive, in the middle of its GPU phase ...
+    ka = await a.stub.KeepAlive(lpb.SessionRef(job_id=a.job_id, session_secret=a.secret), timeout=10)
+    assert list(ka.revoked_groups) == ["del-g"]
+    # ... and its next call on the group says the group was deleted under its hold (not a plain "not queued").
     e = await rpc_error(a.yield_("del-g", ga.token))
     assert e.code() == grpc.StatusCode.ABORTED and "group_deleted" in e.details(), e
     e = await rpc_error(a.yield_("del-g", ga.token))      # told once; then the ordinary answer
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION, e
+    ka = await a.stub.KeepAlive(lpb.SessionRef(job_id=a.job_id, session_secret=a.secret), timeout=10)
+    assert list(ka.revoked_groups) == []
     # A stale order carrying A's old token (a deposed leader's) is refused by the agent.
     ikey, skey = stack.keys.intent(NODE, a.job_id), stack.keys.status(NODE, a.job_id)
     stale = R.IntentValue(R.RESTORE, a.job_id, "del-g", ga.token, ga.leader_epoch, R.now_ms())
