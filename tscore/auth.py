@@ -140,6 +140,7 @@ class Gate(grpc.aio.ServerInterceptor):
 
     def __init__(self, authority: Authority, protected: frozenset[str]):
         self.authority, self.protected = authority, protected
+        self._wrapped: dict[str, tuple[object, object]] = {}     # method -> (handler, wrapped handler)
 
     async def _refusal(self, method: str, request, context) -> tuple[grpc.StatusCode, str] | None:
         if method in self.protected:
@@ -155,7 +156,16 @@ class Gate(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        method = details.method.rpartition("/")[2]
+        # Wrap each method's handler once, not per call (the hot path is a few etcd round trips).
+        cached = self._wrapped.get(details.method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(details.method.rpartition("/")[2], handler)
+        if len(self._wrapped) < 256:
+            self._wrapped[details.method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, method: str, handler):
         gate = self._refusal
         handler = handler._replace(request_deserializer=_safe_deserializer(handler.request_deserializer))
         if handler.unary_unary is not None:
