@@ -266,3 +266,23 @@ def test_up_foreground_three_etcd_members_and_sigint(tmp_path):
             proc.kill()
             proc.wait()
         kill_leftovers(doc)
+
+
+def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
+    doc = cluster["doc"]
+    token_file = Path(doc["admin_token_file"])
+    assert token_file.parent == cluster["run"] and token_file.stat().st_mode & 0o777 == 0o600
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIMESLICE_ADMIN_TOKEN", "TIMESLICE_TARGET"))}
+    here = tmp_path / "here.env"
+    here.write_text(f"LOG_DIR={cluster['logs']}\n")        # where `timeslice up` keeps its runs
+    r = subprocess.run([PY, "-m", "timeslice.cli", "group", "create", "tok-g", "--node", doc["node"]],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    elsewhere = tmp_path / "elsewhere.env"
+    elsewhere.write_text(f"LOG_DIR={tmp_path / 'no-runs'}\n")   # no local cluster: no token to find
+    r = subprocess.run([PY, "-m", "timeslice.cli", "--target", doc["target"], "group", "delete", "tok-g"],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(elsewhere)})
+    assert r.returncode == 1 and "admin" in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+    assert r.returncode == 0, r.stdout + r.stderr
