@@ -21,7 +21,6 @@ from pathlib import Path
 import structlog
 
 from nodeagent import intents as I
-from nodeagent.protected import protected_reason
 from nodeagent.backends import pick_backend
 from nodeagent.backends.base import Backend
 from nodeagent.config import AgentConfig
@@ -31,6 +30,7 @@ from nodeagent.inventory import Inventory
 from nodeagent.jobs import LocalJobs
 from nodeagent.metrics import Metrics
 from nodeagent.nodelock import NodeLock
+from nodeagent.protected import protected_reason
 from nodeagent.reporter import Reporter
 from nodeagent.runner import Runner
 from nodeagent.tokens import TokenBook

@@ -102,8 +102,17 @@ async def test_deleting_a_held_group_tells_the_holder_and_fences_its_token(stack
     await b.register(NODE, wb.pid, 8 * MiB)
     await admin.CreateGroup(lpb.CreateGroupRequest(group_id="del-g", nodes=[lpb.NodeSpec(node=NODE)]), timeout=10)
     ga = await a.acquire("del-g", hint=40 * MiB)
+    c = await jobs("waiter")
+    waiting = asyncio.ensure_future(c.acquire("del-g"))
+
+    async def c_queued():
+        st = await admin.GetGroupStatus(lpb.GroupRef(group_id="del-g"), timeout=10)
+        return [w.job_id for w in st.waiters] == [c.job_id]
+    await _wait(c_queued, "the waiter is queued")
     # An admin deletes the group under A's hold and makes it again; B is granted it.
     assert (await admin.DeleteGroup(lpb.DeleteGroupRequest(group_id="del-g", force=True), timeout=10)).deleted
+    e = await rpc_error(waiting)                          # the waiting call is told at once, not left hanging
+    assert e.code() == grpc.StatusCode.NOT_FOUND and "del-g" in e.details(), e
     await admin.CreateGroup(lpb.CreateGroupRequest(group_id="del-g", nodes=[lpb.NodeSpec(node=NODE)]), timeout=10)
     gb = await b.acquire("del-g", hint=30 * MiB)       # 30 MiB do not fit beside A's 40 on 64
     assert gb.token > ga.token and not gb.elided          # A's process was moved out for B

@@ -18,8 +18,8 @@ import grpc
 from aetcd import Client as _AetcdClient
 from aetcd import rpc
 
-from tscore.errors import ConfigError, EtcdError, EtcdUnavailable, OutcomeUnknown
-from tscore.etcd.errmap import map_error  # noqa: F401 - the table lives there; re-exported
+from tscore.errors import ConfigError, EtcdUnavailable
+from tscore.etcd.errmap import map_error
 
 # Client-side HTTP/2 keepalive finds a dead or paused member, so pick_first moves
 # on to the next endpoint. etcd rejects pings more often than every 5 s by default.
