@@ -50,6 +50,7 @@ class AgentConfig:
     listen: str = f"127.0.0.1:{D.NODEAGENT_PORT}"   # loopback unless told: the direct API is for this host
     advertise: str = ""                       # endpoint written in the agent key; "" = derived
     metrics_port: int = D.NODEAGENT_METRICS_PORT   # -1: no metrics endpoint
+    metrics_host: str = "0.0.0.0"                  # address the metrics endpoint binds (pod IP / 127.0.0.1)
     backend: str = "auto"
     state_dir: str = DEFAULT_STATE_DIR
     host_reserve_bytes: int = DEFAULT_HOST_RESERVE_BYTES
@@ -118,6 +119,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              help="gRPC host:port (port 0: any free); loopback by default, give the pod IP to let lockd in")
     env_flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
     env_flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (pod IP, 127.0.0.1)")
     env_flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
     env_flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
           help="local state (fencing tokens, snapshot size records)")
@@ -154,6 +156,7 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
         return AgentConfig(
             node=a.node or socket.gethostname(), etcd=etcd, prefix=a.prefix, listen=a.listen,
             advertise=a.advertise or "", metrics_port=int(a.metrics_port), backend=a.backend,
+            metrics_host=a.metrics_host or "0.0.0.0",
             state_dir=a.state_dir, host_reserve_bytes=int(a.host_reserve_bytes),
             lock_timeout_ms=int(a.lock_timeout_ms), refresh_interval=float(a.refresh_interval),
             session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,

@@ -286,3 +286,21 @@ def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
     r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
                        capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _listen_addresses(port: int) -> set[str]:
+    """Local addresses listening on TCP ``port`` (IPv4, from /proc/net/tcp)."""
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, _, p = local.partition(":")
+        if state == "0A" and int(p, 16) == port:
+            out.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return out
+
+
+def test_up_serves_metrics_on_loopback_only(cluster):
+    ports = [p["metrics_port"] for p in cluster["doc"]["processes"] if p.get("metrics_port")]
+    assert ports
+    for port in ports:
+        assert _listen_addresses(int(port)) == {"127.0.0.1"}, port
