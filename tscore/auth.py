@@ -165,9 +165,17 @@ class Gate(grpc.aio.ServerInterceptor):
             self._wrapped[details.method] = (handler, wrapped)
         return wrapped
 
-    def _wrap(self, method: str, handler):
+    def _wrap(self, method: str, original):
         gate = self._refusal
-        handler = handler._replace(request_deserializer=_safe_deserializer(handler.request_deserializer))
+        if original.unary_unary is None and original.unary_stream is None:
+            # Client-streaming methods: none exist; a protected one must not slip through unchecked.
+            if method not in self.protected:
+                return original
+
+            async def refuse(_requests, context):
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"{method} cannot be admitted here")
+            return grpc.stream_unary_rpc_method_handler(refuse)
+        handler = original._replace(request_deserializer=_safe_deserializer(original.request_deserializer))
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
@@ -177,14 +185,12 @@ class Gate(grpc.aio.ServerInterceptor):
                     await context.abort(*why)
                 return await inner(request, context)
             return handler._replace(unary_unary=unary)
-        if handler.unary_stream is not None:
-            inner_s = handler.unary_stream
+        inner_s = handler.unary_stream
 
-            async def stream(request, context):
-                why = await gate(method, request, context)
-                if why is not None:
-                    await context.abort(*why)
-                async for item in inner_s(request, context):
-                    yield item
-            return handler._replace(unary_stream=stream)
-        return handler
+        async def stream(request, context):
+            why = await gate(method, request, context)
+            if why is not None:
+                await context.abort(*why)
+            async for item in inner_s(request, context):
+                yield item
+        return handler._replace(unary_stream=stream)
