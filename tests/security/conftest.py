@@ -3,8 +3,8 @@
 Everything an attacker talks to is a real process on loopback; the admin token
 is the harness's shared one ($TIMESLICE_ADMIN_TOKEN), which the attacker's
 calls do not carry unless a test says so. ``etcd_state`` is the "nothing
-changed" check: every key under the stack's prefix with its value and
-mod_revision, less the agent's liveness key (it refreshes on its own timer).
+changed" check: every key that names the test's jobs or groups, with its value
+and mod_revision.
 """
 from __future__ import annotations
 
@@ -84,11 +84,17 @@ async def etcd_client(stack):
     await c.close()
 
 
-async def etcd_state(client: EtcdClient, keys: Keys) -> dict[bytes, tuple[bytes, int]]:
-    """Every key of the stack (value, mod_revision), except agent liveness keys that refresh on a timer."""
+async def etcd_state(client: EtcdClient, keys: Keys, *ids: str) -> dict[bytes, tuple[bytes, int]]:
+    """The keys that name any of ``ids`` (jobs, groups, as a key segment) with value and mod_revision.
+
+    Scoped to the test's own jobs and groups: lockd's housekeeping of jobs that
+    earlier tests left (it deletes their intents and statuses) may run at any time.
+    """
+    assert ids, "name the jobs and groups whose keys must not change"
+    segs = [f"/{i}/".encode() for i in ids]
     r = await client.range(ops.range_req(keys.root(), prefix=True))
     return {kv.key: (kv.value, kv.mod_revision) for kv in r.kvs
-            if not (kv.key.startswith(keys.nodes()) and kv.key.endswith(b"/agent"))}
+            if any(seg in kv.key + b"/" for seg in segs)}
 
 
 async def rpc_error(call) -> grpc.aio.AioRpcError:

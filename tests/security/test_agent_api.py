@@ -21,7 +21,7 @@ async def test_unauthenticated_callers_cannot_snapshot_restore_or_see_processes(
     victim = await jobs("victim")
     w = workers(4 * MiB, seed=3)
     await victim.register(NODE, w.pid, 4 * MiB)
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, victim.job_id, "mallory")
     async with grpc.aio.insecure_channel(stack.agent.target) as ch:
         stub = pbg.NodeAgentStub(ch)
         for req in (pb.OperationRequest(job_id="mallory", pids=[w.pid]), pb.OperationRequest(job_id=victim.job_id)):
@@ -40,14 +40,14 @@ async def test_unauthenticated_callers_cannot_snapshot_restore_or_see_processes(
     assert anonymous.node == NODE and anonymous.gpus and not anonymous.processes
     assert (w.pid, victim.job_id) in {(p.pid, p.job_id) for p in operator.processes}
     assert w.verify(timeout=10)
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, victim.job_id, "mallory") == before
 
 
 async def test_a_job_name_does_not_reach_another_jobs_pid(stack, etcd_client, jobs, workers):
     victim, mallory = await jobs("victim"), await jobs("mallory")
     w = workers(4 * MiB, seed=4)
     await victim.register(NODE, w.pid, 4 * MiB)
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, victim.job_id, mallory.job_id)
     async with admin_channel(stack.agent.target) as ch:          # even an operator's call names the right job
         stub = pbg.NodeAgentStub(ch)
         for call in (stub.Snapshot, stub.Restore):
@@ -55,7 +55,7 @@ async def test_a_job_name_does_not_reach_another_jobs_pid(stack, etcd_client, jo
             assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
             assert "not registered workers" in e.details()
     assert w.verify(timeout=10)
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, victim.job_id, mallory.job_id) == before
 
 
 async def test_init_the_agent_and_lockd_are_never_acted_on(stack, etcd_client, jobs):
@@ -63,7 +63,7 @@ async def test_init_the_agent_and_lockd_are_never_acted_on(stack, etcd_client, j
     protected = [1, stack.agent.pid, stack.lockd.replicas[0].pid]
     for pid in protected:                       # lockd cannot know these pids; the agent refuses them
         await mallory.register(NODE, pid)
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, mallory.job_id)
     async with admin_channel(stack.agent.target) as ch:
         stub = pbg.NodeAgentStub(ch)
         for pid in protected:
@@ -72,14 +72,14 @@ async def test_init_the_agent_and_lockd_are_never_acted_on(stack, etcd_client, j
         e = await rpc_error(stub.Snapshot(pb.OperationRequest(job_id=mallory.job_id), timeout=10))
         assert e.code() == grpc.StatusCode.NOT_FOUND, e           # nothing of mallory's may be moved
     assert stack.lockd.replicas[0].alive() and stack.agent.alive()
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, mallory.job_id) == before
 
 
 async def test_pids_per_request_are_bounded(stack, etcd_client, jobs, workers):
     victim = await jobs("victim")
     w = workers(4 * MiB, seed=5)
     await victim.register(NODE, w.pid, 4 * MiB)
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, victim.job_id)
     async with admin_channel(stack.agent.target) as ch:
         stub = pbg.NodeAgentStub(ch)
         for n in (65, 400_000):
@@ -88,7 +88,7 @@ async def test_pids_per_request_are_bounded(stack, etcd_client, jobs, workers):
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
             assert "max_pids_per_request" in e.details() and len(e.details()) < 1024
     assert w.verify(timeout=10)
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, victim.job_id) == before
 
 
 async def test_malformed_agent_request_is_invalid_argument(stack):

@@ -18,7 +18,7 @@ from tsproto import nodeagent_pb2_grpc as npbg
 async def test_group_calls_need_the_admin_token(stack, etcd_client, admin, jobs):
     await admin.CreateGroup(lpb.CreateGroupRequest(group_id="adm-g", nodes=[lpb.NodeSpec(node="n1")]), timeout=10)
     mallory = await jobs("mallory")            # a job with a valid session is no admin
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, "adm-g", "adm-h", mallory.job_id)
     e = await rpc_error(mallory.stub.DeleteGroup(lpb.DeleteGroupRequest(group_id="adm-g", force=True), timeout=10))
     assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
     e = await rpc_error(mallory.stub.CreateGroup(lpb.CreateGroupRequest(group_id="adm-h"), timeout=10))
@@ -27,7 +27,7 @@ async def test_group_calls_need_the_admin_token(stack, etcd_client, admin, jobs)
         e = await rpc_error(lpbg.LockdStub(ch).DeleteGroup(lpb.DeleteGroupRequest(group_id="adm-g", force=True),
                                                            timeout=10))
         assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, "adm-g", "adm-h", mallory.job_id) == before
     assert (await admin.DeleteGroup(lpb.DeleteGroupRequest(group_id="adm-g"), timeout=10)).deleted
 
 
@@ -41,12 +41,12 @@ async def _own_lockd(stack, tmp_path, rid: str, env: dict, extra: list[str]) -> 
 async def test_without_a_token_admin_calls_are_off_unless_explicitly_opened(stack, etcd_client, tmp_path):
     off = await _own_lockd(stack, tmp_path, "notoken", {"TIMESLICE_ADMIN_TOKEN": ""}, [])
     try:
-        before = await etcd_state(etcd_client, stack.keys)
+        before = await etcd_state(etcd_client, stack.keys, "off-g")
         async with admin_channel(off.target) as ch:        # even with the (unknown to it) token
             e = await rpc_error(lpbg.LockdStub(ch).CreateGroup(lpb.CreateGroupRequest(group_id="off-g"),
                                                                timeout=10))
         assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
-        assert await etcd_state(etcd_client, stack.keys) == before
+        assert await etcd_state(etcd_client, stack.keys, "off-g") == before
     finally:
         off.stop()
     opened = await _own_lockd(stack, tmp_path, "insecure", {"TIMESLICE_ADMIN_TOKEN": ""},
@@ -70,10 +70,10 @@ async def test_groups_are_bounded_in_number(stack, etcd_client, tmp_path):
                 await stub.CreateGroup(lpb.CreateGroupRequest(group_id=f"few-{i}"), timeout=10)
             while len((await stub.ListGroups(lpb.ListGroupsRequest(), timeout=10)).groups) < 2:
                 await asyncio.sleep(0.05)              # the replica's mirror catches up
-            before = await etcd_state(etcd_client, stack.keys)
+            before = await etcd_state(etcd_client, stack.keys, "few-0", "few-1", "few-x")
             e = await rpc_error(stub.CreateGroup(lpb.CreateGroupRequest(group_id="few-x"), timeout=10))
             assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_groups" in e.details(), e
-            assert await etcd_state(etcd_client, stack.keys) == before
+            assert await etcd_state(etcd_client, stack.keys, "few-0", "few-1", "few-x") == before
             for i in range(2):
                 try:
                     await stub.DeleteGroup(lpb.DeleteGroupRequest(group_id=f"few-{i}"), timeout=10)

@@ -35,11 +35,11 @@ async def test_a_job_cannot_register_another_jobs_pid(stack, etcd_client, admin,
     w = workers(4 * MiB, seed=9)
     await victim.register(NODE, w.pid, 4 * MiB)
     await _until(lambda: _workers_of_eq(admin, victim.job_id, 1), "lockd sees the victim's worker")
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, victim.job_id, thief.job_id)
     e = await rpc_error(thief.register(NODE, w.pid, 4 * MiB))
     assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e
     assert victim.job_id not in e.details()                 # who owns the pid is not told
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, victim.job_id, thief.job_id) == before
     assert w.verify(timeout=10)
 
 
@@ -53,15 +53,15 @@ async def test_workers_per_job_are_bounded(stack, etcd_client, admin, jobs):
     for i in range(256):
         await hoarder.register(node, 3_000_000 + i)
     await _until(lambda: _workers_of_eq(admin, hoarder.job_id, 256), "lockd sees 256 workers")
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, hoarder.job_id)
     e = await rpc_error(hoarder.register(node, 3_000_999))
     assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "max_workers_per_job" in e.details(), e
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, hoarder.job_id) == before
     await hoarder.register(node, 3_000_000)                   # re-registering one it has is fine
 
 
 async def test_group_specs_are_bounded_and_messages_stay_short(stack, etcd_client, admin):
-    before = await etcd_state(etcd_client, stack.keys)
+    before = await etcd_state(etcd_client, stack.keys, "big-gpus", "big-spec")
     huge_gpus = lpb.CreateGroupRequest(group_id="big-gpus", nodes=[lpb.NodeSpec(node="n1", gpus=range(100_000))])
     e = await rpc_error(admin.CreateGroup(huge_gpus, timeout=20))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_gpus_per_node" in e.details(), e
@@ -70,7 +70,7 @@ async def test_group_specs_are_bounded_and_messages_stay_short(stack, etcd_clien
                                                                    for n in names])
     e = await rpc_error(admin.CreateGroup(huge_spec, timeout=20))
     assert e.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_spec_bytes" in e.details(), e
-    assert await etcd_state(etcd_client, stack.keys) == before
+    assert await etcd_state(etcd_client, stack.keys, "big-gpus", "big-spec") == before
     # A large legal group; re-creating it differently must name the conflict in a short message
     # (a message echoing every node went past gRPC's metadata limit: RESOURCE_EXHAUSTED).
     await admin.CreateGroup(lpb.CreateGroupRequest(group_id="wide", nodes=[lpb.NodeSpec(node=n)
