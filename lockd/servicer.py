@@ -11,10 +11,10 @@ import time
 
 import structlog
 
+from lockd.errors import NotFound
 from lockd.replica import Replica
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
-from lockd.errors import NotFound
 from tscore.errors import LockError, TimesliceError
 from tscore.serving import bounded, rpc, status_of
 
