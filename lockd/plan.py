@@ -37,6 +37,7 @@ class WriteIntent:
     op: str
     token: int
     expect_mod_revision: int              # 0: the intent key must be absent
+    need_bytes: int = 0                   # snapshot: room the incoming job needs here (0: release all)
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,10 @@ class Scheduler:
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.WriteIntent):
             key = k.intent(a.node, a.job)
-            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms())
+            gs = self.index.groups.get(group)
+            spec = R.GroupSpec.load(gs.spec.value) if gs is not None and gs.spec is not None else None
+            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms(),
+                                isolation=spec.isolation if spec else R.ISOLATION_NONE, need_bytes=a.need_bytes)
             resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, val.dump())])
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))

@@ -67,6 +67,9 @@ class AgentConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None          # and require client certificates signed by this CA (mutual TLS)
     log_level: str = "info"
+    channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
+    swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
+    freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
 
     def __post_init__(self) -> None:
         check_id("node", self.node)
@@ -90,6 +93,8 @@ class AgentConfig:
             raise ConfigError("--lock-timeout-ms must be > 0: an unbounded lock can wedge the agent")
         if not 0 < self.refresh_interval < self.session.ttl:
             raise ConfigError(f"--refresh-interval must be in (0, session ttl {self.session.ttl}s)")
+        if not 0 < self.swap_deadline_s <= 3600:
+            raise ConfigError("--swap-deadline-s must be in (0, 3600]")
         if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
             raise ConfigError("--sim-capacity-bytes must be > 0")
         for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
@@ -143,6 +148,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--tls-key", default=None, help="server key")
     env_flag(p, "--tls-client-ca", default=None, help="CA of the client certificates to require (mutual TLS)")
     env_flag(p, "--log-level", default="info")
+    env_flag(p, "--channel-socket", "TIMESLICE_AGENT_SOCKET", default="",
+          help="Unix socket for cooperative workers (default: /run/timeslice/agent-<node>.sock as root, "
+               "else a per-user temp dir)")
+    env_flag(p, "--swap-deadline-s", type=float, default=120.0,
+          help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--freeze-parked", action="store_true", default=False,
+          help="lock paused cooperative workers: a stray GPU call waits while parked, but (measured on an "
+               "H200) faults once unlocked for the resume; off by default")
 
 
 
@@ -164,6 +177,8 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
             sim_restore_gbps=_opt(a.sim_restore_gbps, float), admin_token_file=a.admin_token_file or None,
             insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), tls_cert=a.tls_cert or None,
-            tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level)
+            tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level,
+            channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
+            freeze_parked=bool(a.freeze_parked))
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e

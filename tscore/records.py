@@ -159,6 +159,8 @@ class IntentValue(Record):
     token: int                   # the fencing token of the grant this swap serves
     leader_epoch: int
     issued_ms: int = 0
+    isolation: str = ISOLATION_NONE   # the group's policy (cooperative workers: also checkpoint the rest)
+    need_bytes: int = 0          # snapshot: device bytes the incoming job needs on this node (0: release all)
 
 
 @dataclass

@@ -401,6 +401,40 @@ class OrchestratorClient(ClientCore):
                      deadline=self._deadline(self.config.timeout))
         return w
 
+    def cooperate(self, memory, *, node: str | None = None, socket_path: str | None = None,
+                  gpus: Sequence[int] = (), prepin: bool = True):
+        """Make this process a *cooperative* worker: it moves its own device memory when asked.
+
+        Opens the node-local channel to the node agent (which learns this
+        process's pid from the kernel), registers the worker with
+        ``swap="cooperative"`` and the memory's tags, and serves the agent's
+        pause/resume requests on a daemon thread. ``prepin`` pays the one-time
+        cost of allocating the retained pinned host backup now (call this while
+        the job holds a group, before its loop), not during the first swap.
+        Returns the ``CooperativeWorker``; ``close()`` closes it too.
+        """
+        from timeslice.config import node_name
+        from timeslice.cooperative import CooperativeWorker
+        self._ensure_session()
+        node = node or node_name()
+        w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
+        pid = w.connect()
+        try:
+            self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
+                                 swap="cooperative", gpus=gpus, tags=dict(memory.tags))
+            w.start()
+            if prepin and hasattr(memory, "prepin"):
+                t0 = time.monotonic()
+                memory.prepin()
+                log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
+                         elapsed_s=round(time.monotonic() - t0, 3))
+        except BaseException:
+            w.close()
+            raise
+        with self._mu:
+            self._cooperative.append(w)
+        return w
+
     # == admin and status ==============================================================
     def groups(self) -> list[Group]:
         r = self._invoke(Call.LIST_GROUPS, pb.ListGroupsRequest, deadline=self._deadline(self.config.timeout))
@@ -485,6 +519,10 @@ class OrchestratorClient(ClientCore):
                 return
             self._closing = True          # a deliberate close is not a session loss
         self._ka_stop.set()
+        with self._mu:
+            workers, self._cooperative = self._cooperative, []
+        for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
+            w.close()
         s = self._session
         if s is not None and self._lost is None:
             self._close_session(s, timeout)

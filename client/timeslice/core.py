@@ -61,6 +61,7 @@ class ClientCore:
         self._closed = False
         self._closing = False
         self._held: dict[str, Grant] = {}
+        self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
         if self.config.job_id_generated:
             # A warning, so that it shows without any logging set-up: the job's
             # queue entries and workers carry this id.

@@ -136,7 +136,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
     todo = [p for p in pids if states[p] in (ProcState.RUNNING, ProcState.LOCKED)]
     need = 0
     for p in todo:
-        n = backend.device_bytes(p)
+        n = backend.host_bytes_needed(p)
         if n is None:
             return _refuse_all("snapshot", pids, states, e.SizeUnknown(
                 f"snapshot refused: device memory of pid {p} is unknown, so fitting it in host memory "
