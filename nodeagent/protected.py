@@ -1,9 +1,10 @@
 """Processes the agent never snapshots or restores, whoever asks.
 
-Pid 1 (init, or a container's entrypoint), the agent itself and its parent,
-and the processes of the system's own servers (etcd, lockd, another node
-agent): freezing one of them would stop the machinery that unfreezes
-everything else. Recognised by their command line in /proc, which the agent
+Pid 1 (init, or a container's entrypoint), the agent itself, and the
+processes of the system's own servers (etcd, lockd, another node agent):
+freezing one of them would stop the machinery that unfreezes everything else.
+(The agent's parent is not on the list: a test or a launcher may start an
+agent and be a worker itself.) Recognised by their command line in /proc, which the agent
 reads anyway (it runs with the host's pid namespace on Kubernetes).
 """
 from __future__ import annotations
@@ -33,8 +34,6 @@ def protected_reason(pid: int, proc_root: str = procfs.PROC_ROOT) -> str:
         return "pid 1 is init"
     if pid == os.getpid():
         return "it is the node agent itself"
-    if pid == os.getppid():
-        return "it is the node agent's parent"
     argv = _argv(pid, proc_root)
     for a in argv[:3]:
         base = os.path.basename(a)

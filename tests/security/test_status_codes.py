@@ -18,6 +18,7 @@ TRANSIENT = {
     "OutcomeUnknown",     # the reply of a write was lost
     "ElectionError", "NotLeader",   # leadership moves; the next replica answers
     "AgentStopping",      # the agent is going; its successor answers
+    "ChannelClosed",      # a cooperative worker has not (re)connected to the agent yet
 }
 
 
