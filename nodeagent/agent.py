@@ -270,16 +270,21 @@ class Agent:
         finally:
             self._drivers.pop(job, None)
 
-    async def pids(self, job: str) -> tuple[list[int], list[int]]:
-        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
+    async def registrations(self, job: str) -> list[R.WorkerValue]:
+        """``job``'s worker registrations on this node, read fresh from etcd."""
         prefix = self.keys.workers(job) + f"{self.node}/".encode()
         r = await self.client.range(ops.range_req(prefix, prefix=True))
-        entries = []
+        out = []
         for kv in r.kvs:
             try:
-                entries.append(R.WorkerValue.load(kv.value).__dict__)
+                out.append(R.WorkerValue.load(kv.value))
             except Exception:  # noqa: BLE001 - a malformed registration names no process
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
+        return out
+
+    async def pids(self, job: str, regs: list[R.WorkerValue] | None = None) -> tuple[list[int], list[int]]:
+        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
+        entries = [w.__dict__ for w in (regs if regs is not None else await self.registrations(job))]
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
         # A job may register any pid; the agent never acts on init, itself or the system's servers.
@@ -296,12 +301,15 @@ class Agent:
                 await self._handle_locked(intent, ctx)
 
     async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
-        registered, remembered = await self.pids(intent.job)
+        regs = await self.registrations(intent.job)
+        registered, remembered = await self.pids(intent.job, regs)
         pic = await self.runner.picture(registered, remembered)
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
-        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0)
+        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0,
+                     I.checkpoint_refusal(regs))
         if d.kind != I.RUN:
-            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, token=d.fence,
+            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, gpu_bytes=pic.gpu_bytes,
+                          token=d.fence,
                           error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
             if await self._answer(intent, st):
                 self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()

@@ -220,6 +220,8 @@ class ChannelServer:
                 msg = await _read(reader)
                 if msg.get("type") == "done":
                     conn.deliver(msg)
+                elif msg.get("type") == "state":
+                    info.update(msg)            # e.g. the retained host backup, after prepin
         except (asyncio.IncompleteReadError, ConnectionError, C.ChannelError, OSError) as e:
             why = "closed" if isinstance(e, asyncio.IncompleteReadError) else str(e)[:200]
         finally:

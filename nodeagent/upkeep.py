@@ -46,8 +46,12 @@ class Upkeep:
     async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
         a = self.agent
         pictures = pictures if pictures is not None else await self.pictures()
-        resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
-        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident)
+        running = {j: p for j, p in pictures.items() if p.state == R.RUNNING}
+        resident = {j: p.resident_bytes for j, p in running.items()}
+        # Per device, for the leader's per-GPU plan; a job listed with {} has no device
+        # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
+        where = {j: p.resident_devices for j, p in running.items()}
+        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident, where)
         a.metrics.host_free.set(value.host_free_bytes)
         a.metrics.device_free.set(value.device_free_bytes)
         return value

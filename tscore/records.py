@@ -149,6 +149,9 @@ class AgentValue(Record):
     job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
     updated_ms: int = 0
     endpoint: str = ""
+    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at:
+    # where each has a device context ({} = none: CPU-only, or registered before CUDA init).
+    job_gpus: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -178,3 +181,4 @@ class StatusValue(Record):
     error: str = ""
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
+    gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)

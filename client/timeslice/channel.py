@@ -18,6 +18,7 @@ longer one is cut off. Messages (``type`` field):
     agent  -> worker  pause    {id, tags | null, token, deadline_ms}
                       resume   {id, token, deadline_ms}
                       ping     {id}
+    worker -> agent   state    {paused, host_bytes, region_bytes}   unasked, e.g. after prepin
     worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms,
                                 tags, host_bytes, region_bytes, error, code}
 

@@ -426,6 +426,7 @@ class OrchestratorClient(ClientCore):
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()
                 memory.prepin()
+                w.announce()
                 log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
                          elapsed_s=round(time.monotonic() - t0, 3))
         except BaseException:

@@ -101,6 +101,7 @@ class CooperativeWorker:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._mu = threading.Lock()                    # one request at a time
+        self._send_mu = threading.Lock()               # frames from two threads never interleave
 
     # -- connection ------------------------------------------------------------------
     def _hello(self) -> dict:
@@ -138,6 +139,18 @@ class CooperativeWorker:
         self._thread.start()
         return self
 
+    def announce(self) -> None:
+        """Tell the agent what changed on our side (e.g. the host backup allocated by prepin),
+        so its host-memory admission counts the retained backup instead of asking for it again."""
+        s = self._sock
+        if s is None:
+            return
+        try:
+            with self._send_mu:
+                C.send(s, {"type": "state", **self._state()})
+        except (OSError, C.ChannelError):
+            pass                                       # the serving thread reconnects; its hello says it all
+
     def close(self) -> None:
         self._closed.set()
         s, self._sock = self._sock, None
@@ -161,7 +174,9 @@ class CooperativeWorker:
                     delay = 0.1
                     continue
                 msg = C.recv(s)
-                C.send(s, self.handle(msg))
+                reply = self.handle(msg)
+                with self._send_mu:
+                    C.send(s, reply)
             except (OSError, C.ChannelError) as e:
                 if self._closed.is_set():
                     return

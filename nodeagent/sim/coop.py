@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from nodeagent.backends.errors import IllegalState
 from nodeagent.sim.client import SimDeviceClient
-from nodeagent.sim.device import DEVICE_ID
+from nodeagent.sim.device import device_id
 
 ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
 DEFAULT_COOP_GBPS = 50.0
@@ -41,13 +41,14 @@ class SimCooperativeMemory:
     """SIMULATOR. ``regions``: tag -> (bytes, "offload" | "discard")."""
 
     def __init__(self, regions: Mapping[str, tuple[int, str]], sim_dir: str | os.PathLike | None = None,
-                 seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None):
+                 seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None,
+                 gpu: int | None = None):
         self.tags = {t: pol for t, (_, pol) in regions.items()}
         self._size = {t: int(n) for t, (n, _) in regions.items()}
         raw = os.environ.get(ENV_COOP_GBPS)
         self.bps = (gbps if gbps is not None else float(raw) if raw else DEFAULT_COOP_GBPS) * 1e9
         self.context_bytes = context_bytes
-        self.dev = SimDeviceClient.open(sim_dir)
+        self.dev = SimDeviceClient.open(sim_dir, gpu)
         self.dev.alloc(context_bytes)                      # the "CUDA context": the process is on the device
         self._dev: dict[str, bytearray | None] = {}
         self._host: dict[str, bytearray] = {}               # retained host backups (offload regions)
@@ -61,7 +62,7 @@ class SimCooperativeMemory:
 
     # -- what the channel asks -------------------------------------------------------
     def device_id(self) -> str:
-        return DEVICE_ID
+        return device_id(self.dev.gpu)
 
     def region_bytes(self) -> dict[str, int]:
         return dict(self._size)
@@ -72,7 +73,7 @@ class SimCooperativeMemory:
     def _account(self) -> None:
         """Set this process's holding on the device: context + resident regions (raises if it does not fit)."""
         total = self.context_bytes + sum(self._size[t] for t, b in self._dev.items() if b is not None)
-        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead)
+        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead, self.dev.gpu)
 
     def _pace(self, nbytes: int, t0: float) -> None:
         if self.bps > 0:

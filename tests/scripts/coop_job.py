@@ -10,7 +10,8 @@ Then one command per line on stdin, one JSON line per answer on stdout:
     touch <tag>              -> {"ok": false, "error"} for a released region (a stray call outside a hold)
     swaps                    -> {"ok", "swaps", "paused", "host_bytes"}
     quit                     -> {"ok"} and exit 0
-It prints {"ready": pid} once registered.
+It prints {"ready": pid} at start. Like a real job, it puts its memory on the device inside its
+first hold, and registers as a cooperative worker then.
 """
 import json
 import sys
@@ -29,15 +30,17 @@ def main(target, job, node, sim_dir, sock, regions):
     for part in regions.split(","):
         tag, n, pol = part.split(":")
         spec[tag] = (int(n), pol)
-    mem = SimCooperativeMemory(spec, sim_dir, seed=hash(job) & 0xFFFF, gbps=0)
     client = OrchestratorClient(target=target, job_id=job)
-    worker = client.cooperate(mem, node=node, socket_path=sock)
-    say(ready=worker.pid)
+    mem = worker = None
+    say(ready=__import__("os").getpid())
     for line in sys.stdin:
         cmd, *args = line.split()
         try:
             if cmd == "acquire":
                 g = client.acquire(args[0], timeout=60, device_bytes_hint=int(args[1]) if len(args) > 1 else 0)
+                if mem is None:
+                    mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=0)
+                    worker = client.cooperate(mem, node=node, socket_path=sock)
                 say(ok=True, token=g.token, restored=g.restored, bytes_moved=g.bytes_moved, elided=g.elided)
             elif cmd == "yield":
                 r = client.yield_(args[0])
