@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 
 import grpc
+from timeslice.auth import metadata_for
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
@@ -371,7 +372,7 @@ async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench
     if isinstance(stub_or_job, Job):
         stub = stub_or_job.channels.stub(stub_or_job.target)
     await stub.CreateGroup(pb.CreateGroupRequest(group_id=group, nodes=[pb.NodeSpec(node=n) for n in nodes]),
-                           timeout=10)
+                           timeout=10, metadata=metadata_for("CreateGroup"))
 
 
 def now() -> float:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
+from timeslice.auth import metadata_for
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
@@ -171,7 +172,7 @@ class World:
             for t in self.targets:
                 with grpc.insecure_channel(t) as ch:
                     try:
-                        return getattr(pbg.LockdStub(ch), method)(req, timeout=2)
+                        return getattr(pbg.LockdStub(ch), method)(req, timeout=2, metadata=metadata_for(method))
                     except grpc.RpcError as e:
                         if e.code() == grpc.StatusCode.ALREADY_EXISTS:
                             return None

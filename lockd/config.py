@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from lockd.plan import Policy
 from lockd.sessions import SessionLimits
 from tscore import defaults as D
+from tscore.auth import load_admin_token
 from tscore.errors import ConfigError
 from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import ElectionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
-from tscore.serving import add_etcd_flags, env_flag, etcd_config
+from tscore.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
 
 
 @dataclass(frozen=True)
@@ -29,11 +30,15 @@ class LockdConfig:
     listen: str = f"0.0.0.0:{D.LOCKD_PORT}"
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     metrics_port: int = D.LOCKD_METRICS_PORT      # -1: no metrics endpoint
+    metrics_host: str = "0.0.0.0"                 # address the metrics endpoint binds (pod IP / 127.0.0.1)
     election: ElectionTiming = field(default_factory=ElectionTiming)
     sessions: SessionLimits = field(default_factory=SessionLimits)
     policy: Policy = field(default_factory=Policy)
     tls_cert: str | None = None
     tls_key: str | None = None
+    admin_token_file: str | None = None        # None: $TIMESLICE_ADMIN_TOKEN, else admin calls are refused
+    insecure_no_admin_auth: bool = False       # admin calls open to anyone: throw-away test setups only
+    max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -44,6 +49,9 @@ class LockdConfig:
         host, _, port = self.listen.rpartition(":")
         if not host or not port.isdigit():
             raise ConfigError(f"--listen {self.listen!r} is not host:port")
+        load_admin_token(self.admin_token_file)     # a bad token file fails start-up, not the first call
+        if self.max_groups < 1:
+            raise ConfigError("--max-groups must be >= 1")
         if self.policy.swap_timeout_ms <= 0:
             raise ConfigError("--swap-timeout must be > 0")
 
@@ -53,6 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
     env_flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
     env_flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (pod IP, 127.0.0.1)")
     # Defaults sized for a failover within ~3 s: a dead leader's lease expires after
     # --lease-ttl, and plain handoffs go on meanwhile (fenced by its still-valid epoch).
     # 3 s is etcd's minimum lease TTL with its default 1 s election timeout.
@@ -64,7 +73,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")
     env_flag(p, "--tls-cert", default=None, help="server certificate (turns on TLS)")
     env_flag(p, "--tls-key", default=None, help="server key")
+    env_flag(p, "--admin-token-file", default=None,
+             help="file holding the admin bearer token that CreateGroup/DeleteGroup need "
+                  "(else $TIMESLICE_ADMIN_TOKEN; with neither, admin calls are refused)")
+    env_flag(p, "--insecure-no-admin-auth", type=_bool, default=False, nargs="?", const=True,
+             help="let anyone make admin calls (test setups only; never in production)")
+    env_flag(p, "--max-groups", type=int, default=4096, help="most groups the system holds")
     env_flag(p, "--log-level", default="info")
+
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:
@@ -74,8 +90,11 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
         kw["replica_id"] = a.replica_id
     return LockdConfig(
         etcd=etcd, prefix=a.prefix, listen=a.listen, metrics_port=int(a.metrics_port),
+        metrics_host=a.metrics_host or "0.0.0.0",
         election=ElectionTiming(int(a.lease_ttl), float(a.renew_deadline), float(a.retry_period)),
         sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl))),
         policy=Policy(swap_timeout_ms=int(float(a.swap_timeout) * 1000),
                       device_margin_bytes=int(a.device_margin_bytes)),
-        tls_cert=a.tls_cert, tls_key=a.tls_key, log_level=a.log_level, **kw)
+        tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
+        insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
+        log_level=a.log_level, **kw)

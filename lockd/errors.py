@@ -32,3 +32,21 @@ class Superseded(LockError):
     """A re-sent Acquire of the same job took over this call's queue entry."""
 
     code = "CANCELLED"
+
+
+class GroupRevoked(LockError):
+    """An admin deleted the group while this job held (or waited for) it."""
+
+    code = "ABORTED"
+
+
+class LimitExceeded(TimesliceError):
+    """A count limit (groups, workers of a job, ...) is reached; the message names the limit."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class NotOwner(TimesliceError):
+    """The caller asked to act on something that belongs to another job."""
+
+    code = "PERMISSION_DENIED"

@@ -1,9 +1,10 @@
 """Groups: create, delete, list, and the status picture (from this replica's mirror)."""
 from __future__ import annotations
 
-from lockd.errors import AlreadyExists, GroupBusy, NotFound
+from lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from lockd.index import StateIndex
 from lockd.plan import residency
+from lockd.revocations import Revocations
 from tsproto import lockd_pb2 as pb
 from tscore import records as R
 from tscore.errors import InvalidIdError
@@ -12,35 +13,54 @@ from tscore.etcd.client import EtcdClient
 from tscore.ids import check_id
 from tscore.keys import Keys
 
-MAX_NODES = 1024
+MAX_NODES = 1024             # nodes in one group
+MAX_GPUS_PER_NODE = 64       # GPU indexes per node of a group, each in 0..MAX_GPU_INDEX
+MAX_GPU_INDEX = 1023
+MAX_SPEC_BYTES = 128 * 1024  # a group's spec as stored (etcd's own request limit is 1.5 MiB)
+MAX_GROUPS = 4096            # groups in the system
 
 
 class Groups:
-    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex):
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, revocations: Revocations | None = None,
+                 max_groups: int = MAX_GROUPS):
         self.client, self.keys, self.index = client, keys, index
+        self.max_groups = max_groups
+        self.revocations = revocations or Revocations(client, keys)
 
     async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "") -> R.GroupSpec:
         check_id("group", group)
         if isolation not in R.ISOLATIONS:
             raise InvalidIdError(f"isolation must be one of {sorted(R.ISOLATIONS)}, got {isolation[:32]!r}")
         if len(nodes) > MAX_NODES:
-            raise InvalidIdError(f"a group has at most {MAX_NODES} nodes")
+            raise InvalidIdError(f"limit max_nodes: a group has at most {MAX_NODES} nodes, got {len(nodes)}")
         seen = set()
         for node, gpus in nodes:
             check_id("node", node)
             if node in seen:
                 raise InvalidIdError(f"node {node!r} listed twice")
             seen.add(node)
-            if any(g < 0 for g in gpus):
-                raise InvalidIdError("gpu indices must be >= 0")
+            if len(gpus) > MAX_GPUS_PER_NODE:
+                raise InvalidIdError(f"limit max_gpus_per_node: node {node!r} lists {len(gpus)} GPUs, "
+                                     f"at most {MAX_GPUS_PER_NODE}")
+            if any(not 0 <= g <= MAX_GPU_INDEX for g in gpus):
+                raise InvalidIdError(f"gpu indices must be in 0..{MAX_GPU_INDEX}")
         spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation)
+        size = len(spec.dump())
+        if size > MAX_SPEC_BYTES:
+            raise InvalidIdError(f"limit max_spec_bytes: the group spec is {size} bytes, at most {MAX_SPEC_BYTES}")
         key = self.keys.spec(group)
+        existing = self.index.groups.get(group)
+        if (existing is None or existing.spec is None) and \
+                sum(1 for gs in self.index.groups.values() if gs.spec is not None) >= self.max_groups:
+            raise LimitExceeded(f"limit max_groups: there are {self.max_groups} groups already; delete one first")
         # Create-if-absent; re-creating with the same nodes is a harmless retry.
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, spec.dump())], [ops.get(key)])
         if not resp.succeeded:
             old = R.GroupSpec.load(resp.responses[0].response_range.kvs[0].value)
             if old.nodes != spec.nodes or old.isolation != spec.isolation:
-                raise AlreadyExists(f"group {group!r} exists with other nodes or isolation: {old.node_names()}")
+                names = old.node_names()
+                shown = " ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
+                raise AlreadyExists(f"group {group!r} exists with other nodes or isolation: {shown}")
             return old
         return spec
 
@@ -48,9 +68,13 @@ class Groups:
         check_id("group", group)
         if not (await self.client.range(ops.range_req(self.keys.spec(group)))).kvs:
             raise NotFound(f"unknown group {group!r}")
-        r = await self.client.range(ops.range_req(self.keys.queue(group), prefix=True, count_only=True))
-        if r.count and not force:
-            raise GroupBusy(f"group {group!r} has {r.count} queued job(s); pass force to delete anyway")
+        # The queue itself (not just its count): every job in it is told of the delete.
+        r = await self.client.range(ops.range_req(self.keys.queue(group), prefix=True))
+        if r.kvs and not force:
+            raise GroupBusy(f"group {group!r} has {len(r.kvs)} queued job(s); pass force to delete anyway")
+        if r.kvs:
+            # Notices first: a holder's next Yield says the group was deleted under it.
+            await self.revocations.notify(group, r.kvs)
         # A job that queues in between is deleted with the group; its waiter is
         # woken by the spec's deletion and told the group is gone (never lost).
         resp = await self.client.txn([], [ops.delete(self.keys.group(group), prefix=True)])

@@ -38,7 +38,7 @@ class Replica:
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
-        self.groups = Groups(self.client, self.keys, self.index)
+        self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
         self.workers = Workers(self.client, self.keys, self.index)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)

@@ -13,6 +13,7 @@ from lockd.config import LockdConfig
 from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
+from tscore.auth import Authority, Gate, load_admin_token
 from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
@@ -27,6 +28,8 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+#: Methods that change what other jobs see (groups): they need the admin token.
+ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
 
 
 def _read(path: str) -> bytes:
@@ -36,7 +39,12 @@ def _read(path: str) -> bytes:
 
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    authority = Authority(load_admin_token(config.admin_token_file), config.insecure_no_admin_auth)
+    if authority.token is None:
+        log.warning("admin_calls_" + ("open" if authority.insecure else "disabled"),
+                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
+                                                       else "; CreateGroup/DeleteGroup are refused"))
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[Gate(authority, ADMIN_METHODS)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -56,7 +64,7 @@ async def serve(config: LockdConfig, ready=None) -> None:
     server, port, hs = create_server(config, replica)
     await server.start()
     if config.metrics_port >= 0:
-        start_http_server(config.metrics_port, registry=replica.metrics.registry)
+        start_http_server(config.metrics_port, addr=config.metrics_host, registry=replica.metrics.registry)
     # SERVING only while this replica can reach etcd: a load balancer then sends
     # clients to replicas that can actually answer them.
     health_task = asyncio.create_task(health_loop(

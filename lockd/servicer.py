@@ -11,11 +11,12 @@ import time
 
 import structlog
 
+from lockd.errors import NotFound
 from lockd.replica import Replica
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
-from tscore.errors import TimesliceError
-from tscore.serving import rpc, status_of
+from tscore.errors import LockError, TimesliceError
+from tscore.serving import bounded, rpc, status_of
 
 log = structlog.get_logger("lockd.rpc")
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time
@@ -36,7 +37,10 @@ class LockdServicer(pbg.LockdServicer):
 
     @rpc
     async def KeepAlive(self, req, context):
-        return pb.KeepAliveReply(ttl_seconds=await self.r.sessions.keepalive(req.job_id, req.session_secret))
+        ttl = await self.r.sessions.keepalive(req.job_id, req.session_secret)
+        # A holder learns here, within a keepalive period, that its group was deleted under it.
+        revoked = await self.r.groups.revocations.pending(req.job_id)
+        return pb.KeepAliveReply(ttl_seconds=ttl, revoked_groups=revoked)
 
     @rpc
     async def Acquire(self, req, context):
@@ -63,7 +67,12 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     async def Yield(self, req, context):
         await self.r.sessions.verify(req.job_id, req.session_secret)
-        released, deferred = await self.r.locks.yield_(req.job_id, req.group_id, req.token)
+        try:
+            released, deferred = await self.r.locks.yield_(req.job_id, req.group_id, req.token)
+        except (LockError, NotFound):
+            # Was the group deleted under this very hold? Then say so (costs a read only on failure).
+            await self.r.groups.revocations.raise_if_revoked(req.job_id, req.group_id, req.token)
+            raise
         if deferred:
             self.r.metrics.deferred.inc()
         return pb.YieldReply(released=released, deferred_snapshot=deferred)
@@ -119,7 +128,7 @@ class LockdServicer(pbg.LockdServicer):
                 try:
                     st = self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
                 except TimesliceError as e:
-                    await context.abort(status_of(e), str(e))
+                    await context.abort(status_of(e), bounded(str(e)))
                     return
                 st.revision = 0                 # compare content, not the revision it was read at
                 body = st.SerializeToString()

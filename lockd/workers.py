@@ -6,6 +6,7 @@ them to know which pids to snapshot and restore.
 """
 from __future__ import annotations
 
+from lockd.errors import LimitExceeded, NotOwner
 from lockd.index import StateIndex
 from tsproto import lockd_pb2 as pb
 from tscore import records as R
@@ -19,6 +20,7 @@ MAX_PID = 2**22          # Linux pid_max upper bound
 MAX_GPUS = 64            # GPU indexes per worker
 MAX_TAGS = 32            # memory regions per cooperative worker
 MAX_ENDPOINT = 512       # characters of an inference server's base URL
+MAX_WORKERS_PER_JOB = 256   # registered processes of one job, all nodes together
 
 
 class Workers:
@@ -60,10 +62,27 @@ class Workers:
         if device_bytes < 0:
             raise InvalidIdError("device_bytes must be >= 0")
         swap, gpus, tagmap = self._swap(swap, gpus, endpoint, tags)
+        self._check_owner(job, node, pid)
         val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
                             tags=tagmap, collective=collective)
         # Re-registering overwrites: a plain put is idempotent here.
         await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease)])
+
+    def _check_owner(self, job: str, node: str, pid: int) -> None:
+        """Refuse a pid another job registered on that node, and a job past its worker limit.
+
+        The index mirrors every worker key; a pid two jobs claim would let one
+        job's intents freeze or move the other's process. The other job is not
+        named: which process belongs to whom is that job's business.
+        """
+        for other, js in self.index.jobs.items():
+            if other != job and (node, pid) in js.workers:
+                raise NotOwner(f"pid {pid} on node {node!r} is a registered worker of another job; "
+                               "a job registers only its own processes")
+        mine = self.index.jobs.get(job)
+        if mine is not None and (node, pid) not in mine.workers and len(mine.workers) >= MAX_WORKERS_PER_JOB:
+            raise LimitExceeded(f"limit max_workers_per_job: job {job!r} has {MAX_WORKERS_PER_JOB} registered "
+                                "workers already; unregister some first")
 
     async def unregister(self, job: str, node: str, pid: int) -> None:
         self._check(node, pid)

@@ -35,6 +35,7 @@ from nodeagent.inventory import Inventory
 from nodeagent.jobs import LocalJobs
 from nodeagent.metrics import Metrics
 from nodeagent.nodelock import NodeLock
+from nodeagent.protected import protected_reason
 from nodeagent.reporter import Reporter
 from nodeagent.runner import Runner
 from nodeagent.tokens import TokenBook
@@ -286,6 +287,10 @@ class Agent:
         entries = [w.__dict__ for w in (regs if regs is not None else await self.registrations(job))]
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
+        # A job may register any pid; the agent never acts on init, itself or the system's servers.
+        for pid in [p for p in registered if protected_reason(p)]:
+            log.warning("protected_pid_registered", job=job, pid=pid, why=protected_reason(pid))
+            registered.discard(pid)
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
 
     async def _handle(self, intent: I.Intent) -> None:

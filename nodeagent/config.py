@@ -18,12 +18,13 @@ from nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
 from nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
 from nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES
 from tscore import defaults as D
+from tscore.auth import load_admin_token
 from tscore.errors import ConfigError
 from tscore.etcd.client import EtcdConfig
 from tscore.etcd.timing import SessionTiming
 from tscore.ids import check_id
 from tscore.keys import Keys
-from tscore.serving import add_etcd_flags, env_flag, etcd_config
+from tscore.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
 
 # Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")
@@ -46,9 +47,10 @@ class AgentConfig:
     node: str
     etcd: EtcdConfig = field(default_factory=EtcdConfig)
     prefix: str = D.KEY_PREFIX
-    listen: str = f"0.0.0.0:{D.NODEAGENT_PORT}"
+    listen: str = f"127.0.0.1:{D.NODEAGENT_PORT}"   # loopback unless told: the direct API is for this host
     advertise: str = ""                       # endpoint written in the agent key; "" = derived
     metrics_port: int = D.NODEAGENT_METRICS_PORT   # -1: no metrics endpoint
+    metrics_host: str = "0.0.0.0"                  # address the metrics endpoint binds (pod IP / 127.0.0.1)
     backend: str = "auto"
     state_dir: str = DEFAULT_STATE_DIR
     host_reserve_bytes: int = DEFAULT_HOST_RESERVE_BYTES
@@ -59,6 +61,11 @@ class AgentConfig:
     sim_capacity_bytes: int | None = None
     sim_checkpoint_gbps: float | None = None
     sim_restore_gbps: float | None = None
+    admin_token_file: str | None = None       # None: $TIMESLICE_ADMIN_TOKEN, else the direct ops are refused
+    insecure_no_admin_auth: bool = False      # direct ops open to any caller: throw-away test setups only
+    tls_cert: str | None = None               # serve the direct API over TLS
+    tls_key: str | None = None
+    tls_client_ca: str | None = None          # and require client certificates signed by this CA (mutual TLS)
     log_level: str = "info"
     channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
     swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
@@ -67,6 +74,11 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         check_id("node", self.node)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+        load_admin_token(self.admin_token_file)      # a bad token file fails start-up
         Keys(self.prefix)                      # raises on a malformed prefix
         if self.backend not in BACKENDS:
             raise ConfigError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
@@ -111,9 +123,11 @@ class AgentConfig:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--node", D.ENV_NODE_NAME, default=None, help="this node's name (default: host name)")
     add_etcd_flags(p)
-    env_flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
+    env_flag(p, "--listen", default=f"127.0.0.1:{D.NODEAGENT_PORT}",
+             help="gRPC host:port (port 0: any free); loopback by default, give the pod IP to let lockd in")
     env_flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
     env_flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--metrics-host", default="0.0.0.0", help="address of the metrics endpoint (pod IP, 127.0.0.1)")
     env_flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
     env_flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
           help="local state (fencing tokens, snapshot size records)")
@@ -128,6 +142,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--sim-capacity-bytes", type=int, default=None, help="simulated device capacity")
     env_flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
     env_flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
+    env_flag(p, "--admin-token-file", default=None,
+             help="file holding the bearer token the direct Snapshot/Restore/GetOperation calls need "
+                  "(else $TIMESLICE_ADMIN_TOKEN; with neither, they are refused)")
+    env_flag(p, "--insecure-no-admin-auth", type=_bool, default=False, nargs="?", const=True,
+             help="let any caller use the direct API (test setups only; never in production)")
+    env_flag(p, "--tls-cert", default=None, help="server certificate of the direct API (turns on TLS)")
+    env_flag(p, "--tls-key", default=None, help="server key")
+    env_flag(p, "--tls-client-ca", default=None, help="CA of the client certificates to require (mutual TLS)")
     env_flag(p, "--log-level", default="info")
     env_flag(p, "--channel-socket", "TIMESLICE_AGENT_SOCKET", default="",
           help="Unix socket for cooperative workers (default: /run/timeslice/agent-<node>.sock as root, "
@@ -141,6 +163,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                "H200) faults once unlocked for the resume; off by default")
 
 
+
 def _opt(v, cast):
     return None if v is None or v == "" else cast(v)
 
@@ -151,12 +174,15 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
         return AgentConfig(
             node=a.node or socket.gethostname(), etcd=etcd, prefix=a.prefix, listen=a.listen,
             advertise=a.advertise or "", metrics_port=int(a.metrics_port), backend=a.backend,
+            metrics_host=a.metrics_host or "0.0.0.0",
             state_dir=a.state_dir, host_reserve_bytes=int(a.host_reserve_bytes),
             lock_timeout_ms=int(a.lock_timeout_ms), refresh_interval=float(a.refresh_interval),
             session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,
             sim_capacity_bytes=_opt(a.sim_capacity_bytes, int),
             sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
-            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level,
+            sim_restore_gbps=_opt(a.sim_restore_gbps, float), admin_token_file=a.admin_token_file or None,
+            insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), tls_cert=a.tls_cert or None,
+            tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level,
             channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
             freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s))
     except (TypeError, ValueError) as e:

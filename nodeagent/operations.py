@@ -21,6 +21,7 @@ import structlog
 from nodeagent import intents as I
 from nodeagent.backends.base import ProcState
 from nodeagent.jobs import load_status
+from nodeagent.protected import protected_reason
 from tscore import records as R
 from tscore.errors import InvalidIdError, TimesliceError
 from tscore.ids import check_id
@@ -29,6 +30,7 @@ log = structlog.get_logger("nodeagent.operations")
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 MAX_PID = 2**22
+MAX_PIDS_PER_REQUEST = 64     # a job's processes on one node; bounds the agent's work per call
 
 
 class UnknownOperation(TimesliceError):
@@ -37,6 +39,12 @@ class UnknownOperation(TimesliceError):
 
 class NoProcesses(TimesliceError):
     code = "NOT_FOUND"
+
+
+class NotJobsProcess(TimesliceError):
+    """A named pid is not a registered worker of the named job (or must never be touched)."""
+
+    code = "PERMISSION_DENIED"
 
 
 class AgentStopping(TimesliceError):
@@ -69,34 +77,48 @@ class Operations:
         return op
 
     async def submit(self, op: str, job: str, pids: list[int]) -> Operation:
+        """Check and start a direct op on ``job``'s processes here (``pids``: some of them; none: all).
+
+        Only registered workers of ``job`` (or processes the agent itself moved
+        for ``job``) are acted on: a caller names a job, never a stranger's pid.
+        """
         check_id("job", job)
+        if len(pids) > MAX_PIDS_PER_REQUEST:
+            raise InvalidIdError(f"limit max_pids_per_request: {len(pids)} pids named, at most "
+                                 f"{MAX_PIDS_PER_REQUEST}")
         bad = [p for p in pids if not 0 < p <= MAX_PID]
         if bad:
-            raise InvalidIdError(f"pids must be in 1..{MAX_PID}, got {bad}")
+            raise InvalidIdError(f"pids must be in 1..{MAX_PID}, got {bad[:8]}")
         if self.agent.stopping:
             raise AgentStopping("the agent is stopping; retry on its successor")
         runner = self.agent.runner
+        registered, remembered = await self.agent.pids(job)
         if pids:
-            pic = await runner.picture(pids)
+            chosen = sorted(set(pids))
+            pic = await runner.picture(chosen)
             gone = [p for p, s in pic.states.items() if s is ProcState.GONE]
             if gone:
-                raise NoProcesses(f"no such process on node {self.agent.node}: {gone}")
-            chosen = sorted(set(pids))
+                raise NoProcesses(f"no such process on node {self.agent.node}: {gone[:8]}")
+            strangers = sorted(set(chosen) - set(registered) - set(remembered))
+            if strangers:
+                raise NotJobsProcess(f"pid(s) {strangers[:8]} are not registered workers of job {job!r} on node "
+                                     f"{self.agent.node}; the agent acts only on a job's own registered processes")
         else:
-            registered, remembered = await self.agent.pids(job)
             pic = await runner.picture(registered, remembered)
             chosen = pic.live_pids
             if not chosen:
                 raise NoProcesses(f"job {job!r} has no live registered process on node {self.agent.node}; "
-                                  "register its workers, or name the pids")
+                                  "register its workers first")
+        for p in chosen:
+            why = protected_reason(p)
+            if why:
+                raise NotJobsProcess(f"pid {p} is never snapshotted or restored: {why}")
         # Refuse up front what the op would refuse: RESOURCE_EXHAUSTED, nothing touched.
         await asyncio.to_thread(runner.admit, op, chosen)
         o = Operation(uuid.uuid4().hex, op, job, pids=chosen)
         self._ops[o.operation_id] = o
         while len(self._ops) > self.keep:
             self._ops.popitem(last=False)
-        if pids:
-            self.agent.jobs.adopt(job, chosen)
         t = asyncio.create_task(self._run(o), name=f"direct-{o.operation_id[:8]}")
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)

@@ -20,19 +20,52 @@ from nodeagent.operations import Operations
 from nodeagent.servicer import NodeAgentServicer
 from tscore.etcd import ops
 from tsproto import nodeagent_pb2_grpc as pbg
+from tscore.auth import Authority, Gate, load_admin_token
 from tscore.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
 SERVICE_NAME = "timeslice.v1.NodeAgent"
 
 
+#: Methods that act on (or reveal) a job's processes: callers need the admin token.
+ADMIN_METHODS = frozenset({"Snapshot", "Restore", "GetOperation"})
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def authority_of(cfg: AgentConfig) -> Authority:
+    a = Authority(load_admin_token(cfg.admin_token_file), cfg.insecure_no_admin_auth)
+    if a.token is None:
+        log.warning("direct_api_" + ("open" if a.insecure else "disabled"),
+                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if a.insecure
+                                                       else "; Snapshot/Restore/GetOperation are refused"))
+    return a
+
+
 def create_server(agent: Agent, listen: str, operations: Operations | None = None,
-                  health_servicer: health.aio.HealthServicer | None = None) -> tuple[grpc.aio.Server, int]:
-    """Build the server and bind it (port 0: any free one); returns (server, bound port)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pbg.add_NodeAgentServicer_to_server(NodeAgentServicer(agent, operations or Operations(agent)), server)
+                  health_servicer: health.aio.HealthServicer | None = None,
+                  cfg: AgentConfig | None = None) -> tuple[grpc.aio.Server, int]:
+    """Build the server and bind it (port 0: any free one); returns (server, bound port).
+
+    ``cfg`` gives the credentials (admin token, TLS); without it the direct
+    operations are refused (no token) and the port is plaintext.
+    """
+    authority = authority_of(cfg) if cfg is not None else Authority(None)
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[Gate(authority, ADMIN_METHODS)])
+    pbg.add_NodeAgentServicer_to_server(
+        NodeAgentServicer(agent, operations or Operations(agent), authority), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
-    port = server.add_insecure_port(listen)
+    if cfg is not None and cfg.tls_cert:
+        creds = grpc.ssl_server_credentials(
+            [(_read(cfg.tls_key), _read(cfg.tls_cert))],
+            root_certificates=_read(cfg.tls_client_ca) if cfg.tls_client_ca else None,
+            require_client_auth=bool(cfg.tls_client_ca))
+        port = server.add_secure_port(listen, creds)
+    else:
+        port = server.add_insecure_port(listen)
     if port == 0:
         raise OSError(f"could not bind {listen}")
     return server, port
@@ -50,17 +83,18 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     agent = Agent(cfg)
     operations = Operations(agent)
     hs = health.aio.HealthServicer()
-    server, port = create_server(agent, cfg.listen, operations, hs)
+    server, port = create_server(agent, cfg.listen, operations, hs, cfg)
     await agent.start(endpoint=cfg.endpoint(port))
     await server.start()
     if cfg.metrics_port >= 0:
-        start_http_server(cfg.metrics_port, registry=agent.metrics.registry)
+        start_http_server(cfg.metrics_port, addr=cfg.metrics_host, registry=agent.metrics.registry)
     # SERVING while the agent can reach etcd with a live lease: only then can it
     # receive intents and report on them.
     health_task = asyncio.create_task(health_loop(
         hs, SERVICE_NAME, lambda: _etcd_ok(agent), lambda ok: agent.metrics.etcd_connected.set(1 if ok else 0)))
     log.info("serving", node=cfg.node, port=port, metrics_port=cfg.metrics_port, backend=agent.backend.name,
-             simulated=agent.backend.name == "sim")
+             simulated=agent.backend.name == "sim", listen=cfg.listen, tls=bool(cfg.tls_cert),
+             mutual_tls=bool(cfg.tls_client_ca))
     # Machine-readable line for launchers and tests that bind port 0.
     print(f"NODEAGENT_READY port={port} node={cfg.node} backend={agent.backend.name}", flush=True)
     if ready is not None:

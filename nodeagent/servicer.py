@@ -2,16 +2,18 @@
 
 Errors are TimesliceErrors carrying the name of their gRPC status (admission
 refusals are RESOURCE_EXHAUSTED, unknown ids NOT_FOUND, bad input
-INVALID_ARGUMENT); ``_rpc`` maps them in one place.
+INVALID_ARGUMENT); ``rpc`` maps them in one place. Snapshot, Restore and
+GetOperation need the admin token (checked by the server's Gate); Status
+answers anyone with the node's figures, but lists processes and jobs only to a
+caller holding the token.
 """
 from __future__ import annotations
-
-
 
 from nodeagent.operations import Operation, Operations
 from tsproto import nodeagent_pb2 as pb
 from tsproto import nodeagent_pb2_grpc as pbg
 from tscore import records as R
+from tscore.auth import Authority
 from tscore.serving import rpc
 
 
@@ -21,8 +23,9 @@ def _op(o: Operation) -> pb.Operation:
 
 
 class NodeAgentServicer(pbg.NodeAgentServicer):
-    def __init__(self, agent, operations: Operations):
+    def __init__(self, agent, operations: Operations, authority: Authority | None = None):
         self.agent, self.ops = agent, operations
+        self.authority = authority or Authority(None)
 
     @rpc
     async def Snapshot(self, req, context):
@@ -44,6 +47,8 @@ class NodeAgentServicer(pbg.NodeAgentServicer):
                              host_free_bytes=value.host_free_bytes)
         out.gpus.extend(pb.Gpu(index=g["index"], uuid=g["uuid"], total_bytes=g["total_bytes"],
                                free_bytes=g["free_bytes"]) for g in value.gpus)
+        if not self.authority.allows(context):
+            return out                  # which job runs which process is not for unauthenticated eyes
         for job, pic in sorted(pictures.items()):
             out.processes.extend(pb.ProcessState(pid=pid, job_id=job, state=str(state),
                                                  device_bytes=pic.bytes.get(pid, 0))

@@ -215,6 +215,44 @@ def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
     assert all("token" not in e for e in gpu_phases(base)), "the baseline does not use the lock"
 
 
+def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
+    doc = cluster["doc"]
+    token_file = Path(doc["admin_token_file"])
+    assert token_file.parent == cluster["run"] and token_file.stat().st_mode & 0o777 == 0o600
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TIMESLICE_ADMIN_TOKEN", "TIMESLICE_TARGET"))}
+    here = tmp_path / "here.env"
+    here.write_text(f"LOG_DIR={cluster['logs']}\n")        # where `timeslice up` keeps its runs
+    r = subprocess.run([PY, "-m", "timeslice.cli", "group", "create", "tok-g", "--node", doc["node"]],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    elsewhere = tmp_path / "elsewhere.env"
+    elsewhere.write_text(f"LOG_DIR={tmp_path / 'no-runs'}\n")   # no local cluster: no token to find
+    r = subprocess.run([PY, "-m", "timeslice.cli", "--target", doc["target"], "group", "delete", "tok-g"],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(elsewhere)})
+    assert r.returncode == 1 and "admin" in r.stderr, r.stdout + r.stderr
+    r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
+                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _listen_addresses(port: int) -> set[str]:
+    """Local addresses listening on TCP ``port`` (IPv4, from /proc/net/tcp)."""
+    out = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        addr, _, p = local.partition(":")
+        if state == "0A" and int(p, 16) == port:
+            out.add(".".join(str(int(addr[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+    return out
+
+
+def test_up_serves_metrics_on_loopback_only(cluster):
+    ports = [p["metrics_port"] for p in cluster["doc"]["processes"] if p.get("metrics_port")]
+    assert ports
+    for port in ports:
+        assert _listen_addresses(int(port)) == {"127.0.0.1"}, port
+
+
 def test_up_stop_leaves_no_process(cluster):
     doc, run = cluster["doc"], cluster["run"]
     sim_dir = (doc.get("sim") or {}).get("dir")
@@ -266,3 +304,4 @@ def test_up_foreground_three_etcd_members_and_sigint(tmp_path):
             proc.kill()
             proc.wait()
         kill_leftovers(doc)
+

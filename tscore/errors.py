@@ -97,3 +97,31 @@ class NotLeader(ElectionError):
     """A leader-guarded write failed: this replica is no longer the leader."""
 
     code = "UNAVAILABLE"
+
+
+class EtcdLeaseGone(EtcdError):
+    """A write named a lease etcd no longer has: the session was closed or expired meanwhile.
+
+    Not transient (retrying the same write fails the same way): the caller's
+    session is gone, so ABORTED, the code a client answers by checking its session.
+    """
+
+    code = "ABORTED"
+
+
+class EtcdRequestTooLarge(EtcdError):
+    """etcd refused a request over its size limit: the input was too big, retrying cannot help."""
+
+    code = "INVALID_ARGUMENT"
+
+
+class EtcdNoSpace(EtcdError):
+    """etcd's database is full (NOSPACE alarm): an operator must compact and defragment."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
+class EtcdRefused(EtcdError):
+    """etcd refused this server's own credentials or request (a deployment or program error)."""
+
+    code = "INTERNAL"

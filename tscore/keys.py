@@ -15,6 +15,9 @@ The README documents each key with an etcdctl example.
                                                 leased to the job's session (lockd/attempts.py)
     <p>jobs/<job>/session                       {lease, secret_sha256, opened_ms}, leased
     <p>jobs/<job>/workers/<node>/<pid>          {pid, node, device_bytes}, leased to the job's session
+    <p>jobs/<job>/revoked/<group>               {group, token, deleted_ms}: an admin deleted the group while
+                                                the job was queued or held it; leased to the job's session,
+                                                read (and removed) by the job's next Yield of that group
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
     <p>nodes/<node>/intents/<job>               {op, token, leader_epoch, group}, written by the leader
     <p>nodes/<node>/status/<job>                {state, intent_revision, token, bytes, elapsed_ms, error}, by the agent
@@ -107,6 +110,12 @@ class Keys:
         if not isinstance(pid, int) or pid <= 0:
             raise ValueError(f"pid must be a positive integer, got {pid!r}")
         return self.workers(job) + f"{check_id('node', node)}/{pid}".encode()
+
+    def revocations(self, job: str) -> bytes:
+        return self.job(job) + b"revoked/"
+
+    def revoked(self, job: str, group: str) -> bytes:
+        return self.revocations(job) + check_id("group", group).encode()
 
     # --- nodes ----------------------------------------------------------------
     def nodes(self) -> bytes:

@@ -78,6 +78,16 @@ class GroupSpec(Record):
 
 
 @dataclass
+class RevokedValue(Record):
+    """A group deleted under a queued job (see Keys.revoked)."""
+
+    group: str
+    token: int
+    deleted_ms: int = 0
+    held: bool = False                # the job was the group's head (it held or was about to)
+
+
+@dataclass
 class QueueValue(Record):
     job: str
     session: int = 0                  # lease id, hex in logs

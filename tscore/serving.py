@@ -13,27 +13,53 @@ import argparse
 import asyncio
 import functools
 import os
+import uuid
 from typing import Awaitable, Callable
 
 import grpc
+import structlog
 from grpc_health.v1 import health, health_pb2
 
 from tscore import defaults as D
 from tscore.errors import TimesliceError
 from tscore.etcd.client import EtcdConfig
 
+_log = structlog.get_logger("tscore.serving")
+
+
+#: Longest status message a server sends. gRPC refuses reply metadata over ~16 KB
+#: (the caller then sees RESOURCE_EXHAUSTED instead of the real status), and a
+#: message echoing a caller's input must not grow with that input.
+MAX_MESSAGE = 1024
+
 
 def status_of(e: TimesliceError) -> grpc.StatusCode:
     return getattr(grpc.StatusCode, e.code, grpc.StatusCode.INTERNAL)
 
 
+def bounded(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit - 40] + f"... [{len(text) - limit + 40} more characters]"
+
+
 def rpc(fn):
+    """Thin-servicer decorator: a TimesliceError becomes its status with a bounded message; any
+    other exception is logged and becomes INTERNAL (never UNKNOWN naming a Python class)."""
     @functools.wraps(fn)
     async def wrapper(self, request, context):
         try:
             return await fn(self, request, context)
         except TimesliceError as e:
-            await context.abort(status_of(e), str(e))
+            await context.abort(status_of(e), bounded(str(e)))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug must still give the caller a status by meaning
+            incident = uuid.uuid4().hex[:12]
+            _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error in {fn.__name__} (incident {incident} in the server's log)")
     return wrapper
 
 
@@ -62,6 +88,17 @@ def env_flag(p: argparse.ArgumentParser, name: str, *fallback_env: str, **kw) ->
             break
     kw["help"] = (kw.get("help", "") + f" [env {' or '.join(envs)}]").strip()
     p.add_argument(name, **kw)
+
+
+def parse_bool(v) -> bool:
+    """A boolean flag or environment value: 1/true/yes/on or 0/false/no/off."""
+    if isinstance(v, bool):
+        return v
+    if str(v).lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(v).lower() in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {str(v)[:20]!r}")
 
 
 def add_etcd_flags(p: argparse.ArgumentParser) -> None:

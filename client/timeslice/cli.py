@@ -17,6 +17,7 @@ Exit status: 0 ok, 1 an error from lockd or the client (message on stderr),
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import json
@@ -60,24 +61,42 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def default_target() -> str | None:
-    """$TIMESLICE_TARGET, else the lockd replicas of a local cluster started by
-    ``timeslice up`` and still running (so ``timeslice status`` just works after
-    it), else None (the client's own default)."""
-    if os.environ.get(ENV_TARGET):
-        return None                       # the client reads it itself
+@functools.lru_cache(maxsize=1)
+def _local_cluster() -> dict | None:
+    """The state document of a local cluster started by ``timeslice up`` and still running, or None."""
     try:
         from timeslice.launcher.settings import load
         from timeslice.launcher.state import find_running
         found = find_running(load()[0].log_dir)
     except Exception:                     # no launcher, no readable state: plain default
         return None
-    return found[1].get("target") if found else None
+    return found[1] if found else None
+
+
+def default_target() -> str | None:
+    """$TIMESLICE_TARGET, else the lockd replicas of a local cluster started by
+    ``timeslice up`` and still running (so ``timeslice status`` just works after
+    it), else None (the client's own default)."""
+    if os.environ.get(ENV_TARGET):
+        return None                       # the client reads it itself
+    doc = _local_cluster()
+    return doc.get("target") if doc else None
+
+
+def _use_local_admin_token() -> None:
+    """Without $TIMESLICE_ADMIN_TOKEN(_FILE), admin calls use the token file of the local cluster."""
+    from timeslice.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE
+    if os.environ.get(ENV_ADMIN_TOKEN) or os.environ.get(ENV_ADMIN_TOKEN_FILE):
+        return
+    doc = _local_cluster()
+    if doc and doc.get("admin_token_file"):
+        os.environ[ENV_ADMIN_TOKEN_FILE] = doc["admin_token_file"]    # this CLI process only
 
 
 def admin_client(args: argparse.Namespace):
     """A client for admin/status calls (it opens no session, so needs no job id)."""
     from timeslice.client import OrchestratorClient
+    _use_local_admin_token()
     return OrchestratorClient(args.target or default_target(), job_id=CLI_JOB_ID, timeout=args.timeout)
 
 

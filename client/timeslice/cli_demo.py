@@ -15,11 +15,13 @@ timeline.png (its path is printed last).
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
 from pathlib import Path
 
+from timeslice.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE
 from timeslice.cli_up import add_cluster_flags, new_run_dir, settings_from_args
 from timeslice.launcher import state as S
 from timeslice.launcher.cluster import LaunchError, LocalCluster, Progress, _size
@@ -66,6 +68,9 @@ def _pick_cluster(args, settings, out: Path, say) -> tuple[dict, LocalCluster | 
                     "importable here; starting one of the demo's own on the simulated device")
             else:
                 say(f"using the running local cluster of {path.parent}/ (target {doc['target']})")
+                if doc.get("admin_token_file") and not (os.environ.get(ENV_ADMIN_TOKEN)
+                                                        or os.environ.get(ENV_ADMIN_TOKEN_FILE)):
+                    os.environ[ENV_ADMIN_TOKEN_FILE] = doc["admin_token_file"]   # to create the demo's group
                 return doc, None
     settings_overrides = {}
     if settings.backend == "auto" and not _torch_cuda():

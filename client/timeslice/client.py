@@ -49,6 +49,7 @@ from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice import withdraw as W
+from timeslice.auth import metadata_for
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
@@ -149,7 +150,7 @@ class OrchestratorClient(ClientCore):
                     if got is _MOVED:
                         raise TryAgain("UNAVAILABLE", "moved to another replica")
                     return got
-                return getattr(stub, call.method)(build(), timeout=t)
+                return getattr(stub, call.method)(build(), timeout=t, metadata=metadata_for(call.method))
             except grpc.RpcError as e:
                 code = e.code().name if e.code() is not None else "UNKNOWN"
                 out = self.react(st, idx, code, e.details() or "")

@@ -41,10 +41,12 @@ class CloseSessionReply(_message.Message):
     def __init__(self, closed: _Optional[bool] = ...) -> None: ...
 
 class KeepAliveReply(_message.Message):
-    __slots__ = ("ttl_seconds",)
+    __slots__ = ("ttl_seconds", "revoked_groups")
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     ttl_seconds: int
-    def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
+    revoked_groups: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, ttl_seconds: _Optional[int] = ..., revoked_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
     __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq")

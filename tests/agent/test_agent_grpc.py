@@ -9,6 +9,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agenthelpers import MiB, NODE, register, status
 from tscore import records as R
+from tscore.testing.lockd import admin_channel
 from tsproto import nodeagent_pb2 as pb
 from tsproto import nodeagent_pb2_grpc as pbg
 
@@ -33,7 +34,7 @@ async def test_direct_snapshot_and_restore_of_a_registered_job(client, keys, age
     agent = agents()
     w = workers(4 * MiB, seed=5)
     await register(client, keys, "job-a", NODE, w.pid)
-    async with grpc.aio.insecure_channel(agent.target) as ch:
+    async with admin_channel(agent.target) as ch:
         stub = pbg.NodeAgentStub(ch)
         health = await health_pb2_grpc.HealthStub(ch).Check(
             health_pb2.HealthCheckRequest(service="timeslice.v1.NodeAgent"))
@@ -68,12 +69,13 @@ async def test_direct_snapshot_and_restore_of_a_registered_job(client, keys, age
         assert await code_of(stub.Snapshot(pb.OperationRequest(job_id="nobody"))) == grpc.StatusCode.NOT_FOUND
 
 
-async def test_direct_api_on_named_pids_refuses_what_would_not_fit(agents, workers):
+async def test_direct_api_on_named_pids_refuses_what_would_not_fit(client, keys, agents, workers):
     agent = agents()
     a = workers(40 * MiB, seed=1)
-    async with grpc.aio.insecure_channel(agent.target) as ch:
+    await register(client, keys, "svc", NODE, a.pid)
+    async with admin_channel(agent.target) as ch:
         stub = pbg.NodeAgentStub(ch)
-        # A service that never registered names its pids.
+        # The job names some of its registered pids.
         op = await finished(stub, await stub.Snapshot(pb.OperationRequest(job_id="svc", pids=[a.pid])))
         assert (op.state, op.bytes) == ("done", 40 * MiB)
         b = workers(40 * MiB, seed=2)

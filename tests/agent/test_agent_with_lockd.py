@@ -2,12 +2,11 @@
 SIMULATED device too small for both, so every handover needs a swap through etcd."""
 from __future__ import annotations
 
-import grpc
 
 from agenthelpers import MiB, NODE, status, wait_agent
 from nodeagent.sim.device import SimDevice
 from tscore import records as R
-from tscore.testing.lockd import LockdCluster
+from tscore.testing.lockd import LockdCluster, admin_channel
 from tsproto import lockd_pb2 as lpb
 from tsproto import lockd_pb2_grpc as lpbg
 
@@ -20,7 +19,7 @@ async def test_handover_swaps_jobs_through_the_agent(etcd, key_prefix, keys, cli
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
     agent = agents()
     try:
-        async with grpc.aio.insecure_channel(lockd.replicas[0].target) as ch:
+        async with admin_channel(lockd.replicas[0].target) as ch:
             stub = lpbg.LockdStub(ch)
             secret = {}
             for job in ("job-a", "job-b"):

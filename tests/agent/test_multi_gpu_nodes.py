@@ -21,7 +21,7 @@ from chaos_tests.holders import check_holders_not_parked, etcd_history
 from nodeagent.sim.device import SimDevice
 from tscore import records as R
 from tscore.testing.agent import AgentProcess, SimWorker
-from tscore.testing.lockd import LockdCluster
+from tscore.testing.lockd import LockdCluster, admin_channel
 from tsproto import lockd_pb2 as lpb
 from tsproto import lockd_pb2_grpc as lpbg
 
@@ -113,7 +113,7 @@ async def test_two_nodes_four_gpus_parallel_swaps_and_an_agent_killed_mid_swap(e
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
                          extra=["--swap-timeout", "8"]).start()
     try:
-        async with grpc.aio.insecure_channel(lockd.replicas[0].target) as ch:
+        async with admin_channel(lockd.replicas[0].target) as ch:
             stub = lpbg.LockdStub(ch)
             await stub.CreateGroup(lpb.CreateGroupRequest(group_id="g", nodes=[
                 lpb.NodeSpec(node=n, gpus=[0, 1, 2, 3]) for n in NODES]))
@@ -202,7 +202,7 @@ async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_pre
     cpu_only = subprocess.Popen(["sleep", "600"], start_new_session=True)
     cluster.extra_procs.append(cpu_only)
     try:
-        async with grpc.aio.insecure_channel(lockd.replicas[0].target) as ch:
+        async with admin_channel(lockd.replicas[0].target) as ch:
             stub = lpbg.LockdStub(ch)
             await stub.CreateGroup(lpb.CreateGroupRequest(group_id="g", nodes=[lpb.NodeSpec(node="node-1")]))
             jobs = Jobs(stub)
@@ -248,7 +248,7 @@ async def test_a_holder_is_never_parked_by_another_groups_grant_on_the_same_node
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
                          extra=["--swap-timeout", "8"]).start()
     try:
-        async with grpc.aio.insecure_channel(lockd.replicas[0].target) as ch:
+        async with admin_channel(lockd.replicas[0].target) as ch:
             stub = lpbg.LockdStub(ch)
             for g, gpu in (("gA", 0), ("gB", 1)):
                 await stub.CreateGroup(lpb.CreateGroupRequest(group_id=g, nodes=[lpb.NodeSpec(node="node-1",

@@ -2,7 +2,7 @@
 import grpc
 import pytest
 
-from tscore.testing.lockd import LockdCluster
+from tscore.testing.lockd import LockdCluster, admin_channel
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
@@ -49,5 +49,5 @@ def lockd3(etcd, key_prefix, tmp_path):
 
 
 async def admin(target: str):
-    ch = grpc.aio.insecure_channel(target)
+    ch = admin_channel(target)          # every call carries the admin token (CreateGroup/DeleteGroup need it)
     return ch, pbg.LockdStub(ch)

@@ -19,7 +19,8 @@ import tenacity
 from aetcd import Client as _AetcdClient
 from aetcd import rpc
 
-from tscore.errors import ConfigError, EtcdError, EtcdUnavailable, OutcomeUnknown
+from tscore.errors import ConfigError, EtcdUnavailable
+from tscore.etcd.errmap import map_error
 
 # Client-side HTTP/2 keepalive finds a dead or paused member, so pick_first moves
 # on to the next endpoint. etcd rejects pings more often than every 5 s by default.
@@ -260,15 +261,3 @@ class EtcdClient(_AetcdClient):
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 return
             raise map_error(e, write=False) from e
-
-
-def map_error(e: grpc.aio.AioRpcError, *, write: bool) -> EtcdError:
-    code = e.code()
-    if code in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
-                grpc.StatusCode.CANCELLED):
-        # A write that failed this way may still have been applied (the reply was
-        # lost, not necessarily the request): the caller must read to find out.
-        if write:
-            return OutcomeUnknown(f"etcd write outcome unknown: {code.name}: {e.details()}")
-        return EtcdUnavailable(f"etcd unavailable: {code.name}: {e.details()}")
-    return EtcdError(f"etcd error {code.name}: {e.details()}")

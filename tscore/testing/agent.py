@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 
+from tscore.testing.lockd import shared_admin_token
 from tscore.testing.procs import track, untrack
 from tscore.testing.server import ServerProcess
 
@@ -35,6 +36,7 @@ class AgentProcess(ServerProcess):
         # at once (same node names) must never share one.
         self.socket = os.path.join(self.state_dir, "agent.sock")
         self.extra = list(extra or [])
+        shared_admin_token()
         super().__init__(os.path.join(logdir, f"nodeagent-{node}.log"), env)
 
     @property

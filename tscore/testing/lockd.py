@@ -10,10 +10,14 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import sys
 import tempfile
 import time
 
+import grpc
+
+from tscore.auth import ENV_ADMIN_TOKEN
 from tscore.testing.procs import terminate
 from tscore.testing.server import ServerProcess
 
@@ -25,6 +29,7 @@ class LockdProcess(ServerProcess):
     def __init__(self, endpoints: str, prefix: str, replica_id: str, logdir: str, extra: list[str]):
         self.endpoints, self.prefix, self.replica_id = endpoints, prefix, replica_id
         self.extra = extra
+        shared_admin_token()
         super().__init__(os.path.join(logdir, f"lockd-{replica_id}.log"))
 
     @property
@@ -35,6 +40,12 @@ class LockdProcess(ServerProcess):
         return [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
                 "--prefix", self.prefix, "--listen", "127.0.0.1:0", "--metrics-port", "-1",
                 "--replica-id", self.replica_id, *self.extra]
+
+
+def shared_admin_token() -> str:
+    """The admin token of everything this process starts: $TIMESLICE_ADMIN_TOKEN, set to a fresh random
+    one when unset, so lockd replicas and agents (children inherit it) and this process's clients agree."""
+    return os.environ.setdefault(ENV_ADMIN_TOKEN, secrets.token_urlsafe(24))
 
 
 class LockdCluster:
@@ -89,3 +100,24 @@ class LockdCluster:
     def dump_logs(self, n: int = 40) -> str:
         return "\n".join(f"--- {r.replica_id} ---\n{r.log_tail(n)}" for r in self.replicas)
 
+
+
+class _BearerInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+    def __init__(self, token: str):
+        self.md = ("authorization", f"Bearer {token}")
+
+    def _details(self, d):
+        md = list(d.metadata or ()) + [self.md]
+        return d._replace(metadata=md) if hasattr(d, "_replace") else \
+            grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
+
+    async def intercept_unary_unary(self, continuation, details, request):
+        return await continuation(self._details(details), request)
+
+    async def intercept_unary_stream(self, continuation, details, request):
+        return await continuation(self._details(details), request)
+
+
+def admin_channel(target: str, token: str | None = None) -> grpc.aio.Channel:
+    """A plaintext aio channel whose every call carries the admin token (for tests' raw stubs)."""
+    return grpc.aio.insecure_channel(target, interceptors=[_BearerInterceptor(token or shared_admin_token())])

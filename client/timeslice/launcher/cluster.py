@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 from timeslice.launcher import state as S
 from timeslice.launcher.procs import Child, ChildFailed, read_ready_line
 from timeslice.launcher.settings import Settings
+from tscore.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE, TOKEN_FILE_NAME, write_token_file
 from tscore.keys import prefix_range_end
 
 DEFAULT_GROUP = "local"
@@ -196,7 +198,8 @@ class LocalCluster:
     def _start_lockd_and_agent(self, timeout: float) -> None:
         s = self.settings
         eps = self.etcd_endpoints_str
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", ENV_ADMIN_TOKEN_FILE: self._admin_token_file()}
+        env.pop(ENV_ADMIN_TOKEN, None)         # the file is the one source: lockd, the agent and the CLI share it
         n = s.lockd_replicas
         self.progress(f"lockd: starting {n} replica{'s' if n > 1 else ''}; "
                       f"nodeagent: starting on node {self.node!r} (backend {s.backend})")
@@ -205,7 +208,8 @@ class LocalCluster:
             mport = s.lockd_metrics_port + i if s.lockd_metrics_port else free_port()
             rid = f"r{i}"
             argv = [self.python, "-m", "lockd.cli", "serve", "--etcd-endpoints", eps, "--prefix", s.prefix,
-                    "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--replica-id", rid]
+                    "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--metrics-host", "127.0.0.1",
+                    "--replica-id", rid]
             child = Child("lockd", rid, argv, str(self.run_dir / f"lockd-{rid}.log"), env=env)
             child.info.update(metrics_port=mport)
             self.lockd.append(child.spawn())
@@ -227,6 +231,15 @@ class LocalCluster:
                           f"(snapshot {s.sim_snapshot_bytes_per_s / 1e9:g} GB/s, "
                           f"restore {s.sim_restore_bytes_per_s / 1e9:g} GB/s)")
 
+    def _admin_token_file(self) -> str:
+        """The admin token of this cluster, in <run_dir>/admin-token (mode 0600): $TIMESLICE_ADMIN_TOKEN
+        if set, else a fresh random one. This process's own admin calls use it too."""
+        path = self.run_dir / TOKEN_FILE_NAME
+        write_token_file(path, os.environ.get(ENV_ADMIN_TOKEN, "").strip() or secrets.token_urlsafe(32))
+        if not os.environ.get(ENV_ADMIN_TOKEN):
+            os.environ[ENV_ADMIN_TOKEN_FILE] = str(path)
+        return str(path)
+
     def _agent_child(self, eps: str, env: dict) -> Child:
         s = self.settings
         self.sim_dir = self._pick_sim_dir()
@@ -234,6 +247,7 @@ class LocalCluster:
         mport = s.nodeagent_metrics_port or free_port()
         argv = [self.python, "-m", "nodeagent.cli", "serve", "--node", self.node, "--etcd-endpoints", eps,
                 "--prefix", s.prefix, "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport),
+                "--metrics-host", "127.0.0.1",
                 "--backend", s.backend, "--state-dir", str(self.run_dir / "nodeagent-state"),
                 "--sim-dir", self.sim_dir, "--sim-capacity-bytes", str(s.sim_device_capacity_bytes),
                 "--sim-checkpoint-gbps", repr(s.sim_snapshot_bytes_per_s / 1e9),
@@ -317,6 +331,7 @@ class LocalCluster:
                     "restore_bytes_per_s": s.sim_restore_bytes_per_s} if self.backend == "sim" else None,
             "processes": [c.to_dict() for c in self.children()],
             "etcdctl": self.etcdctl_command(),
+            "admin_token_file": str(self.run_dir / TOKEN_FILE_NAME),
         }
 
     def write_state(self) -> None:
