@@ -27,6 +27,7 @@ from nodeagent.backends import pick_backend
 from nodeagent.backends.base import Backend
 from nodeagent.backends.composite import CompositeBackend
 from nodeagent.backends.swapper import Swapper
+from nodeagent import attest
 from nodeagent.channel import ChannelServer
 from nodeagent.config import AgentConfig
 from nodeagent.discovery import local_registered_pids
@@ -73,6 +74,7 @@ class Agent:
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
                                      self._worker_left)
         self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
+        self._unattested: dict[int, str] = {}                         # pid -> job, warned once
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
                                         cfg.freeze_parked, cfg.lock_timeout_ms)
@@ -291,7 +293,17 @@ class Agent:
         for pid in [p for p in registered if protected_reason(p)]:
             log.warning("protected_pid_registered", job=job, pid=pid, why=protected_reason(pid))
             registered.discard(pid)
+        registered = set(self.trusted_pids(job, registered))
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
+
+    def trusted_pids(self, job: str, pids) -> list[int]:
+        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attest.py)."""
+        keep, refused = attest.trusted(job, pids, self.channel.job_of, self.cfg.require_attestation)
+        for pid, why in refused.items():
+            if self._unattested.get(pid) != job:
+                self._unattested[pid] = job
+                log.warning("worker_not_attested", job=job, pid=pid, why=why)
+        return keep
 
     async def _handle(self, intent: I.Intent) -> None:
         ctx = intent.log_ctx()

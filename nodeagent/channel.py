@@ -30,6 +30,7 @@ from pathlib import Path
 
 import structlog
 
+from nodeagent.backends import procfs
 from timeslice import channel as C
 from tscore.errors import InvalidIdError
 from tscore.ids import check_id
@@ -58,6 +59,7 @@ class WorkerInfo:
     host_bytes: int = 0
     paused: list[str] = field(default_factory=list)
     connected: bool = True
+    start_time: int | None = None      # the process incarnation that spoke (pids are reused)
 
     def update(self, msg: dict) -> None:
         if isinstance(msg.get("paused"), list):
@@ -117,8 +119,8 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
     if not isinstance(device, str) or len(device) > 128:
         raise C.ChannelError("device must be a string of at most 128 characters")
     tags = msg.get("tags")
-    if not isinstance(tags, dict) or not 0 < len(tags) <= MAX_TAGS:
-        raise C.ChannelError(f"hello needs 1..{MAX_TAGS} tags")
+    if not isinstance(tags, dict) or len(tags) > MAX_TAGS:
+        raise C.ChannelError(f"hello needs at most {MAX_TAGS} tags (none: the process only attests it is the job's)")
     for t, p in tags.items():
         check_id("tag", t)
         if p not in ("offload", "discard"):
@@ -170,6 +172,20 @@ class ChannelServer:
     def info(self, pid: int) -> WorkerInfo | None:
         return self._infos.get(pid)
 
+    def job_of(self, pid: int) -> str | None:
+        """The job that process ``pid`` proved it belongs to, if this very process did."""
+        info = self._infos.get(pid)
+        if info is None or not procfs.same_process(pid, info.start_time):
+            return None
+        return info.job
+
+    def prune(self) -> list[int]:
+        """Forget what exited processes said (their pids may be reused). Returns them."""
+        gone = [p for p, i in self._infos.items() if not procfs.same_process(p, i.start_time)]
+        for p in gone:
+            self.forget(p)
+        return gone
+
     def forget(self, pid: int) -> None:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
@@ -203,7 +219,7 @@ class ChannelServer:
             log.warning("channel_refused", pid=pid, job=job, reason=why)
             await self._refuse(writer, "PERMISSION_DENIED", why)
             return
-        info = WorkerInfo(pid, uid, job, device, tags)
+        info = WorkerInfo(pid, uid, job, device, tags, start_time=procfs.start_time(pid))
         info.update(hello)
         old = self._conns.pop(pid, None)
         if old is not None:

@@ -71,6 +71,7 @@ class AgentConfig:
     swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
     freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
     parked_warn_s: float = 300.0              # warn once when a job stays snapshotted (parked) this long
+    require_attestation: bool = False         # act only on pids a job attested over the channel (attest.py)
 
     def __post_init__(self) -> None:
         check_id("node", self.node)
@@ -156,6 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                "else a per-user temp dir)")
     env_flag(p, "--swap-deadline-s", type=float, default=120.0,
           help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--require-attestation", action="store_true", default=False,
+          help="act only on registered pids that the job's own processes attested over the node-local "
+               "channel (the client library does it when it registers a worker)")
     env_flag(p, "--parked-warn-s", type=float, default=300.0,
           help="log a warning once a job has been parked (snapshotted) this long, s")
     env_flag(p, "--freeze-parked", action="store_true", default=False,
@@ -184,6 +188,7 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), tls_cert=a.tls_cert or None,
             tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level,
             channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
-            freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s))
+            freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s),
+            require_attestation=bool(a.require_attestation))
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e

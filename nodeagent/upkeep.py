@@ -41,7 +41,8 @@ class Upkeep:
         local = a.jobs.local()
 
         def work():
-            return {job: take(a.backend, reg, rem) for job, (reg, rem) in local.items()}
+            # Only what the job may be acted on for counts as its footprint (nodeagent/attest.py).
+            return {job: take(a.backend, a.trusted_pids(job, reg), rem) for job, (reg, rem) in local.items()}
         return await asyncio.to_thread(work)
 
     async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
@@ -111,6 +112,7 @@ class Upkeep:
                     await a.renew_session()
                 await self.refresh()
                 a.metrics.etcd_connected.set(1)
+                a.channel.prune()                   # exited processes' word is void (pids are reused)
                 reap = getattr(a.backend, "reap", None)
                 if reap is not None:                # the simulator: drop files of exited workers
                     await asyncio.to_thread(reap)

@@ -400,6 +400,7 @@ class AsyncOrchestratorClient(ClientCore):
         from timeslice.cooperative import CooperativeWorker
         await self._ensure_session()
         node = node or node_name()
+        await asyncio.to_thread(self._close_attestation)   # one channel per process
         w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
         pid = await asyncio.to_thread(w.connect)
         try:
@@ -419,6 +420,11 @@ class AsyncOrchestratorClient(ClientCore):
                               device_bytes: int = 0, *, swap: str = "", gpus=(), endpoint: str = "",
                               tags=None, collective: bool = False) -> Worker:
         await self._ensure_session()
+        if swap != "cooperative":
+            from timeslice.config import node_name
+            seen = await asyncio.to_thread(self.attest_worker, node or node_name())
+            if pid is None and seen:
+                pid = seen                    # the pid as the agent sees it (pid namespaces differ)
         req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
         req.session_secret = self._secret()
         await self._invoke(Call.REGISTER_WORKER, lambda: req, deadline=self._deadline(self.config.timeout))
@@ -509,6 +515,7 @@ class AsyncOrchestratorClient(ClientCore):
         workers, self._cooperative = self._cooperative, []
         for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
             await asyncio.to_thread(w.close)
+        await asyncio.to_thread(self._close_attestation)
         s = self._session
         if s is not None and self._lost is None:
             await self._close_session(s)

@@ -456,6 +456,11 @@ class OrchestratorClient(ClientCore):
         it uses. ``tags``: region -> "offload"|"discard". ``collective``: it uses CUDA IPC/NCCL p2p,
         so its context must never be checkpointed."""
         self._ensure_session()
+        if swap != "cooperative":
+            from timeslice.config import node_name
+            seen = self.attest_worker(node or node_name())
+            if pid is None and seen:
+                pid = seen                    # the pid as the agent sees it (pid namespaces differ)
         req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
         self._invoke(Call.REGISTER_WORKER, lambda: _with_secret(req, self._secret()),
                      deadline=self._deadline(self.config.timeout))
@@ -485,6 +490,7 @@ class OrchestratorClient(ClientCore):
         from timeslice.cooperative import CooperativeWorker
         self._ensure_session()
         node = node or node_name()
+        self._close_attestation()        # one channel per process: the cooperative one attests too
         w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
         pid = w.connect()
         try:
@@ -592,6 +598,7 @@ class OrchestratorClient(ClientCore):
             workers, self._cooperative = self._cooperative, []
         for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
             w.close()
+        self._close_attestation()
         s = self._session
         if s is not None and self._lost is None:
             self._close_session(s, timeout)

@@ -83,6 +83,32 @@ class CallbackMemory:
         self._resume()
 
 
+class Attestation:
+    """No memory to move: the channel only proves to the agent that this process is the job's.
+
+    The client opens one when it registers a worker swapped by checkpoint, so that a
+    job can never have the agent act on a process that is not its own
+    (``nodeagent/attest.py``: the agent trusts the pid the kernel gives it).
+    """
+
+    tags: Mapping[str, str] = {}
+
+    def device_id(self) -> str:
+        return ""
+
+    def region_bytes(self) -> dict[str, int]:
+        return {}
+
+    def host_bytes(self) -> int:
+        return 0
+
+    def pause(self, tags: Sequence[str]) -> None:
+        raise RuntimeError("this process attests only; it cannot pause")
+
+    def resume(self, tags: Sequence[str]) -> None:
+        raise RuntimeError("this process attests only; it cannot resume")
+
+
 class CooperativeWorker:
     """The channel to the node agent and the thread that answers its requests."""
 

@@ -67,6 +67,7 @@ class ClientCore:
         self._closing = False
         self._held: dict[str, Grant] = {}
         self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
+        self._attestation = None            # this process's attest-only channel (see attest_worker)
         # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
         # job's attempts by it, so a late, stale one never replaces a newer one.
         self._seq = itertools.count(1)
@@ -200,6 +201,38 @@ class ClientCore:
     def _secret(self) -> str:
         s = self._session
         return s.secret if s else ""
+
+    def attest_worker(self, node: str):
+        """Open (once) this process's channel to ``node``'s agent, proving the process is this job's;
+        the pid the agent sees (its pid namespace), or None if no agent listens here.
+
+        The node agent acts only on pids a job attested (``--require-attestation``), so a
+        job can never have another job's process snapshotted by registering its pid.
+        """
+        import os as _os
+        from timeslice.channel import ChannelError
+        from timeslice.config import node_name
+        from timeslice.cooperative import Attestation, CooperativeWorker
+        mine = [w for w in self._cooperative if w.node == node]
+        if mine:
+            return mine[0].pid                # a cooperative channel attests already
+        if node != node_name() and not _os.environ.get("TIMESLICE_AGENT_SOCKET"):
+            return None                       # another node's agent: not reachable from here
+        if self._attestation is None:
+            w = CooperativeWorker(self.job_id, self._secret, Attestation(), node, connect_timeout=2.0)
+            try:
+                w.start()
+            except ChannelError as e:
+                log.warning("worker_not_attested", job=self.job_id, node=node, error=str(e)[:200],
+                            hint="the node agent acts only on attested workers when it requires attestation")
+                return None
+            self._attestation = w
+        return self._attestation.pid
+
+    def _close_attestation(self) -> None:
+        w, self._attestation = self._attestation, None
+        if w is not None:
+            w.close()
 
     def _worker_req(self, pid: int | None, node: str | None, device_bytes: int,
                     swap: str = "", gpus=(), endpoint: str = "", tags=None,

@@ -46,6 +46,12 @@ def start_time(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> int | None
     return int(f[21])
 
 
+def parent_pid(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> int | None:
+    """The parent's pid (``stat`` field 4), or None if the process is gone."""
+    f = _stat_fields(pid, proc_root)
+    return int(f[3]) if f is not None and len(f) > 3 else None
+
+
 def is_alive(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> bool:
     return start_time(pid, proc_root) is not None
 
