@@ -29,6 +29,7 @@ class LockdConfig:
     listen: str = f"0.0.0.0:{D.LOCKD_PORT}"
     replica_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     metrics_port: int = D.LOCKD_METRICS_PORT      # -1: no metrics endpoint
+    metrics_host: str = "0.0.0.0"                  # address the metrics endpoint binds
     election: ElectionTiming = field(default_factory=ElectionTiming)
     sessions: SessionLimits = field(default_factory=SessionLimits)
     policy: Policy = field(default_factory=Policy)
@@ -53,6 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--listen", default=f"0.0.0.0:{D.LOCKD_PORT}", help="gRPC host:port (port 0: any free)")
     env_flag(p, "--replica-id", default=None, help="this replica's name (default host-pid)")
     env_flag(p, "--metrics-port", type=int, default=D.LOCKD_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--metrics-host", default="0.0.0.0", help="address the metrics endpoint binds (pod IP, 127.0.0.1)")
     # Defaults sized for a failover within ~3 s: a dead leader's lease expires after
     # --lease-ttl, and plain handoffs go on meanwhile (fenced by its still-valid epoch).
     # 3 s is etcd's minimum lease TTL with its default 1 s election timeout.
@@ -74,6 +76,7 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
         kw["replica_id"] = a.replica_id
     return LockdConfig(
         etcd=etcd, prefix=a.prefix, listen=a.listen, metrics_port=int(a.metrics_port),
+        metrics_host=a.metrics_host,
         election=ElectionTiming(int(a.lease_ttl), float(a.renew_deadline), float(a.retry_period)),
         sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl))),
         policy=Policy(swap_timeout_ms=int(float(a.swap_timeout) * 1000),

@@ -46,7 +46,7 @@ async def serve(config: LockdConfig, ready=None) -> None:
     server, port, hs = create_server(config, replica)
     await server.start()
     if config.metrics_port >= 0:
-        start_http_server(config.metrics_port, registry=replica.metrics.registry)
+        start_http_server(config.metrics_port, addr=config.metrics_host, registry=replica.metrics.registry)
     # SERVING only while this replica can reach etcd: a load balancer then sends
     # clients to replicas that can actually answer them.
     health_task = asyncio.create_task(health_loop(

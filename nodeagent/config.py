@@ -49,6 +49,7 @@ class AgentConfig:
     listen: str = f"0.0.0.0:{D.NODEAGENT_PORT}"
     advertise: str = ""                       # endpoint written in the agent key; "" = derived
     metrics_port: int = D.NODEAGENT_METRICS_PORT   # -1: no metrics endpoint
+    metrics_host: str = "0.0.0.0"                  # address the metrics endpoint binds
     backend: str = "auto"
     state_dir: str = DEFAULT_STATE_DIR
     host_reserve_bytes: int = DEFAULT_HOST_RESERVE_BYTES
@@ -106,6 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--listen", default=f"0.0.0.0:{D.NODEAGENT_PORT}", help="gRPC host:port (port 0: any free)")
     env_flag(p, "--advertise", default="", help="host:port written in the agent key (default: derived)")
     env_flag(p, "--metrics-port", type=int, default=D.NODEAGENT_METRICS_PORT, help="Prometheus port; -1 = off")
+    env_flag(p, "--metrics-host", default="0.0.0.0", help="address the metrics endpoint binds (pod IP, 127.0.0.1)")
     env_flag(p, "--backend", default="auto", help="auto | cuda-driver | cuda-checkpoint | sim")
     env_flag(p, "--state-dir", ENV_STATE_DIR, default=DEFAULT_STATE_DIR,
           help="local state (fencing tokens, snapshot size records)")
@@ -133,6 +135,7 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
         return AgentConfig(
             node=a.node or socket.gethostname(), etcd=etcd, prefix=a.prefix, listen=a.listen,
             advertise=a.advertise or "", metrics_port=int(a.metrics_port), backend=a.backend,
+            metrics_host=a.metrics_host,
             state_dir=a.state_dir, host_reserve_bytes=int(a.host_reserve_bytes),
             lock_timeout_ms=int(a.lock_timeout_ms), refresh_interval=float(a.refresh_interval),
             session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,

@@ -54,7 +54,7 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     await agent.start(endpoint=cfg.endpoint(port))
     await server.start()
     if cfg.metrics_port >= 0:
-        start_http_server(cfg.metrics_port, registry=agent.metrics.registry)
+        start_http_server(cfg.metrics_port, addr=cfg.metrics_host, registry=agent.metrics.registry)
     # SERVING while the agent can reach etcd with a live lease: only then can it
     # receive intents and report on them.
     health_task = asyncio.create_task(health_loop(
