@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"lockd: invalid configuration: {e}", file=sys.stderr)
         return 2
-    logs.configure("lockd", cfg.log_level)
+    logs.configure("lockd", cfg.log_level, replica=cfg.replica_id)
     from lockd.server import serve
     try:
         _run(serve(cfg))

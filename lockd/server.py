@@ -13,6 +13,7 @@ from lockd.config import LockdConfig
 from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
+from tscore import logs
 from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
@@ -54,7 +55,7 @@ async def serve(config: LockdConfig, ready=None) -> None:
     log.info("serving", replica=config.replica_id, port=port, metrics_port=config.metrics_port,
              tls=bool(config.tls_cert))
     # Machine-readable line for launchers and tests that bind port 0.
-    print(f"LOCKD_READY port={port} replica={config.replica_id}", flush=True)
+    logs.ready("LOCKD_READY", port=port, replica=config.replica_id, metrics_port=config.metrics_port)
     if ready is not None:
         ready(port)
     stop = asyncio.Event()

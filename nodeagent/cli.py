@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     except TimesliceError as e:         # ConfigError, InvalidIdError (a bad --node)
         print(f"nodeagent: invalid configuration: {e}", file=sys.stderr)
         return 2
-    logs.configure("nodeagent", cfg.log_level)
+    logs.configure("nodeagent", cfg.log_level, node=cfg.node)
     from nodeagent.server import serve
     try:
         asyncio.run(serve(cfg))

@@ -20,6 +20,7 @@ from nodeagent.operations import Operations
 from nodeagent.servicer import NodeAgentServicer
 from tscore.etcd import ops
 from tsproto import nodeagent_pb2_grpc as pbg
+from tscore import logs
 from tscore.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
@@ -62,7 +63,8 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     log.info("serving", node=cfg.node, port=port, metrics_port=cfg.metrics_port, backend=agent.backend.name,
              simulated=agent.backend.name == "sim")
     # Machine-readable line for launchers and tests that bind port 0.
-    print(f"NODEAGENT_READY port={port} node={cfg.node} backend={agent.backend.name}", flush=True)
+    logs.ready("NODEAGENT_READY", port=port, node=cfg.node, backend=agent.backend.name,
+               metrics_port=cfg.metrics_port)
     if ready is not None:
         ready(port)
     stop = asyncio.Event()

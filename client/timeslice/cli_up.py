@@ -77,6 +77,8 @@ def summary(c: LocalCluster, took: float) -> str:
     lines = [f"timeslice local cluster is up ({took:.1f}s)", ""]
     lines.append(f"  etcd       {c.etcd_endpoints_str}  ({len(c.etcd)} member{'s' if len(c.etcd) > 1 else ''})")
     lines.append(f"  lockd      {c.target}  (leader {c.leader.get('replica')}, epoch {c.leader.get('epoch')})")
+    lines.append("  metrics    lockd " + ", ".join(f"127.0.0.1:{r.info.get('metrics_port')}" for r in c.lockd)
+                 + f"; nodeagent 127.0.0.1:{c.agent.info.get('metrics_port')}")
     agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{c.agent.info.get('port')}, backend {c.backend}"
     if c.backend == "sim":
         agent += f" = SIMULATED device, {_size(c.settings.sim_device_capacity_bytes)}"

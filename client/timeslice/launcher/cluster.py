@@ -205,7 +205,8 @@ class LocalCluster:
             mport = s.lockd_metrics_port + i if s.lockd_metrics_port else free_port()
             rid = f"r{i}"
             argv = [self.python, "-m", "lockd.cli", "serve", "--etcd-endpoints", eps, "--prefix", s.prefix,
-                    "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--replica-id", rid]
+                    "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--metrics-host", "127.0.0.1",
+                    "--replica-id", rid]
             child = Child("lockd", rid, argv, str(self.run_dir / f"lockd-{rid}.log"), env=env)
             child.info.update(metrics_port=mport)
             self.lockd.append(child.spawn())
@@ -218,7 +219,8 @@ class LocalCluster:
         self.progress(f"lockd: leader is {self.leader['replica']} (epoch {self.leader['epoch']})")
         self.agent.wait_ready(_agent_ready, timeout, self._interrupted.is_set)
         why, _, passed = self.agent.info.get("why", "").partition(" (passed over: ")
-        self.progress(f"nodeagent {self.node}: ready at 127.0.0.1:{self.agent.info['port']}, "
+        self.progress(f"nodeagent {self.node}: ready at 127.0.0.1:{self.agent.info['port']} "
+                      f"(metrics :{self.agent.info['metrics_port']}), "
                       f"backend {self.backend}" + (f": {why}" if why else ""))
         if passed:
             self.progress(f"nodeagent: passed over {_clip(passed.rstrip(')'), 150)}")
@@ -234,6 +236,7 @@ class LocalCluster:
         mport = s.nodeagent_metrics_port or free_port()
         argv = [self.python, "-m", "nodeagent.cli", "serve", "--node", self.node, "--etcd-endpoints", eps,
                 "--prefix", s.prefix, "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport),
+                "--metrics-host", "127.0.0.1",
                 "--backend", s.backend, "--state-dir", str(self.run_dir / "nodeagent-state"),
                 "--sim-dir", self.sim_dir, "--sim-capacity-bytes", str(s.sim_device_capacity_bytes),
                 "--sim-checkpoint-gbps", repr(s.sim_snapshot_bytes_per_s / 1e9),
