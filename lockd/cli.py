@@ -8,6 +8,7 @@ import sys
 
 from lockd import config as C
 from tscore import logs
+from tscore.version import __version__
 from tscore.errors import ConfigError
 
 
@@ -26,6 +27,7 @@ def _run(coro) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lockd", description="timeslice orchestrator replica")
+    p.add_argument("--version", action="version", version=f"lockd {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve the gRPC API; campaign for leadership")
     C.add_arguments(s)

@@ -12,18 +12,12 @@ import platform
 
 from prometheus_client import CollectorRegistry, Info, ProcessCollector, disable_created_metrics
 
+from tscore.version import __version__
+
 # Waits and swaps: from a local handoff (ms) to the longest acquire a job may
 # wait (600 s, the client's default deadline) and beyond.
 LATENCY_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
                    300, 600, 1200)
-
-
-def version() -> str:
-    try:
-        from importlib.metadata import version as _v
-        return _v("timeslice")
-    except Exception:  # not installed (a source checkout on PYTHONPATH)
-        return "0+unknown"
 
 
 def add_common(registry: CollectorRegistry, component: str) -> None:
@@ -32,5 +26,5 @@ def add_common(registry: CollectorRegistry, component: str) -> None:
     # doubling every counter and histogram for no use on a dashboard.
     disable_created_metrics()
     info = Info("timeslice_build", "Version of the running program", registry=registry)
-    info.info({"version": version(), "component": component, "python": platform.python_version()})
+    info.info({"version": __version__, "component": component, "python": platform.python_version()})
     ProcessCollector(registry=registry)

@@ -54,7 +54,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 def _pick_cluster(args, settings, out: Path, say) -> tuple[dict, LocalCluster | None]:
     """(cluster.json document, the cluster we started or None if we use a running one)."""
     if not args.fresh_cluster:
-        found = S.find_running(settings.log_dir)
+        found = S.find_running_anywhere(settings.log_dir)
         if found is not None:
             path, doc = found
             sim = doc.get("sim") or {}
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old_term)
         if cluster is not None:
             if args.keep_cluster:
-                say(f"the demo's cluster keeps running: timeslice up --stop --logdir {cluster.run_dir}")
+                say(f"the demo's cluster keeps running: timeslice up --stop --run-dir {cluster.run_dir}")
             else:
                 say("stopping the demo's cluster")
                 cluster.stop(quiet=True)
