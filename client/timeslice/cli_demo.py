@@ -15,6 +15,7 @@ timeline.png (its path is printed last).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -104,8 +105,8 @@ def _torch_cuda() -> bool:
 def run(args: argparse.Namespace) -> int:
     from timeslice.demo.runner import Demo, DemoError, Plan, RunSpec, sim_runs
 
-    def say(msg: str) -> None:
-        print(msg, flush=True)
+    def say(msg: str) -> None:          # with --json, stdout carries only the final JSON object
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     try:
         settings, _origin = settings_from_args(args)
@@ -174,6 +175,11 @@ def run(args: argparse.Namespace) -> int:
         say(f"demo took {time.monotonic() - t_all:.0f}s")
         say(f"timeline: {png}")
         bad = [fg.key for fg, _ in results if fg.overlaps or fg.bad_verifies or not fg.tokens_increasing]
+        if args.json:
+            summary_path = out / "summary.json"
+            doc_out = {"out": str(out), "timeline": str(png), "ok": not bad, "failed_checks": bad,
+                       "summary": json.loads(summary_path.read_text()) if summary_path.is_file() else None}
+            print(json.dumps(doc_out, sort_keys=True), flush=True)
         if bad:
             print(f"timeslice demo: correctness check failed in {', '.join(bad)}", file=sys.stderr)
             return 1

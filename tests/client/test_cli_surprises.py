@@ -127,6 +127,14 @@ def test_watch_redraws_ages_while_nothing_changes(env, up):
     assert len(ages) == 3 and ages == sorted(ages) and ages[-1] > ages[0]
 
 
+def test_demo_json_is_one_object(env, up, tmp_path):
+    r = ts(env, "--json", "demo", "--iterations", "1", "--regimes", "elide", "--generate-s", "0.1",
+           "--rewards-s", "0.1", "--train-s", "0.1", "--out", str(tmp_path / "demo"), timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["ok"] is True and doc["summary"] and Path(doc["timeline"]).exists()
+
+
 @pytest.mark.parametrize("program", ["timeslice.cli", "lockd.cli", "nodeagent.cli"])
 def test_version_on_every_command(program):
     r = subprocess.run([PY, "-m", program, "--version"], capture_output=True, text=True, timeout=60, check=False)
