@@ -59,6 +59,22 @@ class DutyCycle:
         yield held
 
 
+def nvml_utilization() -> dict[str, float] | None:
+    """Per-GPU utilization from NVML, or None where there is no NVML (the simulator, CI)."""
+    from nodeagent.backends.errors import BackendUnavailable
+    from nodeagent.backends.nvml import Nvml
+    try:
+        n = Nvml.open()
+    except BackendUnavailable:
+        return None
+    try:
+        return n.utilization()
+    except Exception:  # noqa: BLE001 - a scrape must not fail because one NVML call did
+        return None
+    finally:
+        n.close()
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()

@@ -34,6 +34,9 @@ class Upkeep:
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
         self.force_put = False              # rewrite the key even if unchanged (new lease)
+        if agent.backend.name != "sim":     # duty cycle per GPU, read at scrape time
+            from nodeagent.metrics import nvml_utilization
+            agent.metrics.duty.gpu_utilization = nvml_utilization
 
     async def pictures(self) -> dict[str, Picture]:
         a = self.agent
@@ -47,6 +50,7 @@ class Upkeep:
         a = self.agent
         pictures = pictures if pictures is not None else await self.pictures()
         resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
+        a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
         value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident)
         a.metrics.host_free.set(value.host_free_bytes)
         a.metrics.device_free.set(value.device_free_bytes)

@@ -73,3 +73,14 @@ def test_dashboard_shows_duty_cycle_queue_wait_swap_and_failovers():
     for needed in ("timeslice_agent_gpu_utilization_ratio", "timeslice_queue_depth", "timeslice_acquire_wait_seconds",
                    "timeslice_swap_phase_seconds", "timeslice_agent_moved_bytes_total", "timeslice_leader_changes_total"):
         assert needed in text, needed
+
+
+def test_residency_is_credited_per_job_and_forgotten_when_gone():
+    m = AgentMetrics()
+    m.duty.note_resident(["a", "b"], now=100.0)
+    m.duty.note_resident(["a", "b"], now=102.5)
+    m.duty.note_resident(["a"], now=103.0)          # b left the device: its series goes
+    m.duty.note_resident(["a", "c"], now=104.0)     # c arrives: counted from the next call on
+    samples = {s.labels["job"]: s.value for f in m.registry.collect()
+               if f.name == "timeslice_agent_job_resident_seconds" for s in f.samples}
+    assert samples == {"a": 4.0, "c": 0.0}
