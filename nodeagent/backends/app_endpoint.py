@@ -89,6 +89,7 @@ class AppEndpointSwapper(Swapper):
         self.scheme, self.host, self.port, self.base = _parse_endpoint(worker.endpoint)
         self._paused = False
         self._released: int | None = None      # device bytes the last pause freed
+        self._before: int | None = None        # device bytes held before the last pause
         self._host_bytes = 0
 
     # -- HTTP -------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class AppEndpointSwapper(Swapper):
                 raise SwapNotVerified(f"{self.kind} pause: server answered but pid {self.worker.pid} "
                                       f"still holds {after} of {before} device bytes", pid=self.worker.pid)
         freed = None if before is None or after is None else before - after
-        self._paused, self._released = True, freed
+        self._paused, self._released, self._before = True, freed, before
         self._host_bytes = (freed or 0) if offloads else 0
         rep = SwapReport(bytes_moved=self._host_bytes, device_bytes=freed or 0,
                          elapsed_ms=(time.monotonic() - t0) * 1000, tags=acted,
@@ -220,8 +221,14 @@ class AppEndpointSwapper(Swapper):
         self._resume_call(deadline)
         back = None
         if during is not None and self._released:
-            after = self._await_memory(lambda b: b > during, deadline)
-            if after is not None and after <= during:
+            # Back means more than while paused, or as much as before the pause (an earlier
+            # resume that timed out here may have completed on the server since).
+            before = self._before
+
+            def back_again(b: int) -> bool:
+                return b > during or (before is not None and b >= before)
+            after = self._await_memory(back_again, deadline)
+            if after is not None and not back_again(after):
                 raise SwapNotVerified(f"{self.kind} resume: server answered but pid {self.worker.pid} "
                                       f"holds {after} device bytes, as while paused", pid=self.worker.pid)
             back = None if after is None else after - during

@@ -9,6 +9,13 @@ copies it to host memory first when its policy is ``offload`` (and only then
 frees the device bytes), or drops it when ``discard``; resuming reserves the
 capacity first (refused as out of memory if it does not fit: nothing changes,
 the host copy is kept), then writes the bytes back and checks their sha256.
+
+Every call is a device operation (``SimDeviceClient.compute``): while the
+simulated checkpoint backend has the server's context locked or checkpointed,
+a release or resume waits, as a CUDA call of a checkpointed server would. So
+the agent can chain the two when full isolation is asked: pause through the
+HTTP API, then checkpoint what is left (the context, ``arena-<pid>``, whose
+size is then exactly what the ledger holds for the pid); and back in reverse.
 """
 from __future__ import annotations
 
@@ -94,7 +101,7 @@ class ServerMemory:
     # -- the calls -------------------------------------------------------------------
     def release(self, tags: list[str] | None, policies: dict[str, str] | None) -> int:
         """Release the resident regions ``tags`` (None: all); returns the device bytes freed."""
-        with self.lock:
+        with self.lock, self.dev.compute():
             freed = 0
             for r in self._names(tags, resident=True):
                 policy = (policies or {}).get(r.name, r.policy)
@@ -120,7 +127,7 @@ class ServerMemory:
 
     def resume(self, tags: list[str] | None) -> int:
         """Bring back the released regions ``tags`` (None: all); DeviceOutOfMemory if they do not fit."""
-        with self.lock:
+        with self.lock, self.dev.compute():
             todo = self._names(tags, resident=False)
             need = self._resident_bytes() + sum(r.size for r in todo)
             self._reserve(need)        # raises DeviceOutOfMemory: nothing changed, host copies kept

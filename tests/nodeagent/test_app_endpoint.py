@@ -186,3 +186,36 @@ def test_resume_that_does_not_fit_is_refused_and_keeps_the_host_copy(servers, me
 def test_bad_registration_is_a_config_error(w, match):
     with pytest.raises(SwapConfigError, match=match):
         make_app_swapper(w, None)
+
+
+def test_pause_then_checkpoint_what_is_left_and_back(servers, meter, sim):
+    """Full isolation: the server releases its regions, the checkpoint backend takes the context."""
+    srv = servers("vllm", VLLM_REGIONS)
+    sw = make_app_swapper(worker(srv, "vllm"), meter)
+    sw.pause(None, deadline_s=5)
+    sim.lock(srv.pid, 1000)
+    assert sim.checkpoint(srv.pid) == 1 * MiB                 # only the context was left
+    assert meter.usage(srv.pid) == {}
+    sim.restore(srv.pid)
+    sim.unlock(srv.pid)
+    back = sw.resume(deadline_s=5)
+    assert back.device_bytes == 12 * MiB
+    assert srv.memory()["regions"]["weights"]["matches_fill"]
+
+
+def test_resume_waits_while_the_context_is_checkpointed(servers, meter, sim):
+    srv = servers("sglang", SGL_REGIONS)
+    sw = make_app_swapper(worker(srv, "sglang"), meter)
+    sw.pause(None, deadline_s=5)
+    sim.lock(srv.pid, 1000)
+    sim.checkpoint(srv.pid)
+    with pytest.raises(SwapTimeout):                         # its "CUDA calls" block until restored
+        sw.resume(deadline_s=0.5)
+    assert sw.state() is SwapState.PAUSED and sum(meter.usage(srv.pid).values()) == 0
+    sim.restore(srv.pid)
+    sim.unlock(srv.pid)
+    # The timed-out call may finish on the server once it runs again; a retried resume
+    # must then find the memory back rather than call it unverified.
+    rep = sw.resume(deadline_s=5)
+    assert rep.detail["verified"] and sum(meter.usage(srv.pid).values()) == 15 * MiB
+    assert srv.memory()["regions"]["weights"]["matches_fill"] and sw.state() is SwapState.RUNNING
