@@ -14,6 +14,7 @@ from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
 from tscore import logs
+from tscore.grpc_metrics import GrpcServerMetrics
 from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
@@ -27,7 +28,8 @@ def _read(path: str) -> bytes:
 
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+                             interceptors=[GrpcServerMetrics(replica.metrics.registry)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

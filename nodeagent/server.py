@@ -21,6 +21,7 @@ from nodeagent.servicer import NodeAgentServicer
 from tscore.etcd import ops
 from tsproto import nodeagent_pb2_grpc as pbg
 from tscore import logs
+from tscore.grpc_metrics import GrpcServerMetrics
 from tscore.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
@@ -30,7 +31,8 @@ SERVICE_NAME = "timeslice.v1.NodeAgent"
 def create_server(agent: Agent, listen: str, operations: Operations | None = None,
                   health_servicer: health.aio.HealthServicer | None = None) -> tuple[grpc.aio.Server, int]:
     """Build the server and bind it (port 0: any free one); returns (server, bound port)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+                             interceptors=[GrpcServerMetrics(agent.metrics.registry)])
     pbg.add_NodeAgentServicer_to_server(NodeAgentServicer(agent, operations or Operations(agent)), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
     port = server.add_insecure_port(listen)

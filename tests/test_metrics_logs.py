@@ -64,7 +64,7 @@ def endpoints(c: LocalCluster) -> dict[str, int]:
 def naming_problems(fams: dict) -> list[str]:
     out = []
     for name, f in fams.items():
-        if name.startswith("process_"):
+        if name.startswith(("process_", "grpc_server_")):   # the conventional names of those
             continue
         if not name.startswith("timeslice_"):
             out.append(f"{name}: not under timeslice_")
@@ -95,10 +95,12 @@ def test_no_meaning_exported_twice(cluster):
     eps = endpoints(cluster)
     lockd = families(scrape(eps["lockd-r0"]))
     agent = families(scrape(eps["nodeagent"]))
-    shared = {n for n in set(lockd) & set(agent) if not n.startswith("process_") and n != "timeslice_build_info"}
+    shared = {n for n in set(lockd) & set(agent)
+              if not n.startswith(("process_", "grpc_server_")) and n != "timeslice_build_info"}
     assert shared == set(), f"exported by lockd and the agent: {sorted(shared)}"
-    helps = {f.documentation for n, f in lockd.items() if not n.startswith("process_") and n != "timeslice_build_info"}
-    assert not [n for n, f in agent.items() if f.documentation in helps and n != "timeslice_build_info"]
+    ours = lambda n: n.startswith("timeslice_") and n != "timeslice_build_info"   # noqa: E731
+    helps = {f.documentation for n, f in lockd.items() if ours(n)}
+    assert not [n for n, f in agent.items() if ours(n) and f.documentation in helps]
 
 
 def test_build_info_process_metrics_and_long_buckets(cluster):
@@ -110,6 +112,17 @@ def test_build_info_process_metrics_and_long_buckets(cluster):
     lockd = families(scrape(endpoints(cluster)["lockd-r0"]))
     les = {float(s.labels["le"]) for s in lockd["timeslice_acquire_wait_seconds"].samples if "le" in s.labels}
     assert max(les - {float("inf")}) >= 600, "acquires wait up to 600 s; the buckets must reach that"
+
+
+def test_grpc_server_metrics_count_calls_by_method_and_code(cluster):
+    handled = {}
+    for r in cluster.lockd:
+        for s in families(scrape(r.info["metrics_port"]))["grpc_server_handled"].samples:
+            key = (s.labels["grpc_method"], s.labels["grpc_code"])
+            handled[key] = handled.get(key, 0) + s.value
+    assert handled.get(("Acquire", "OK"), 0) >= 1 and handled.get(("CreateGroup", "OK"), 0) >= 20
+    agent = families(scrape(cluster.agent.info["metrics_port"]))
+    assert "grpc_server_handling_seconds" in agent
 
 
 def test_deleted_groups_leave_no_queue_depth_series(cluster):
