@@ -29,11 +29,11 @@ class QueueDepth:
         self.live_groups: Callable[[], Iterable[str]] | None = None
         registry.register(self)
 
-    def labels(self, group: str) -> "QueueDepth._Child":
+    def labels(self, group: str) -> QueueDepth._Child:
         return QueueDepth._Child(self, group)
 
     class _Child:
-        def __init__(self, parent: "QueueDepth", group: str):
+        def __init__(self, parent: QueueDepth, group: str):
             self.parent, self.group = parent, group
 
         def set(self, value: float) -> None:

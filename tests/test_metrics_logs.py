@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings
 
@@ -98,7 +97,7 @@ def test_no_meaning_exported_twice(cluster):
     shared = {n for n in set(lockd) & set(agent)
               if not n.startswith(("process_", "grpc_server_")) and n != "timeslice_build_info"}
     assert shared == set(), f"exported by lockd and the agent: {sorted(shared)}"
-    ours = lambda n: n.startswith("timeslice_") and n != "timeslice_build_info"   # noqa: E731
+    ours = lambda n: n.startswith("timeslice_") and n != "timeslice_build_info"
     helps = {f.documentation for n, f in lockd.items() if ours(n)}
     assert not [n for n, f in agent.items() if ours(n) and f.documentation in helps]
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import platform
 
-from prometheus_client import CollectorRegistry, Info, ProcessCollector, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+)
 
 from tscore.version import __version__
 

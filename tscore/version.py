@@ -5,7 +5,8 @@ in one place; a source tree used without installing reports ``0+unknown``.
 """
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version as _version
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _version
 
 DISTRIBUTION = "timeslice"
 

@@ -102,7 +102,7 @@ def running_local_cluster():
         from timeslice.launcher.settings import load
         from timeslice.launcher.state import find_running_anywhere
         return find_running_anywhere(load()[0].log_dir)
-    except Exception:                     # no launcher, no readable state: plain default
+    except Exception:  # noqa: BLE001 - no launcher, no readable state: the plain default
         return None
 
 

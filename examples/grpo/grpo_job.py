@@ -24,8 +24,9 @@ import random
 import time
 import zlib
 
-from nodeagent.sim.client import SimDeviceClient
 from timeslice import OrchestratorClient
+
+from nodeagent.sim.client import SimDeviceClient
 
 
 class Policy:

@@ -46,7 +46,7 @@ def main() -> int:
         print("run_pair: no local cluster with a simulated device found; start one with "
               "`timeslice up --detach --backend sim`, or pass --target, --node and --sim-dir", file=sys.stderr)
         return 2
-    from timeslice import OrchestratorClient, AlreadyExistsError
+    from timeslice import AlreadyExistsError, OrchestratorClient
     with OrchestratorClient(target, job_id="grpo-example-admin") as admin:
         try:
             admin.create_group(a.group, nodes=[node])

@@ -41,7 +41,13 @@ import tenacity
 from nodeagent.backends import procfs
 from nodeagent.backends.base import DeviceMeter
 from nodeagent.backends.errors import BackendError, ProcessGone
-from nodeagent.backends.swapper import SwapRefused, SwapReport, SwapState, SwapTimeout, Swapper
+from nodeagent.backends.swapper import (
+    Swapper,
+    SwapRefused,
+    SwapReport,
+    SwapState,
+    SwapTimeout,
+)
 from tscore import records as R
 
 log = structlog.get_logger("nodeagent.backends.app_endpoint")

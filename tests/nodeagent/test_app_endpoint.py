@@ -6,14 +6,19 @@ import socket
 import threading
 
 import pytest
-
 from inference_helpers import SimServer
+from simhelpers import MiB
+
 from nodeagent.backends.app_endpoint import (
-    SglangSwapper, SwapConfigError, SwapNotVerified, VllmSwapper, make_app_swapper)
+    SglangSwapper,
+    SwapConfigError,
+    SwapNotVerified,
+    VllmSwapper,
+    make_app_swapper,
+)
 from nodeagent.backends.errors import ProcessGone
 from nodeagent.backends.swapper import SwapRefused, SwapState, SwapTimeout
 from nodeagent.sim.device import SimMeter
-from simhelpers import MiB
 from tscore.records import WorkerValue
 
 VLLM_REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard"]
