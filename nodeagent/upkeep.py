@@ -34,7 +34,11 @@ class Upkeep:
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
         self.force_put = False              # rewrite the key even if unchanged (new lease)
-        if agent.backend.name != "sim":     # duty cycle per GPU, read at scrape time
+        # Duty cycle per GPU, read at scrape time: NVML, or the simulated device's busy fraction.
+        if agent.backend.name == "sim":
+            from nodeagent.sim.utilization import SimUtilization
+            agent.metrics.duty.gpu_utilization = SimUtilization(agent.backend.dev.root).fraction
+        else:
             from nodeagent.metrics import nvml_utilization
             agent.metrics.duty.gpu_utilization = nvml_utilization
 

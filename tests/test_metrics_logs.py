@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -122,6 +123,17 @@ def test_grpc_server_metrics_count_calls_by_method_and_code(cluster):
     assert handled.get(("Acquire", "OK"), 0) >= 1 and handled.get(("CreateGroup", "OK"), 0) >= 20
     agent = families(scrape(cluster.agent.info["metrics_port"]))
     assert "grpc_server_handling_seconds" in agent
+
+
+def test_agent_exports_the_duty_cycle_of_its_simulated_gpu(cluster):
+    port = cluster.agent.info["metrics_port"]
+    samples = []
+    for _ in range(200):               # the first scrape starts the sampling; wait for a sample
+        samples = families(scrape(port))["timeslice_agent_gpu_utilization_ratio"].samples
+        if samples:
+            break
+        time.sleep(0.05)
+    assert samples and samples[0].labels["gpu"] == "sim0" and 0.0 <= samples[0].value <= 1.0
 
 
 def test_deleted_groups_leave_no_queue_depth_series(cluster):
