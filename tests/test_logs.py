@@ -14,11 +14,16 @@ from tscore import logs
 @pytest.fixture(autouse=True)
 def _restore_logging():
     """configure() is process-wide: put structlog and the root logger back afterwards."""
-    cfg, root = structlog.get_config(), logging.getLogger()
+    was, cfg, root = structlog.is_configured(), structlog.get_config(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     ctx = structlog.contextvars.get_contextvars()
     yield
-    structlog.configure(**cfg)
+    # Back to *unconfigured* if it was: the client library logs through structlog only
+    # once an application configured it (timeslice/logs.py), never into a test's stdout.
+    if was:
+        structlog.configure(**cfg)
+    else:
+        structlog.reset_defaults()
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(**ctx)
     for h in list(root.handlers):

@@ -45,9 +45,12 @@ def up(env, tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)            # one JSON object on stdout, progress on stderr
     yield doc
-    stop = ts(env, "up", "--stop", "--json", "--run-dir", doc["run_dir"])
+    # No --run-dir: the running cluster is found through the per-user pointer, from elsewhere.
+    stop = ts(env, "up", "--stop", "--json", cwd=str(logs))
     assert stop.returncode == 0, stop.stderr
-    assert json.loads(stop.stdout)["stopped"] is True
+    assert json.loads(stop.stdout) == {"stopped": True, "run_dir": doc["run_dir"], "state_file": doc["state_file"]}
+    again = ts(env, "up", "--stop", "--json")
+    assert again.returncode == 1 and json.loads(again.stdout)["stopped"] is False
 
 
 def test_up_detach_json_names_addresses_and_metrics_ports(up):
