@@ -17,7 +17,10 @@ def _restore_logging():
     was, cfg, root = structlog.is_configured(), structlog.get_config(), logging.getLogger()
     handlers, level = list(root.handlers), root.level
     ctx = structlog.contextvars.get_contextvars()
+    identity = dict(logs._identity)
     yield
+    logs._identity.clear()
+    logs._identity.update(identity)
     # Back to *unconfigured* if it was: the client library logs through structlog only
     # once an application configured it (timeslice/logs.py), never into a test's stdout.
     if was:
@@ -45,6 +48,17 @@ def test_events_carry_identity_and_no_bytes_repr():
     assert ev["replica"] == "r7" and ev["component"] == "lockd"
     assert ev["key"] == "/timeslice/groups/g/grant" and ev["keys"] == ["a", "b"]
     assert "b'" not in buf.getvalue()
+
+
+def test_events_from_plain_threads_carry_identity_too():
+    import threading
+    buf = io.StringIO()
+    logs.configure("nodeagent", "info", stream=buf, node="n9")
+    t = threading.Thread(target=lambda: structlog.get_logger("t").info("from_thread"))
+    t.start()
+    t.join()
+    (ev,) = _lines(buf)
+    assert ev["event"] == "from_thread" and ev["node"] == "n9"
 
 
 def test_stdlib_logging_goes_through_the_json_renderer():

@@ -43,9 +43,19 @@ def no_bytes(_logger, _name, event: dict) -> dict:
     return event
 
 
+_identity: dict[str, Any] = {}          # component, replica/node: on every event, from any thread
+
+
+def _add_identity(_logger, _name, event: dict) -> dict:
+    for k, v in _identity.items():
+        event.setdefault(k, v)
+    return event
+
+
 def _shared() -> list:
     return [
         structlog.contextvars.merge_contextvars,
+        _add_identity,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         no_bytes,
@@ -65,8 +75,12 @@ def configure(component: str, level: str = "info", json: bool = True, stream=Non
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
+    # A processor, not only context variables: threads started without a copy of the
+    # context (plain threading.Thread) still name the process's replica or node.
+    _identity.clear()
+    _identity.update(component=component, **{k: v for k, v in context.items() if v})
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(component=component, **{k: v for k, v in context.items() if v})
+    structlog.contextvars.bind_contextvars(**_identity)
     # The standard library's records (grpc, aetcd, asyncio) through the same renderer.
     handler = logging.StreamHandler(stream)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
@@ -89,10 +103,8 @@ def _stdlib_event(_logger, _name, event: dict) -> dict:
 def ready(tag: str, stream=None, **fields: Any) -> str:
     """Print the machine-readable ready line (JSON) on stdout; returns it."""
     doc = {"event": tag.lower(), "ready": tag, **{k: _text(v) for k, v in fields.items()}}
-    ctx = structlog.contextvars.get_contextvars()
-    for k in ("component", "replica", "node"):
-        if k in ctx and k not in doc:
-            doc[k] = ctx[k]
+    for k, v in _identity.items():
+        doc.setdefault(k, v)
     line = _json.dumps(doc, sort_keys=True)
     print(line, file=stream or sys.stdout, flush=True)
     return line
