@@ -47,6 +47,8 @@ def main() -> int:
     p.add_argument("--scratch-gb", type=float, default=2.0, help="per-phase activations, freed after")
     p.add_argument("--release-cache", type=int, default=1)
     p.add_argument("--hint-bytes", type=int, default=0, help="peak device footprint, for swap elision")
+    p.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
+                   help="cooperative: weights in a torch-memory-saver region the job pauses itself")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = open(a.out, "a", buffering=1)
@@ -64,22 +66,38 @@ def main() -> int:
         from timeslice import OrchestratorClient
         client = OrchestratorClient(target=a.target, job_id=a.job, release_cache=bool(a.release_cache))
 
+    memory = None
+    if a.swap == "cooperative":
+        from timeslice.torch_memory import TorchMemory
+        memory = TorchMemory({"weights": "offload"})
+
     def load_weights() -> None:
         # Like a real job, the model goes onto the GPU inside the first GPU phase
         # (while holding the group), and the process is registered once it owns
         # device memory, so the agent knows what to snapshot.
         nonlocal expected
         gen = torch.Generator(device=dev).manual_seed(sum(map(ord, a.job)))
-        weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(max(1, int(a.mem_gb * 4))))
+        n = max(1, int(a.mem_gb * 4))
+        if memory is not None:
+            with memory.region("weights"):
+                weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n))
+        else:
+            weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n))
         expected = checksum(weights)
         torch.cuda.synchronize()
-        if client is not None:
+        t0 = time.monotonic()
+        if client is not None and memory is not None:
+            client.cooperate(memory)            # channel + registration; pins the host backup now (we hold)
+        elif client is not None:
             client.register_worker(device_bytes=torch.cuda.memory_reserved())
-        rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected)
+        rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected,
+            register_s=time.monotonic() - t0, swap=a.swap)
 
     side = int((a.scratch_gb * 2**30 / 2 / 2) ** 0.5) // 64 * 64   # two bf16 square matrices
 
-    def gpu_phase(name: str, seconds: float) -> None:
+    final = {}
+
+    def gpu_phase(name: str, seconds: float, last: bool = False) -> None:
         ctx = client.on_accelerators(a.group, device_bytes_hint=a.hint_bytes) if client else _Null()
         t_req = time.monotonic()
         with ctx as grant:
@@ -91,6 +109,10 @@ def main() -> int:
             w = torch.randn(side, side, device=dev, dtype=torch.bfloat16) / side ** 0.5
             n = busy(seconds, x, w)
             del x, w
+            if last:
+                # The job's last look at its weights happens while it still holds the GPU: after
+                # its last yield it may be parked, and a parked process must not touch the device.
+                final["checksum_ok"] = checksum(weights) == expected
             t1 = time.monotonic()
             rec(ev="phase", phase=name, gpu=True, t_req=t_req, start=t0, end=t1, matmuls=n, checksum_ok=ok,
                 token=getattr(grant, "token", 0), restored=getattr(grant, "restored", False),
@@ -107,10 +129,15 @@ def main() -> int:
         t0 = time.monotonic()
         time.sleep(a.reward_s)                        # rewards: CPU only, GPU untouched
         rec(ev="phase", phase="rewards", gpu=False, start=t0, end=time.monotonic())
-        gpu_phase("train", a.train_s)
-    rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=checksum(weights) == expected)
+        gpu_phase("train", a.train_s, last=i == a.iters - 1)
+    rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=final.get("checksum_ok", False))
     if client is not None:
         client.close()
+    if memory is not None:
+        # torch-memory-saver 0.0.10 can fail an allocator free during interpreter teardown ("only
+        # support interesting region", exit code 1) after everything is done; the results are written.
+        out.close()
+        os._exit(0)
     return 0
 
 

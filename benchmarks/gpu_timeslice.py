@@ -8,6 +8,9 @@ and time-sliced, in three regimes:
   nofit          a ballast process leaves room for only one job: every handoff
                  snapshots the resident job and restores the incoming one
   nofit-nocache  as nofit, without releasing the allocator cache before yield
+  nofit-coop     as nofit, with the cooperative backend: the jobs' weights live in a
+                 torch-memory-saver region with a retained pinned backup, and the agent
+                 asks each job to pause/resume itself (freeze on) instead of checkpointing it
 
 Measures GPU duty cycle (phase timestamps, and NVML utilisation samples), wall
 time, swaps, elided swaps, bytes moved, time spent swapping; checks the
@@ -63,8 +66,9 @@ class NvmlSampler(threading.Thread):
         return self.nvml.nvmlDeviceGetMemoryInfo(self.h).free
 
 
-def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0):
+def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0, swap="checkpoint"):
     return [sys.executable, os.path.join(HERE, "gpu_rl_job.py"), "--job", job, "--mode", mode, "--out", out,
+            "--swap", swap,
             "--target", target, "--iters", str(a.iters), "--gen-s", str(a.gen_s), "--reward-s", str(a.reward_s),
             "--train-s", str(a.train_s), "--mem-gb", str(a.mem_gb), "--scratch-gb", str(a.scratch_gb),
             "--release-cache", str(release_cache), "--hint-bytes", str(hint)]
@@ -138,14 +142,27 @@ def run_standalone(a, sampler, workdir):
 
 
 def agent_ops(agent: AgentProcess):
-    ops = [e for e in agent.events() if "elapsed_ms" in e and e.get("op") in ("snapshot", "restore")
-           and e.get("outcome") == "ok"]
-    return {"ops": len(ops), "op_seconds": round(sum(e["elapsed_ms"] for e in ops) / 1000, 2),
-            "op_bytes": sum(e.get("bytes", 0) for e in ops)}
+    ops = [e for e in agent.events("op_done") if e.get("op") in ("snapshot", "restore") and e.get("outcome") == "ok"]
+    out = {"ops": len(ops), "op_seconds": round(sum(e["elapsed_ms"] for e in ops) / 1000, 2),
+           "op_bytes": sum(e.get("bytes", 0) for e in ops),
+           "op_list": [(e["op"], e["job"], round(e["elapsed_ms"], 1), e.get("bytes", 0)) for e in ops]}
+    # A swap's round trip for one job: its snapshot and its next restore. The first of each job
+    # pays one-time costs (pinning); the steady state is the median of the others.
+    trips = []
+    for job in {e["job"] for e in ops}:
+        mine = [e for e in ops if e["job"] == job]
+        for s_, r_ in zip(mine, mine[1:]):
+            if s_["op"] == "snapshot" and r_["op"] == "restore" and s_.get("bytes") and r_.get("bytes"):
+                trips.append((s_["elapsed_ms"] + r_["elapsed_ms"]) / 1000)
+    if trips:
+        import statistics
+        out.update(round_trips_s=[round(t, 3) for t in trips], round_trip_first_s=round(trips[0], 3),
+                   round_trip_steady_median_s=round(statistics.median(trips[1:] or trips), 3))
+    return out
 
 
-def run_sliced(a, sampler, workdir, regime, release_cache):
-    tag = regime.replace(" ", "-")
+def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
+    tag = regime.replace(" ", "-") + (f"-{rep}" if rep else "")
     logdir = os.path.join(workdir, tag)
     os.makedirs(logdir, exist_ok=True)
     ballast = None
@@ -162,20 +179,27 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
             admin.create_group("gpu", nodes=[NODE])
             if regime.startswith("nofit"):
                 # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
+                _settle(sampler)
                 keep = peak + 2 * GB
+                if "coop" in regime:
+                    # A parked cooperative job keeps its CUDA context and allocator remnants on the
+                    # device (measured ~1.2 GB with PyTorch on an H200); full isolation would move them.
+                    keep += int(a.coop_residual_gb * GB)
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
                 ballast = subprocess.Popen([sys.executable, "-c", (
                     "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
                     "torch.cuda.synchronize(); print('ballast',flush=True); time.sleep(3600)"), str(ballast_bytes)],
                     stdout=subprocess.PIPE)
-                ballast.stdout.readline()
+                if not ballast.stdout.readline():
+                    raise RuntimeError("the ballast process failed: the regime would not be a no-fit one")
             out = os.path.join(logdir, "jobs.jsonl")
-            env = {**os.environ, "TIMESLICE_NODE_NAME": NODE}
+            env = {**os.environ, "TIMESLICE_NODE_NAME": NODE, "TIMESLICE_AGENT_SOCKET": agent.socket}
+            swap = "cooperative" if "coop" in regime else "checkpoint"
             procs = []
             for j in ("job-a", "job-b"):
                 errf = open(os.path.join(logdir, f"{j}.stderr"), "wb")
                 procs.append(subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache,
-                                                      peak), env=env, stdout=errf, stderr=subprocess.STDOUT))
+                                                      peak, swap), env=env, stdout=errf, stderr=subprocess.STDOUT))
             rcs = []
             for p in procs:
                 try:
@@ -184,17 +208,31 @@ def run_sliced(a, sampler, workdir, regime, release_cache):
                     p.kill()
                     rcs.append("timeout")
             res = analyse(load(out) if os.path.exists(out) else [], sampler, f"time-sliced, {regime}")
+            ready = [e for e in (load(out) if os.path.exists(out) else []) if e["ev"] == "ready"]
             res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache),
-                       peak_bytes_hint=peak)
+                       peak_bytes_hint=peak, swap=swap,
+                       register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready})
             if any(rcs):
                 res["violations"].append(f"job exit codes {rcs}")
             return res
         finally:
             if ballast:
                 ballast.kill()
+                ballast.wait()      # its memory must be back before the next regime sizes its ballast
             agent.stop()
             lockd.stop()
             _keep_logs(logdir, tag)
+
+
+def _settle(sampler, tries: int = 50) -> None:
+    """Wait until the GPU's free memory stops rising (a previous regime's processes are gone)."""
+    last = -1
+    for _ in range(tries):
+        free = sampler.free_bytes()
+        if free <= last + (64 << 20):
+            return
+        last = free
+        time.sleep(0.2)
 
 
 def _keep_logs(logdir: str, tag: str) -> None:
@@ -244,6 +282,10 @@ def main():
     p.add_argument("--job-timeout", type=float, default=150)
     p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
     p.add_argument("--no-standalone", action="store_true", help="skip the one-after-the-other baseline")
+    p.add_argument("--coop-residual-gb", type=float, default=1.5,
+                   help="extra room left in the nofit-coop regime for the parked job's context")
+    p.add_argument("--repeat", type=int, default=1, help="run the regimes this many times back to back")
+    p.add_argument("--name", default="gpu_timeslice", help="file name stem of the results")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="gpu-ts-")
@@ -256,13 +298,13 @@ def main():
            "results": results}
 
     def save():
-        with open(os.path.join(a.out, "gpu_timeslice.json"), "w") as f:
+        with open(os.path.join(a.out, f"{a.name}.json"), "w") as f:
             json.dump(doc, f, indent=1)
 
     save()
-    for regime in a.regimes.split(","):
+    for rep, regime in [(i, r) for i in range(a.repeat) for r in a.regimes.split(",")]:
         try:
-            results.append(run_sliced(a, sampler, workdir, regime, release_cache=0 if "nocache" in regime else 1))
+            results.append(run_sliced(a, sampler, workdir, regime, 0 if "nocache" in regime else 1, rep))
         except Exception as e:   # keep the other regimes' figures; the failure is a result too
             results.append({"label": f"time-sliced, {regime}", "violations": [f"run failed: {e!r}"],
                             "timeline": [], "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0,
@@ -270,14 +312,15 @@ def main():
         print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
         save()
     sampler.stop.set()
-    png = os.path.join(a.out, "gpu_timeslice_timeline.png")
+    png = os.path.join(a.out, f"{a.name}_timeline.png")
     plot(results, png)
     print(f"{'run':38} {'wall s':>7} {'duty':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
-          f"{'op s':>6} {'viol':>4}")
+          f"{'op s':>6} {'trip s':>7} {'viol':>4}")
     for r in results:
         print(f"{r['label']:38} {r['wall_s']:7.1f} {r['duty_cycle_phases']:6.0%} {r['duty_cycle_nvml']:6.0%} "
               f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / GB:8.1f} "
-              f"{r.get('op_seconds', 0):6.1f} {len(r['violations']):4d}")
+              f"{r.get('op_seconds', 0):6.1f} {r.get('round_trip_steady_median_s', 0):7.3f} "
+              f"{len(r['violations']):4d}")
     print(f"ideal duty cycle {ideal:.0%}; timeline: {png}")
     return 1 if any(r["violations"] for r in results) else 0
 

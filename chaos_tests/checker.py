@@ -26,6 +26,10 @@ stale-token A ``cs_start`` carries the token of the grant the job holds; the
 data        Every ``data_check`` has ``ok: true``.
 protocol    Events come in a possible order (no grant without a request, no
             ``cs_end`` without ``cs_start``, no section left open).
+ghost,      With an observer's ``grant_put``/``grant_end`` and library clients'
+session-loss ``session_lost`` events (claims.py): every grant is returned to a
+            live caller or released within ``ghost_bound_s``; no job is told its
+            session is lost while its lease is alive.
 
 Fence rejections are figures, not violations.
 """
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from chaos_tests.claims import check_claims
 
 _OPEN = math.inf
 
@@ -100,8 +106,9 @@ class _JobState:
     section: _Section | None = None
 
 
-def check(history_events: list[dict], expected_order=None) -> Report:
-    """Judge a history (any order); ``expected_order``: list of jobs, or {group: list}."""
+def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0) -> Report:
+    """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
+    ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py)."""
     events = sorted(history_events, key=lambda e: e["t"])
     report = Report()
     if not events:
@@ -127,6 +134,7 @@ def check(history_events: list[dict], expected_order=None) -> Report:
     active = {group: g for group, g in groups.items() if g.attempts or g.grants}
     for group, g in active.items():
         _check_group(group, g, report, at, _expected_for(expected_order, group))
+    check_claims(events, report, at, ghost_bound_s)
     report.groups = len(active)
     report.jobs = len({job for (_, job), _ in states.items() if job is not None})
     return report

@@ -196,6 +196,7 @@ class Client:
         self.dev = None
         self.expected_sha = ""
         self.device_lost = False
+        self.seq = 0                      # AcquireRequest.attempt_seq of the last send
 
     # -- the simulated GPU (only with --sim-bytes) -------------------------------
     def setup_device(self) -> None:
@@ -295,7 +296,10 @@ class Client:
                             raise AttemptFailed(f"Acquire: {code.name}: {e.details()}") from None
                 if not any(idx == self.reps.cur for idx, _ in calls):
                     # Send (again) to the current replica; earlier calls stay running.
+                    # Each send is numbered: lockd lets a late, older one change nothing.
                     idx = self.reps.cur
+                    self.seq += 1
+                    req.attempt_seq = self.seq
                     calls.append((idx, self.reps.stubs[idx].Acquire.future(
                         req, timeout=self.a.acquire_timeout + 30)))
                 if time.monotonic() > deadline:
@@ -429,8 +433,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--node", default="node-a", help="node the simulated worker runs on")
     p.add_argument("--device-timeout", type=float, default=5.0,
                    help="a section whose device stays unusable this long fails its data check, s")
+    p.add_argument("--library", action="store_true",
+                   help="drive the public client library (timeslice.OrchestratorClient), see lib_client.py")
+    p.add_argument("--etcd", default="", help="etcd endpoints: a library client asks etcd about its lease "
+                   "when told the session is lost")
+    p.add_argument("--error-pause", type=float, default=0.0,
+                   help="library client: seconds to wait after a failed acquire before the next turn")
     a = p.parse_args(argv)
-    client = Client(a)
+    if a.library:
+        from chaos_tests.lib_client import LibClient
+
+        client = LibClient(a)
+    else:
+        client = Client(a)
     signal.signal(signal.SIGTERM, lambda *_: client.stop.set())
     return client.run()
 

@@ -74,7 +74,7 @@ class World:
     def __init__(self, etcd, prefix: str, workdir, reaper, *, seed: int, name: str,
                  groups: int = 2, clients: int = 6, lockd_flags: list[str] | None = None,
                  client_args: list[str] | None = None, group_nodes: list[str] | None = None,
-                 client_env: dict[str, str] | None = None):
+                 client_env: dict[str, str] | None = None, library: bool = False):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -88,6 +88,11 @@ class World:
         self.n_clients = clients
         self.client_args = client_args or []
         self.client_env = client_env or {}
+        # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
+        # observer records the server's grants for the checker's ghost rule (claims.py).
+        self.library = library
+        self.ghost_bound_s = 2 * SESSION_TTL + 2 if library else 10.0
+        self.observer = None
         self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
                                   extra=LOCKD_FLAGS + (lockd_flags or []))
@@ -118,6 +123,10 @@ class World:
         for i in order or range(len(self.lockd.replicas)):
             self.lockd.replicas[i].start()
         self.create_groups()
+        if self.library:
+            from chaos_tests.observer import GrantObserver
+
+            self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir).start()
         for _ in range(self.n_clients):
             self.spawn_client(duration)
         self.wait_clients_ready()
@@ -171,14 +180,18 @@ class World:
                 raise last
             time.sleep(0.2)
 
-    def spawn_client(self, duration: float, extra: list[str] | None = None) -> ClientProc:
-        job = f"c{self._next_job}"
+    def spawn_client(self, duration: float, extra: list[str] | None = None, job: str | None = None) -> ClientProc:
+        """A new client process; ``job``: reuse a job id (a restarted job), else a new one."""
+        if job is None:
+            job = f"c{self._next_job}"
         self._next_job += 1
-        log_path = os.path.join(self.log_dir, f"client-{job}.log")
+        log_path = os.path.join(self.log_dir, f"client-{job}-{self._next_job}.log")
         argv = [sys.executable, "-m", "chaos_tests.client_proc", "--targets", ",".join(self.targets),
                 "--job", job, "--groups", ",".join(self.groups), "--history", self.history_dir,
                 "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
                 "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *(extra or [])]
+        if self.library:
+            argv += ["--library", "--etcd", self.etcd.endpoints_str, "--error-pause", str(self.ghost_bound_s + 2)]
         with open(log_path, "ab") as log:
             proc = self.reaper.spawn(argv, stdout=log, stderr=subprocess.STDOUT,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env})
@@ -282,6 +295,20 @@ class World:
                 raise TimeoutError("no client entered a critical section")
             time.sleep(0.002)
 
+    def wait_for_waiter(self, timeout: float = 10.0) -> tuple[ClientProc, dict]:
+        """A client blocked in an acquire right now, and its ``acquire_req`` event (seeded choice)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = [(c, e) for c in self.live_clients() if (e := self.last_event(c)) and e["ev"] == "acquire_req"]
+            if waiting:
+                return self.rng.choice(sorted(waiting, key=lambda x: x[0].job))
+            if time.monotonic() > deadline:
+                raise TimeoutError("no client was waiting in an acquire")
+            time.sleep(0.002)
+
+    def replica_at(self, target: str) -> LockdProcess:
+        return self.lockd.replicas[self._addrs.index(target)]
+
     def client_events(self, c: ClientProc) -> list[dict]:
         return load_history_file(os.path.join(self.history_dir, f"client-{c.job}-{c.pid}.jsonl"))
 
@@ -339,15 +366,20 @@ class World:
         self._monitor_stop.set()
         if self._monitor is not None:
             self._monitor.join()
+        if self.observer is not None:
+            time.sleep(0.5)               # the last grant deletions reach the observer
+            self.observer.stop()
         self.rec.close()
         events = load_history(self.history_dir)
         self.all_events = events
-        report = check(events)
+        report = check(events, ghost_bound_s=self.ghost_bound_s)
         self.print_figures(report, events)
         return report
 
     def stop(self) -> None:
         self._monitor_stop.set()
+        if self.observer is not None and self.observer._thread.is_alive():
+            self.observer.stop()
         for fn in self.on_stop:
             try:
                 fn()
@@ -381,6 +413,8 @@ class World:
             "longest_gap_without_grant_s": round(report.max_grant_gap_s, 3),
             "longest_wait_s": round(report.max_wait_s, 3),
             "errors": report.errors, "errors_by_kind": by_kind, "abandoned": report.abandoned,
+            "session_lost_signals": sum(1 for e in events if e["ev"] == "session_lost"),
+            "server_grants_observed": sum(1 for e in events if e["ev"] == "grant_put"),
             "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
             "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
             "violations": len(report.violations),

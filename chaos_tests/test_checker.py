@@ -191,3 +191,46 @@ def test_fence_serialises_processes(tmp_path):
     assert len(oks) + rejects == 400
     assert FencedResource(path).ops("g", "new") == 200
     assert check(events).fence_rejections == rejects
+
+
+# -- issue 17: grants nobody claimed, false session loss (claims.py) ----------------------
+def grant_put(t_ms, job, token, group="g"):
+    return ev(t_ms, "grant_put", job, group, token=token)
+
+
+def test_ghost_grant_is_a_violation_and_claimed_or_released_grants_are_not():
+    S = 1000.0                                          # ms per second
+    claimed = turn(0, "A", 10) + [grant_put(0.5, "A", 10), ev(7, "grant_end", "A", token=10)]
+    # B's grant is written but its call ended CANCELLED; the grant stays 30 s.
+    ghost = [ev(10, "acquire_req", "B"), grant_put(11, "B", 12),
+             ev(12, "error", "B", message="CANCELLED"), ev(30 * S, "grant_end", "B", token=12)]
+    report = check(claimed + ghost, ghost_bound_s=5)
+    assert len(report.of_kind("ghost")) == 1 and "token 12 to B" in report.of_kind("ghost")[0]
+    # Released within the bound (a killed holder's lease expired): fine.
+    expired = [ev(10, "acquire_req", "B"), grant_put(11, "B", 12), ev(12, "abandoned", "B"),
+               ev(4 * S, "grant_end", "B", token=12)]
+    assert check(claimed + expired, ghost_bound_s=5).of_kind("ghost") == []
+    # The same grant rewritten (same token) keeps its start; a grant claimed late is still a ghost.
+    late = [ev(10, "acquire_req", "B"), grant_put(11, "B", 12), grant_put(2 * S, "B", 12),
+            ev(12, "error", "B"), ev(20 * S, "acquire_req", "B"), ev(20 * S + 1, "granted", "B", token=12),
+            ev(20 * S + 2, "yield", "B", token=12), grant_put(20 * S + 2, "C", 13)]
+    assert len(check(claimed + late, ghost_bound_s=5).of_kind("ghost")) == 1
+    # A grant written after the job's last acquire had returned: a stale attempt's, even
+    # though the job's next acquire finds it (and yields it at once).
+    stale = turn(0, "A", 10) + [grant_put(0.5, "A", 10), ev(7, "grant_end", "A", token=10),
+                                grant_put(8, "A", 14), ev(9, "acquire_req", "A"),
+                                ev(9.5, "granted", "A", token=14), ev(10, "yield", "A", token=14),
+                                ev(10, "grant_end", "A", token=14)]
+    v = check(stale, ghost_bound_s=5).of_kind("ghost")
+    assert len(v) == 1 and "nobody waits for" in v[0]
+    # A grant still open when the history ends is judged only once the bound has passed.
+    assert check(claimed + [grant_put(8, "B", 12)], ghost_bound_s=5).of_kind("ghost") == []
+
+
+def test_session_loss_while_the_lease_is_alive_is_a_violation():
+    ok = [ev(1, "session_lost", "A", group=None, lease=7, lease_ttl_left=-1),
+          ev(2, "session_lost", "B", group=None, lease=8, lease_ttl_left=1)]
+    assert check(good_history() + ok).of_kind("session-loss") == []
+    bad = [ev(3, "session_lost", "C", group=None, lease=9, lease_ttl_left=4)]
+    v = check(good_history() + bad).of_kind("session-loss")
+    assert len(v) == 1 and "C" in v[0] and "4s" in v[0]

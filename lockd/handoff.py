@@ -34,7 +34,9 @@ def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.W
     if gs is None or job not in gs.queue:
         return None
     after = dataclasses.replace(gs, queue={j: kv for j, kv in gs.queue.items() if j != job}, grant=None)
-    actions = P.plan_group(after, index.nodes, index.jobs, R.now_ms(), policy, index.node_jobs)
+    # ``job`` no longer holds ``group`` in this plan (its other grants still count).
+    actions = P.plan_group(after, index.nodes, index.jobs, R.now_ms(), policy, index.node_jobs,
+                           lambda j: index.specs_held_by(j, released=(job, group)))
     if len(actions) == 1 and isinstance(actions[0], P.WriteGrant):
         return actions[0]
     return None

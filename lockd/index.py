@@ -13,7 +13,7 @@ from aetcd import rpc
 
 from tscore.etcd.watch import WatchEvent
 from tscore.keys import Keys
-from tscore.records import GroupSpec
+from tscore.records import GrantValue, GroupSpec
 
 KV = rpc.KeyValue
 
@@ -24,6 +24,7 @@ class GroupState:
     queue: dict[str, KV] = field(default_factory=dict)      # job -> queue entry
     grant: KV | None = None
     failures: dict[str, KV] = field(default_factory=dict)   # job -> failure
+    parsed: GroupSpec | None = None                         # spec, parsed once per change
 
     def fifo(self) -> list[tuple[str, KV]]:
         """Queue entries in FIFO order (create revision = token).
@@ -63,12 +64,15 @@ class StateIndex:
         self.leader: dict[bytes, KV] = {}
         self.node_jobs: dict[str, set[str]] = {}      # node -> jobs with workers there
         self.node_groups: dict[str, set[str]] = {}    # node -> groups whose spec lists it
+        self.job_grants: dict[str, set[str]] = {}     # job -> groups whose grant names it
+        self._released: set[str] = set()              # groups whose holder let go, this batch
 
     def rebuild(self, kvs: dict[bytes, KV]) -> None:
         self.groups, self.nodes, self.jobs, self.leader, self.node_jobs = {}, {}, {}, {}, {}
-        self.node_groups = {}
+        self.node_groups, self.job_grants = {}, {}
         for kv in sorted(kvs.values(), key=lambda kv: kv.create_revision):
             self._apply(kv.key, kv)
+        self._released.clear()
 
     def apply(self, events: list[WatchEvent]) -> set[tuple[str, str]]:
         """Apply a batch; returns what it touched as {("group"|"node"|"job", id)}."""
@@ -77,6 +81,9 @@ class StateIndex:
             t = self._apply(ev.kv.key, ev.kv if ev.is_put else None)
             if t is not None:
                 touched.add(t)
+        # ("released", g): g's holder yielded or died; heads of other groups may have waited on it.
+        touched.update(("released", g) for g in self._released)
+        self._released.clear()
         return touched
 
     def _apply(self, key: bytes, kv: KV | None) -> tuple[str, str] | None:
@@ -105,10 +112,22 @@ class StateIndex:
             for nodes in self.node_groups.values():
                 nodes.discard(g)
             gs.spec = kv
-            for node in (GroupSpec.load(kv.value).node_names() if kv is not None else ()):
+            gs.parsed = _spec(kv)
+            for node in (gs.parsed.node_names() if gs.parsed is not None else ()):
                 self.node_groups.setdefault(node, set()).add(g)
         elif sub == "grant":
+            # Keep job -> held groups current: the planner asks it for every resident it
+            # would snapshot (a holder is never parked on its group's devices).
+            old = _grant_job(gs.grant)
             gs.grant = kv
+            new = _grant_job(kv)
+            if old is not None and old != new:
+                self._released.add(g)
+                self.job_grants.get(old, set()).discard(g)
+                if not self.job_grants.get(old, True):
+                    del self.job_grants[old]
+            if new is not None:
+                self.job_grants.setdefault(new, set()).add(g)
         elif sub == "queue" and len(parts) == 4:
             _set(gs.queue, parts[3], kv)
         elif sub == "failures" and len(parts) == 4:
@@ -152,8 +171,34 @@ class StateIndex:
     def groups_on_node(self, node: str) -> list[str]:
         return sorted(self.node_groups.get(node, ()))
 
+    def specs_held_by(self, job: str, released: tuple[str, str] | None = None) -> list[GroupSpec]:
+        """The specs of the groups ``job`` holds a grant on now (less ``released``: (job, group)
+        whose grant is being handed on)."""
+        out = []
+        for g in sorted(self.job_grants.get(job, ())):
+            gs = self.groups.get(g)
+            if released == (job, g):
+                continue
+            if gs is not None and gs.parsed is not None:
+                out.append(gs.parsed)
+        return out
+
     def groups_of_job(self, job: str) -> list[str]:
         return [g for g, gs in self.groups.items() if job in gs.queue]
+
+
+def _spec(kv: KV | None) -> GroupSpec | None:
+    try:
+        return GroupSpec.load(kv.value) if kv is not None else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _grant_job(kv: KV | None) -> str | None:
+    try:
+        return GrantValue.load(kv.value).job if kv is not None else None
+    except (ValueError, TypeError):
+        return None
 
 
 def _set(d: dict, k, kv) -> None:

@@ -18,6 +18,7 @@ from lockd.metrics import Metrics
 from lockd.plan import Policy
 from lockd.scheduler import Scheduler
 from tscore.errors import TimesliceError
+from tscore.etcd.backoff import Backoff
 from tscore.etcd.client import EtcdClient
 from tscore.etcd.election import Election, Leadership, wait_deposed
 from tscore.etcd.mirror import Reflector
@@ -47,14 +48,18 @@ class LeaderLoop:
         return self.leadership.epoch if self.leadership else 0
 
     async def run(self) -> None:
+        # Jittered, capped by the retry period: replicas that failed together (etcd
+        # lost its leader under all of them) do not campaign again in lockstep.
+        backoff = Backoff(min(0.05, self.timing.retry_period), self.timing.retry_period)
         while not self._stopping:
             try:
                 await self._term()
+                backoff.reset()               # a term was served: start from the shortest wait
             except asyncio.CancelledError:
                 raise
             except TimesliceError as e:
                 log.warning("campaign_failed", replica=self.replica, error=str(e))
-            await asyncio.sleep(self.timing.retry_period)
+            await asyncio.sleep(backoff.next())
 
     async def _term(self) -> None:
         session = Session(self.client, self.timing.session(), renew_deadline=self.timing.renew_deadline)

@@ -11,6 +11,8 @@ over: it rewrites the value with its own attempt id, which keeps the entry's
 create revision (its place and token). An abandoned attempt deletes the entry
 only while the value still carries *its* attempt id, so an old call cancelled
 late on another replica can never release the hold a newer call returned.
+Attempts the client numbered (``attempt_seq``) are ordered by that number, not
+by when a replica got round to them (attempts.py): a stale one changes nothing.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Callable
 
 from aetcd import rpc
 
+from lockd.attempts import AttemptFence
 from lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
 from lockd import handoff as H
 from lockd.index import StateIndex
@@ -53,6 +56,7 @@ class Locks:
         self.client, self.keys, self.index = client, keys, index
         self.reflector, self.waiters, self.replica = reflector, waiters, replica
         self.policy, self.leadership, self.on_direct_grant = policy, leadership, on_direct_grant
+        self.fence = AttemptFence(client, keys, reflector)
 
     async def _require_group(self, group: str) -> None:
         gs = self.index.groups.get(group)
@@ -62,37 +66,29 @@ class Locks:
         if not r.kvs:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
 
-    async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None) -> Granted:
+    async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
+                      seq: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
         await self._require_group(group)
-        queue = FifoQueue(self.client, self.keys.queue(group))
         attempt = secrets.token_hex(8)
         value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
-        # No head read: the leader decides the turn; we wait for our grant in the mirror.
-        entry = await queue.enqueue(job, value, lease, with_head=False)
-        if entry.lease != lease:
-            raise LockError(f"job {job!r} is queued on {group!r} under an older session")
-        revision = entry.revision
-        if not entry.created:
-            # Take the existing entry over; a put keeps its create revision (place, token).
-            resp = await self.client.txn([ops.create_rev(entry.key, "==", entry.token)],
-                                         [ops.put(entry.key, value, lease)])
-            if not resp.succeeded:
-                raise SessionLost(f"{job!r} lost its place in {group!r} while re-sending Acquire")
-            revision = resp.header.revision
+        token: int | None = None
         wake = self.waiters.register(group, job)
         try:
+            # Inside the try: a call cancelled while its write is in flight still
+            # removes what the write may have left (see _abandon).
+            token, revision = await self._enqueue(group, job, lease, value, seq)
             # Our own write must be in the mirror before we judge "entry gone".
             await self.reflector.wait_revision(revision, timeout)
             deadline = None if timeout is None else t0 + timeout
             while True:
                 wake.clear()
-                outcome = self._outcome(group, job, entry.token, attempt)
+                outcome = self._outcome(group, job, token, attempt)
                 if outcome is not None:
-                    return Granted(entry.token, outcome, (time.monotonic() - t0) * 1000)
+                    return Granted(token, outcome, (time.monotonic() - t0) * 1000)
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise AcquireTimeout(f"{job!r} was not granted {group!r} within {timeout:.3f}s; "
@@ -104,10 +100,30 @@ class Locks:
         except BaseException:
             # Cancelled, timed out or failed: leave no ghost waiter. If the grant
             # raced in, this also releases it (an unclaimed grant is a yield).
-            await asyncio.shield(self._abandon(group, job, entry.token, value))
+            await asyncio.shield(self._abandon(group, job, token, value))
             raise
         finally:
             self.waiters.unregister(group, job, wake)
+
+    async def _enqueue(self, group: str, job: str, lease: int, value: bytes, seq: int) -> tuple[int, int]:
+        """Create or take over the job's entry; returns (token, revision of our write)."""
+        if seq > 0:
+            c = await self.fence.claim(group, job, lease, seq, value)
+            return c.token, c.revision
+        # An unnumbered attempt (older client): the last one processed wins.
+        queue = FifoQueue(self.client, self.keys.queue(group))
+        # No head read: the leader decides the turn; we wait for our grant in the mirror.
+        entry = await queue.enqueue(job, value, lease, with_head=False)
+        if entry.lease != lease:
+            raise LockError(f"job {job!r} is queued on {group!r} under an older session")
+        if entry.created:
+            return entry.token, entry.revision
+        # Take the existing entry over; a put keeps its create revision (place, token).
+        resp = await self.client.txn([ops.create_rev(entry.key, "==", entry.token)],
+                                     [ops.put(entry.key, value, lease)])
+        if not resp.succeeded:
+            raise SessionLost(f"{job!r} lost its place in {group!r} while re-sending Acquire")
+        return entry.token, resp.header.revision
 
     def _outcome(self, group: str, job: str, token: int, attempt: str) -> R.GrantValue | None:
         gs = self.index.groups.get(group)
@@ -128,8 +144,14 @@ class Locks:
             raise Superseded(f"a newer Acquire of {job!r} on {group!r} took over this one's place")
         return None
 
-    async def _abandon(self, group: str, job: str, token: int, value: bytes) -> None:
+    async def _abandon(self, group: str, job: str, token: int | None, value: bytes) -> None:
         try:
+            if token is None:
+                # Our write's outcome is unknown: find out whether the entry is ours.
+                r = await self.client.range(ops.range_req(self.keys.queue_entry(group, job)))
+                if not r.kvs or r.kvs[0].value != value:
+                    return
+                token = r.kvs[0].create_revision
             await self._release(group, job, token, only_if_value=value)
         except Exception:
             pass  # the session lease removes the entry anyway when the job dies

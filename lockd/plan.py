@@ -6,9 +6,11 @@ next. It never performs I/O and never waits, so every branch is unit-tested
 with hand-made states, and a new leader simply calls it again on what etcd
 holds: every step is resumable because the state *is* the plan's input.
 
-The swap for head job B (token t), per node of the group:
-  1. jobs other than B resident on the node, when B does not fit beside them
+The swap for head job B (token t), per node of the group, GPU by GPU
+(``lockd.placement``: where each job has a device context, free bytes per GPU):
+  1. jobs other than B resident on a GPU where B does not fit beside them
      → snapshot intents for them (carrying t); wait for the agent's reports;
+     a job that holds a group on those devices is never snapshotted: B waits;
   2. B snapshotted on the node → restore intent for B; wait;
   3. every node settled → grant {B, t, epoch}.
 A failed or refused step, a dead agent, or an agent silent past the swap
@@ -16,9 +18,11 @@ timeout fails B's Acquire with the reason; the group moves on to the next job.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 from lockd.index import GroupState, JobState, NodeState
+from lockd.placement import NodeView, is_protected, need_per_gpu
 from tscore import records as R
 
 
@@ -37,6 +41,8 @@ class WriteIntent:
     op: str
     token: int
     expect_mod_revision: int              # 0: the intent key must be absent
+    # snapshot: room the incoming job needs here (0: release all); advisory, so not part of equality
+    need_bytes: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -86,8 +92,11 @@ def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
 
 def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
                now_ms: int, policy: Policy = Policy(),
-               node_jobs: dict[str, set[str]] | None = None) -> list[Action]:
-    """``node_jobs`` (node -> jobs with workers there) is an index of ``jobs``; computed if absent."""
+               node_jobs: dict[str, set[str]] | None = None,
+               holding: Callable[[str], Iterable[R.GroupSpec]] | None = None) -> list[Action]:
+    """``node_jobs`` (node -> jobs with workers there) is an index of ``jobs``; computed if absent.
+    ``holding(job)`` gives the specs of the groups a job holds now (its grants): such a job is
+    never snapshotted on those groups' devices (it is running there); the head waits instead."""
     head = group.head()
     grant = R.GrantValue.load(group.grant.value) if group.grant else None
     head_job, head_kv = head if head else (None, None)
@@ -106,7 +115,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     # already written); the grant comes only when no node does.
     waiting = pending = restored = elided = False
     moved = 0
-    for node in spec.node_names():
+    for entry in spec.nodes:
+        node = entry["node"]
         ns = nodes.get(node)
         on_node = (node_jobs.get(node, set()) if node_jobs is not None
                    else {j for j, js in jobs.items() if node in js.nodes()})
@@ -141,38 +151,60 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if node_waiting:
             waiting = True
             continue
-        residents = sorted(j for j in on_node
-                           if j != head_job and residency(ns, j, True) == "running")
+        running = sorted(j for j in on_node if j != head_job and residency(ns, j, True) == "running")
         b_where = residency(ns, head_job, head_job in on_node)
-        if (residents or b_where != "absent") and (ns is None or ns.agent is None):
-            return [FailWaiter(head_job, token, lease, node=node,
-                               reason=f"node agent on {node} is not alive")]
+        if ns is None or ns.agent is None:
+            if running or b_where != "absent":
+                return [FailWaiter(head_job, token, lease, node=node,
+                                   reason=f"node agent on {node} is not alive")]
+            continue
+        view = NodeView.of(node, R.AgentValue.load(ns.agent.value))
+        # Residents: other jobs with a device context on some GPU of this node, by GPU.
+        residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
+        b_snap = _status(ns, head_job) if b_where == "snapshotted" else None
+        b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
+        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
+        # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
+        free: dict[int, int] = {}
+        if need is None:
+            short = set(b_gpus) if policy.evict_unknown else set()
+        else:
+            free = view.free_after_registered(residents, jobs)
+            short = {g for g, n in need.items() if n > 0 and n > free.get(g, 0) - policy.device_margin_bytes}
         if refused_restore is not None:
-            step = _after_refused_restore(ns, node, head_job, head_kv, token, residents, refused_restore,
+            short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
+        evict = sorted(j for j, g in residents.items() if g & short)
+        kept = {j for j in evict if is_protected(j, node, residents[j], view, holding)}
+        if kept:
+            # A job that holds a group on these devices is running there: never park it. Evict
+            # the others if that alone makes room; else the head waits until the holder yields
+            # (its Acquire deadline bounds the wait).
+            evict = [j for j in evict if j not in kept]
+            if need is None or refused_restore is not None or any(
+                    need[g] > free.get(g, 0) - policy.device_margin_bytes
+                    + sum((view.seen(j) or {}).get(g, 0) for j in evict) for g in short):
+                pending = True
+                continue
+        if refused_restore is not None:
+            step = _after_refused_restore(ns, node, head_job, head_kv, token, evict, refused_restore,
                                           now_ms, policy)
             if isinstance(step, FailWaiter):
                 return [step]
             actions += step or []
             pending = True
             continue
-        agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
-        need: int | None
-        if b_where == "snapshotted":
-            # The restore needs its snapshot's size; the phase then needs its peak (the hint).
-            need = max(_status(ns, head_job).device_bytes, hint)
-        elif b_where == "running":
-            have = agent.job_device_bytes.get(head_job, 0) if agent else 0
-            need = max(0, hint - have)
-        else:
-            need = hint or None
-        if residents:
-            free = _free_bytes(agent, residents, jobs, node) - policy.device_margin_bytes
-            must_evict = policy.evict_unknown if need is None else (need > 0 and need > free)
-            if must_evict:
-                actions += [_intent(ns, node, j, R.SNAPSHOT, token) for j in residents]
-                pending = True
-                continue
-            elided = True
+        if evict:
+            # How much each must free: a cooperative worker then releases only that much
+            # (discard regions first); 0 = everything (unknown need, or a refused restore).
+            def room(j: str) -> int:
+                if need is None or refused_restore is not None:
+                    return 0
+                return sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes))
+                           for g in short & residents[j])
+            actions += [_intent(ns, node, j, R.SNAPSHOT, token, room(j)) for j in evict]
+            pending = True
+            continue
+        elided |= any(g & set(b_gpus) for g in residents.values())
         if b_where == "snapshotted":
             actions.append(_intent(ns, node, head_job, R.RESTORE, token))
             pending = True
@@ -182,24 +214,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 
-def _free_bytes(agent: R.AgentValue | None, residents: list[str], jobs: dict[str, JobState], node: str) -> int:
-    """Free device memory on the node, as the agent last reported it, less what residents
-    have registered beyond what that report counted (it can be a refresh old)."""
-    free = agent.device_free_bytes if agent else 0
-    for j in residents:
-        js = jobs.get(j)
-        registered = sum(R.WorkerValue.load(kv.value).device_bytes
-                         for (n, _), kv in js.workers.items() if n == node) if js else 0
-        free -= max(0, registered - (agent.job_device_bytes.get(j, 0) if agent else 0))
-    return free
-
-
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],
                            refused, now_ms: int, policy: Policy) -> list[Action] | FailWaiter | None:
     """The agent refused the head's restore for lack of room (it admits per GPU, on fresher
-    figures than ours). Make room by evicting residents; else retry every
-    ``refused_retry_ms`` (memory held by an exiting process comes back) until the waiter has
-    waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
+    figures than ours). Make room by evicting the residents of the head's GPUs; else retry
+    every ``refused_retry_ms`` (memory held by an exiting process comes back) until the
+    waiter has waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
     if residents:
         return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
     st = _status(ns, head_job)
@@ -215,10 +235,11 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
 
 
-def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int) -> WriteIntent | None:
+def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int,
+            need_bytes: int = 0) -> WriteIntent | None:
     kv = ns.intents.get(job) if ns else None
     if kv is not None:
         cur = R.IntentValue.load(kv.value)
         if cur.op == op and cur.token == token:
             return None                                   # already issued: wait for its report
-    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0)
+    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0, need_bytes)

@@ -35,6 +35,7 @@ class Scheduler:
         self._workers: dict[str, asyncio.Task] = {}
         self._head_seen: dict[str, tuple[int, float]] = {}   # group -> (token, first seen)
         self._swap_start: dict[str, tuple[int, float]] = {}
+        self._blocked: set[str] = set()       # groups whose head waits and whose last plan wrote nothing
         self.deposed = asyncio.Event()
         self.deposed_reason = ""
 
@@ -49,6 +50,15 @@ class Scheduler:
             elif kind == "job":
                 for g in self.index.groups_of_job(ident):
                     self._mark(g)
+            elif kind == "released":
+                # A holder let go: a waiting head of a group on the same nodes may have been
+                # kept from parking it (plan: a holder is never snapshotted). Re-plan those now
+                # rather than at the next tick.
+                gs = self.index.groups.get(ident)
+                for node in (gs.parsed.node_names() if gs is not None and gs.parsed is not None else ()):
+                    for g in self.index.groups_on_node(node):
+                        if g in self._blocked:
+                            self._mark(g)
 
     def mark_all(self) -> None:
         for g in list(self.index.groups):
@@ -82,10 +92,15 @@ class Scheduler:
                 self._dirty.discard(group)
                 gs = self.index.groups.get(group)
                 if gs is None:
+                    self._blocked.discard(group)
                     continue
                 self._note_head(group, gs)
                 actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy,
-                                       self.index.node_jobs)
+                                       self.index.node_jobs, self.index.specs_held_by)
+                if not actions and gs.grant is None and gs.queue:
+                    self._blocked.add(group)
+                else:
+                    self._blocked.discard(group)
                 revs = []
                 for action in actions:
                     rev = await self._apply(group, action)
@@ -144,7 +159,10 @@ class Scheduler:
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.WriteIntent):
             key = k.intent(a.node, a.job)
-            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms())
+            gs = self.index.groups.get(group)
+            spec = R.GroupSpec.load(gs.spec.value) if gs is not None and gs.spec is not None else None
+            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms(),
+                                isolation=spec.isolation if spec else R.ISOLATION_NONE, need_bytes=a.need_bytes)
             resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, val.dump())])
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))

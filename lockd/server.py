@@ -19,6 +19,16 @@ from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
 SERVICE_NAME = "timeslice.v1.Lockd"
+# Clients ping every second while a call is open (timeslice.config.KEEPALIVE_TIME_MS),
+# to leave a paused replica quickly; gRPC's defaults would answer such pings on a
+# blocked Acquire (no data for minutes) with GOAWAY "too_many_pings".
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.min_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 
 def _read(path: str) -> bytes:
@@ -28,7 +38,7 @@ def _read(path: str) -> bytes:
 
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)],
+    server = grpc.aio.server(options=SERVER_OPTIONS,
                              interceptors=[GrpcServerMetrics(replica.metrics.registry)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()

@@ -16,6 +16,8 @@ checkpoint state, and ``start`` rebuilds everything from those two.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 from pathlib import Path
 
 import structlog
@@ -23,6 +25,9 @@ import structlog
 from nodeagent import intents as I
 from nodeagent.backends import pick_backend
 from nodeagent.backends.base import Backend
+from nodeagent.backends.composite import CompositeBackend
+from nodeagent.backends.swapper import Swapper
+from nodeagent.channel import ChannelServer
 from nodeagent.config import AgentConfig
 from nodeagent.discovery import local_registered_pids
 from nodeagent.hostmem import HostMemory
@@ -41,6 +46,7 @@ from tscore.etcd.client import EtcdClient
 from tscore.etcd.mirror import Reflector
 from tscore.etcd.session import Session
 from tscore.keys import Keys
+from timeslice.channel import default_socket_path
 
 log = structlog.get_logger("nodeagent.agent")
 
@@ -63,7 +69,12 @@ class Agent:
         except OSError as e:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
-        self.backend = backend or make_backend(cfg)
+        self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
+                                     self._worker_left)
+        self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
+        # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
+        self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
+                                        cfg.freeze_parked, cfg.lock_timeout_ms)
         self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
@@ -91,6 +102,8 @@ class Agent:
             m.start()
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
                                sync_timeout)
+        # After the mirrors: a worker's hello is checked against its job's session key.
+        await self.channel.start()
         self.tokens.recover(self.jobs.statuses())
         await self.upkeep.reconcile()
         await self.upkeep.refresh(force=True)
@@ -109,6 +122,7 @@ class Agent:
         for t in [*self._tasks, *self._drivers.values()]:
             t.cancel()
         await asyncio.gather(*self._tasks, *self._drivers.values(), return_exceptions=True)
+        await self.channel.stop()
         for m in (self.node_mirror, self.jobs_mirror):
             await m.stop()
         if self.session is not None:
@@ -132,6 +146,72 @@ class Agent:
             log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{self.session.lease_id:x}")
             self.upkeep.force_put = True        # the liveness key must move to the new lease
             self.upkeep.soon.set()
+
+    # --- cooperative workers ------------------------------------------------------
+    async def _authorize(self, job: str, secret: str) -> str | None:
+        """None if ``secret`` is the session secret of ``job`` (lockd keeps only its SHA-256)."""
+        digest = self.jobs.session_digest(job)
+        if digest is None:
+            # The mirror may lag a session opened a moment ago: one fresh read decides.
+            r = await self.client.range(ops.range_req(self.keys.session(job)))
+            try:
+                digest = R.SessionValue.load(r.kvs[0].value).secret_sha256 if r.kvs else None
+            except Exception:  # noqa: BLE001 - not a session value: no session
+                digest = None
+        if digest is None:
+            return f"job {job!r} has no live session"
+        if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):
+            return f"wrong session secret for job {job!r}"
+        return None
+
+    async def _worker_left(self, info) -> None:
+        """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
+
+        The freeze only turns a stray device call into a wait; a process on its
+        way out must not wait on it (its exit may touch the device). Its paused
+        memory stays paused, and a later restore resumes it if it comes back.
+        """
+        if not info.paused:
+            return
+        base = self.backend.base
+
+        def unfreeze() -> None:
+            from nodeagent.backends.base import ProcState
+            if base.get_state(info.pid) is ProcState.LOCKED:
+                base.unlock(info.pid)
+                log.info("cooperative_unfrozen", pid=info.pid, job=info.job, reason="channel closed")
+        try:
+            async with self.runner.lock(info.job):
+                await asyncio.to_thread(unfreeze)
+        except Exception as e:  # noqa: BLE001 - gone already, most likely
+            log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
+
+    def _swapper(self, pid: int) -> Swapper | None:
+        """The swapper of ``pid`` if its registration asks for one (None: the checkpoint backend)."""
+        reg = self.jobs.local_workers().get(pid)
+        if reg is None:
+            # Not registered (any more): a cooperative process the channel still knows is kept
+            # only while it is parked, so its memory can be given back.
+            info = self.channel.info(pid)
+            if info is None or not info.paused:
+                self._swappers.pop(pid, None)
+                return None
+            job, kind = info.job, R.SWAP_COOPERATIVE
+        else:
+            job, kind = reg[0], reg[1].swap
+        if kind in ("", R.SWAP_CHECKPOINT):
+            return None
+        hit = self._swappers.get(pid)
+        if hit is not None and hit[:2] == (job, kind):
+            return hit[2]
+        if kind == R.SWAP_COOPERATIVE:
+            from nodeagent.backends.cooperative import CooperativeSwapper
+            sw: Swapper = CooperativeSwapper(self.channel, pid, job)
+        else:
+            from nodeagent.backends.app_endpoint import make_app_swapper
+            sw = make_app_swapper(reg[1], self.backend.base)
+        self._swappers[pid] = (job, kind, sw)
+        return sw
 
     # --- triggers (mirror listeners: synchronous, called for every batch) -------
     def _on_node_batch(self, events, reset: bool) -> None:
@@ -189,16 +269,21 @@ class Agent:
         finally:
             self._drivers.pop(job, None)
 
-    async def pids(self, job: str) -> tuple[list[int], list[int]]:
-        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
+    async def registrations(self, job: str) -> list[R.WorkerValue]:
+        """``job``'s worker registrations on this node, read fresh from etcd."""
         prefix = self.keys.workers(job) + f"{self.node}/".encode()
         r = await self.client.range(ops.range_req(prefix, prefix=True))
-        entries = []
+        out = []
         for kv in r.kvs:
             try:
-                entries.append(R.WorkerValue.load(kv.value).__dict__)
+                out.append(R.WorkerValue.load(kv.value))
             except Exception:  # noqa: BLE001 - a malformed registration names no process
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
+        return out
+
+    async def pids(self, job: str, regs: list[R.WorkerValue] | None = None) -> tuple[list[int], list[int]]:
+        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
+        entries = [w.__dict__ for w in (regs if regs is not None else await self.registrations(job))]
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
@@ -211,12 +296,15 @@ class Agent:
                 await self._handle_locked(intent, ctx)
 
     async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
-        registered, remembered = await self.pids(intent.job)
+        regs = await self.registrations(intent.job)
+        registered, remembered = await self.pids(intent.job, regs)
         pic = await self.runner.picture(registered, remembered)
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
-        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0)
+        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0,
+                     I.checkpoint_refusal(regs))
         if d.kind != I.RUN:
-            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, token=d.fence,
+            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, gpu_bytes=pic.gpu_bytes,
+                          token=d.fence,
                           error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
             if await self._answer(intent, st):
                 self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()
@@ -228,7 +316,8 @@ class Agent:
         if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
-        rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent")
+        rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
+                                   isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
         rev = await self._answer(intent, st)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)

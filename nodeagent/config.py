@@ -61,6 +61,10 @@ class AgentConfig:
     sim_checkpoint_gbps: float | None = None
     sim_restore_gbps: float | None = None
     log_level: str = "info"
+    channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
+    swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
+    freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
+    parked_warn_s: float = 300.0              # warn once when a job stays snapshotted (parked) this long
 
     def __post_init__(self) -> None:
         check_id("node", self.node)
@@ -79,6 +83,10 @@ class AgentConfig:
             raise ConfigError("--lock-timeout-ms must be > 0: an unbounded lock can wedge the agent")
         if not 0 < self.refresh_interval < self.session.ttl:
             raise ConfigError(f"--refresh-interval must be in (0, session ttl {self.session.ttl}s)")
+        if self.parked_warn_s <= 0:
+            raise ConfigError("--parked-warn-s must be > 0")
+        if not 0 < self.swap_deadline_s <= 3600:
+            raise ConfigError("--swap-deadline-s must be in (0, 3600]")
         if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
             raise ConfigError("--sim-capacity-bytes must be > 0")
         for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
@@ -123,6 +131,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--sim-checkpoint-gbps", type=float, default=None, help="simulated checkpoint bandwidth, GB/s")
     env_flag(p, "--sim-restore-gbps", type=float, default=None, help="simulated restore bandwidth, GB/s")
     env_flag(p, "--log-level", default="info")
+    env_flag(p, "--channel-socket", "TIMESLICE_AGENT_SOCKET", default="",
+          help="Unix socket for cooperative workers (default: /run/timeslice/agent-<node>.sock as root, "
+               "else a per-user temp dir)")
+    env_flag(p, "--swap-deadline-s", type=float, default=120.0,
+          help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--parked-warn-s", type=float, default=300.0,
+          help="log a warning once a job has been parked (snapshotted) this long, s")
+    env_flag(p, "--freeze-parked", action="store_true", default=False,
+          help="lock paused cooperative workers: a stray GPU call waits while parked, but (measured on an "
+               "H200) faults once unlocked for the resume; off by default")
 
 
 def _opt(v, cast):
@@ -141,6 +159,8 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             session=SessionTiming(ttl=int(a.agent_lease_ttl)), sim_dir=a.sim_dir or None,
             sim_capacity_bytes=_opt(a.sim_capacity_bytes, int),
             sim_checkpoint_gbps=_opt(a.sim_checkpoint_gbps, float),
-            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level)
+            sim_restore_gbps=_opt(a.sim_restore_gbps, float), log_level=a.log_level,
+            channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
+            freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s))
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from e

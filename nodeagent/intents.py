@@ -12,7 +12,9 @@ Per intent, in this order:
   2. no live process of the job on this node → gone (not an error);
   3. already in the target state (snapshotted for a snapshot, running for a
      restore) → ok, nothing redone;
-  4. otherwise run the backend op.
+  4. a snapshot the job's backend may not take (``checkpoint_refusal``: a
+     collective worker swapped by the driver checkpoint) → refused, nothing touched;
+  5. otherwise run the backend op.
 """
 from __future__ import annotations
 
@@ -78,7 +80,32 @@ class Decision:
     fence: int = 0                     # a stale-token refusal: the token that fences it out
 
 
-def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0) -> Decision:
+# NCCL settings under which a collective job's contexts survive a driver checkpoint (README).
+NCCL_CHECKPOINT_SAFE = "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_CUMEM_ENABLE=0"
+
+
+def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
+    """Why the driver checkpoint must not touch this job ("" if it may).
+
+    A worker registered ``collective=True`` uses CUDA IPC / NCCL peer-to-peer. Measured on
+    2×H200 (driver 580): the checkpoint of such processes succeeds, the restore fails (801,
+    or 1 with NCCL_CUMEM_ENABLE=0) and the job is lost. So unless it is swapped cooperatively
+    (``swap`` cooperative / vllm / sglang: the communicator stays alive), it is refused before
+    anything is touched.
+    """
+    bad = sorted(w.pid for w in workers if w.collective and (w.swap or R.SWAP_CHECKPOINT) == R.SWAP_CHECKPOINT)
+    if not bad:
+        return ""
+    shown = ", ".join(map(str, bad[:8])) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    return (f"snapshot refused: pid(s) {shown} registered collective=True (CUDA IPC / NCCL peer-to-peer) "
+            f"with swap=checkpoint; a driver restore of such a context fails and loses the job. Register "
+            f"them with swap=cooperative (or vllm/sglang), or run NCCL with {NCCL_CHECKPOINT_SAFE} and "
+            f"register collective=False")
+
+
+def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0,
+           refusal: str = "") -> Decision:
+    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``)."""
     if intent.error:
         return Decision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
@@ -87,11 +114,14 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
         return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
+    if refusal and intent.op == R.SNAPSHOT:
+        return Decision(REFUSE, R.REFUSED, refusal)
     return Decision(RUN)
 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
-           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0) -> R.StatusValue:
+           elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0,
+           gpu_bytes: dict[str, int] | None = None) -> R.StatusValue:
     """The status answering ``intent`` (outcome "" = still in progress).
 
     ``token`` is the intent's, except in a stale-token refusal: there it is the
@@ -103,12 +133,12 @@ def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, de
         state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
         intent_revision=intent.revision, token=token or intent.token, bytes=bytes_moved,
         device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
-        pids=sorted(pids), updated_ms=R.now_ms())
+        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}))
 
 
 def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
     return status(intent, IN_PROGRESS[intent.op], "", device_bytes=picture.device_bytes,
-                  pids=picture.live_pids)
+                  pids=picture.live_pids, gpu_bytes=picture.gpu_bytes)
 
 
 def outcome_of(result: JobResult) -> str:
@@ -135,7 +165,7 @@ def final(intent: Intent, result: JobResult, after: Picture, elapsed_ms: float,
                   f"{rollback.error}")
     return status(intent, after.state, outcome_of(result), bytes_moved=moved_bytes(result, rollback),
                   device_bytes=after.device_bytes, elapsed_ms=elapsed_ms, error=error,
-                  pids=after.live_pids)
+                  pids=after.live_pids, gpu_bytes=after.gpu_bytes)
 
 
 def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
@@ -146,10 +176,15 @@ def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
     """
     if old.outcome == "":
         return None                    # an op in progress: its driver writes the status
+    if any(str(st) == "unknown" for st in after.states.values()):
+        # A process the backend cannot read now (a cooperative worker whose channel is not back
+        # yet after an agent restart): keep the last known truth rather than guess "running".
+        return None
     # A running job's size moves with its allocator; the leader reads it from the
     # agent key. Only a snapshot's size, which a restore needs, is kept exact here.
     if old.state == after.state and sorted(old.pids) == after.live_pids and \
-            (after.state != R.SNAPSHOTTED or old.device_bytes == after.device_bytes):
+            (after.state != R.SNAPSHOTTED or (old.device_bytes, old.gpu_bytes) == (after.device_bytes,
+                                                                                  after.gpu_bytes)):
         return None
     return R.StatusValue(**{**old.__dict__, "state": after.state, "device_bytes": after.device_bytes,
-                            "pids": after.live_pids, "updated_ms": R.now_ms()})
+                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes})

@@ -36,9 +36,10 @@ class Inventory:
         dev = getattr(self.backend, "dev", None)
         if self.backend.name != "sim" or dev is None:
             return None
-        capacity = dev.ledger.snapshot()[0]
-        from nodeagent.sim.device import DEVICE_ID
-        return [{"index": 0, "uuid": DEVICE_ID, "total_bytes": capacity, "free_bytes": dev.free()}]
+        capacity = dev.ledger.layout()[0]
+        from nodeagent.sim.device import device_id
+        return [{"index": g, "uuid": device_id(g), "total_bytes": capacity, "free_bytes": free}
+                for g, free in enumerate(dev.free_per_gpu())]
 
     def _nvml_gpus(self) -> list[dict] | None:
         if not self._nvml_tried:
@@ -67,7 +68,8 @@ class Inventory:
                      for i, (dev, n) in enumerate(sorted(free.items()))]
         return found
 
-    def agent_value(self, node: str, endpoint: str, job_device_bytes: dict[str, int]) -> R.AgentValue:
+    def agent_value(self, node: str, endpoint: str, job_device_bytes: dict[str, int],
+                    job_gpus: dict[str, dict[str, int]] | None = None) -> R.AgentValue:
         gpus = self.gpus()
         return R.AgentValue(
             node=node, backend=self.backend.name, version=version(), gpus=gpus,
@@ -75,7 +77,8 @@ class Inventory:
             device_free_bytes=sum(g["free_bytes"] for g in gpus),
             host_free_bytes=self.host.available_bytes(),
             job_device_bytes=dict(sorted(job_device_bytes.items())),
-            updated_ms=R.now_ms(), endpoint=endpoint)
+            updated_ms=R.now_ms(), endpoint=endpoint,
+            job_gpus={j: dict(sorted(d.items())) for j, d in sorted((job_gpus or {}).items())})
 
     def close(self) -> None:
         if self._nvml is not None:

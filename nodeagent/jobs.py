@@ -91,6 +91,33 @@ class LocalJobs:
             else:
                 self.adopted.pop(job, None)
 
+    def local_workers(self) -> dict[int, tuple[str, R.WorkerValue]]:
+        """pid -> (job, registration) of every worker registered on this node; cached per mirror revision."""
+        rev = self.jobs_mirror.revision
+        cached = getattr(self, "_workers_cache", None)
+        if cached is not None and cached[0] == rev:
+            return cached[1]
+        out: dict[int, tuple[str, R.WorkerValue]] = {}
+        for key, kv in self.jobs_mirror.items(self.keys.jobs()):
+            hit = self._local_worker(key)
+            if hit:
+                try:
+                    out[hit[1]] = (hit[0], R.WorkerValue.load(kv.value))
+                except Exception:  # noqa: BLE001 - a malformed registration names no process
+                    continue
+        self._workers_cache = (rev, out)
+        return out
+
+    def session_digest(self, job: str) -> str | None:
+        """The SHA-256 of the job's session secret (lockd stores only that), if the job has a session."""
+        kv = self.jobs_mirror.get(self.keys.session(job))
+        if kv is None:
+            return None
+        try:
+            return R.SessionValue.load(kv.value).secret_sha256
+        except Exception:  # noqa: BLE001
+            return None
+
     def remembered(self, job: str) -> set[int]:
         st = self.status(job)
         return set(st.pids) if st else set()

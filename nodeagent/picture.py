@@ -37,6 +37,9 @@ def job_state(states: Mapping[int, ProcState]) -> str:
 class Picture:
     states: dict[int, ProcState] = field(default_factory=dict)
     bytes: dict[int, int] = field(default_factory=dict)   # pid -> on device, or its snapshot size
+    # pid -> device id -> bytes: where a process has a context now (0 bytes counts:
+    # it is there), or where its snapshot was taken from (and a restore puts it back).
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)
 
     @property
     def resident_bytes(self) -> int:
@@ -61,6 +64,23 @@ class Picture:
         """The job's footprint for its status: the snapshot size while snapshotted."""
         return self.snapshot_bytes if self.state == R.SNAPSHOTTED else self.resident_bytes
 
+    @property
+    def resident_devices(self) -> dict[str, int]:
+        """Device id -> bytes of the job's processes with a context there now (running or locked).
+
+        A process without a device context (``NO_CUDA``: CPU-only, or registered before CUDA
+        initialised) adds nothing: the job is not resident because of it.
+        """
+        return _sum(self.usage.get(p, {}) for p, s in self.states.items() if s in _ON_DEVICE)
+
+    @property
+    def gpu_bytes(self) -> dict[str, int]:
+        """The job's footprint per device for its status: the snapshot's while snapshotted
+        (a restore lands each process back on its device), else what is resident."""
+        if self.state == R.SNAPSHOTTED:
+            return _sum(self.usage.get(p, {}) for p, s in self.states.items() if s is ProcState.CHECKPOINTED)
+        return self.resident_devices
+
     def needs(self, op: str) -> bool:
         """True if ``op`` has something left to do (idempotency: otherwise report done)."""
         live = [s for s in self.states.values() if s is not ProcState.GONE]
@@ -84,6 +104,7 @@ def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) 
     """
     states: dict[int, ProcState] = {}
     sizes: dict[int, int] = {}
+    usage: dict[int, dict[str, int]] = {}
     pids = set(pids)
     for pid in sorted(pids | set(remembered)):
         s = backend.get_state(pid)
@@ -91,7 +112,19 @@ def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) 
             continue
         states[pid] = s
         if s in _ON_DEVICE:
-            sizes[pid] = backend.device_bytes(pid) or 0
+            per = backend.device_usage(pid)
         elif s is ProcState.CHECKPOINTED:
-            sizes[pid] = backend.snapshot_bytes(pid) or 0
-    return Picture(states, sizes)
+            per = backend.snapshot_usage(pid)
+        else:
+            continue
+        usage[pid] = dict(per or {})
+        sizes[pid] = sum(usage[pid].values())
+    return Picture(states, sizes, usage)
+
+
+def _sum(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for dev, n in m.items():
+            out[dev] = out.get(dev, 0) + n
+    return dict(sorted(out.items()))

@@ -72,7 +72,7 @@ class Runner:
             need = 0
             for pid in pids:
                 if self.backend.get_state(pid) in (ProcState.RUNNING, ProcState.LOCKED):
-                    n = self.backend.device_bytes(pid)
+                    n = self.backend.host_bytes_needed(pid)
                     if n is None:
                         raise SizeUnknown(f"snapshot refused: device memory of pid {pid} is unknown", pid=pid)
                     need += n
@@ -101,12 +101,21 @@ class Runner:
         log.warning("snapshot_rollback", pids=done, error=res.error)
         return res, ops.restore_processes(self.backend, done)
 
-    async def run(self, op: str, job: str, pids: Sequence[int], source: str) -> RunResult:
-        """Run ``op`` on ``pids``; the caller holds ``lock(job)``. Never raises for a process's failure."""
+    async def run(self, op: str, job: str, pids: Sequence[int], source: str, *, isolation: str = "",
+                  need_bytes: int = 0) -> RunResult:
+        """Run ``op`` on ``pids``; the caller holds ``lock(job)``. Never raises for a process's failure.
+
+        ``isolation`` (the group's policy) and ``need_bytes`` (device bytes the
+        incoming job needs here; 0 = all) shape cooperative swaps
+        (``backends.composite``); a whole-process checkpoint ignores them.
+        """
         self.metrics.inflight.inc()
         t0 = time.monotonic()
+        prepare = getattr(self.backend, "prepare", None)
         try:
             try:
+                if prepare is not None:
+                    await asyncio.to_thread(prepare, op, list(pids), isolation, need_bytes)
                 res, rollback = await asyncio.to_thread(self._run, op, list(pids))
             except Exception as e:  # noqa: BLE001 - a bug or an I/O error becomes the job's report
                 log.exception("op_crashed", op=op, job=job, pids=list(pids))
@@ -117,6 +126,8 @@ class Runner:
             elapsed = (time.monotonic() - t0) * 1000
             after = await self.picture(pids)
         finally:
+            if prepare is not None:
+                self.backend.finish(list(pids))
             self.metrics.inflight.dec()
         rr = RunResult(res, rollback, after, elapsed)
         self.metrics.ops.labels(op, rr.outcome, source).inc()

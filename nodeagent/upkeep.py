@@ -30,6 +30,7 @@ log = structlog.get_logger("nodeagent.upkeep")
 
 class Upkeep:
     def __init__(self, agent):
+        self._warned: dict[str, int] = {}      # job -> the parking (status updated_ms) already warned of
         self.agent = agent
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
@@ -53,9 +54,13 @@ class Upkeep:
     async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
         a = self.agent
         pictures = pictures if pictures is not None else await self.pictures()
-        resident = {j: p.resident_bytes for j, p in pictures.items() if p.state == R.RUNNING}
+        running = {j: p for j, p in pictures.items() if p.state == R.RUNNING}
+        resident = {j: p.resident_bytes for j, p in running.items()}
         a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
-        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident)
+        # Per device, for the leader's per-GPU plan; a job listed with {} has no device
+        # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
+        where = {j: p.resident_devices for j, p in running.items()}
+        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident, where)
         a.metrics.host_free.set(value.host_free_bytes)
         a.metrics.device_free.set(value.device_free_bytes)
         return value
@@ -78,6 +83,27 @@ class Upkeep:
             new = I.corrected(old, pic) if old is not None else None
             if new is not None and await a.reporter.correct(job, new, skv.mod_revision):
                 log.info("status_corrected", job=job, state=new.state, pids=new.pids)
+        self.warn_parked(a.jobs.statuses())
+
+    def warn_parked(self, statuses) -> None:
+        """Say once per parking when a job has stayed snapshotted past ``parked_warn_s``.
+
+        A parked job with a live session is normal between phases, but a long one is
+        where a stray device call outside a hold hides: on the checkpoint backend the
+        call blocks until the job acquires again; on the cooperative one it faults.
+        """
+        now, limit = R.now_ms(), self.agent.cfg.parked_warn_s * 1000
+        parked = {st.job: st.updated_ms for st in statuses if st.state == R.SNAPSHOTTED}
+        for job in list(self._warned):
+            if parked.get(job) != self._warned[job]:
+                del self._warned[job]                       # restored (or re-parked): a new parking
+        for job, since in parked.items():
+            if since and now - since >= limit and self._warned.get(job) != since:
+                self._warned[job] = since
+                log.warning("job_parked_long", job=job, node=self.agent.node, parked_s=round((now - since) / 1000),
+                            hint="the job is snapshotted and has not acquired again; it must not touch the GPU "
+                                 "until it does (a stray call blocks on the checkpoint backend, faults on the "
+                                 "cooperative one)")
 
     async def loop(self) -> None:
         a = self.agent

@@ -11,6 +11,8 @@ The README documents each key with an etcdctl example.
                                                 token = create_revision of this key
     <p>groups/<group>/grant                     {job, token, leader_epoch, restored, ...}, leased to the job
     <p>groups/<group>/failures/<job>            {token, reason}: why a job's Acquire failed, leased to the job
+    <p>groups/<group>/attempts/<job>            {seq}: newest Acquire attempt that claimed the job's entry,
+                                                leased to the job's session (lockd/attempts.py)
     <p>jobs/<job>/session                       {lease, secret_sha256, opened_ms}, leased
     <p>jobs/<job>/workers/<node>/<pid>          {pid, node, device_bytes}, leased to the job's session
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
@@ -78,6 +80,9 @@ class Keys:
 
     def grant(self, group: str) -> bytes:
         return self.group(group) + b"grant"
+
+    def attempt(self, group: str, job: str) -> bytes:
+        return self.group(group) + b"attempts/" + check_id("job", job).encode()
 
     def failures(self, group: str) -> bytes:
         return self.group(group) + b"failures/"

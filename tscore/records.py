@@ -139,6 +139,9 @@ class AgentValue(Record):
     job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
     updated_ms: int = 0
     endpoint: str = ""
+    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at:
+    # where each has a device context ({} = none: CPU-only, or registered before CUDA init).
+    job_gpus: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -149,6 +152,8 @@ class IntentValue(Record):
     token: int                   # the fencing token of the grant this swap serves
     leader_epoch: int
     issued_ms: int = 0
+    isolation: str = ISOLATION_NONE   # the group's policy (cooperative workers: also checkpoint the rest)
+    need_bytes: int = 0          # snapshot: device bytes the incoming job needs on this node (0: release all)
 
 
 @dataclass
@@ -166,3 +171,4 @@ class StatusValue(Record):
     error: str = ""
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
+    gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)

@@ -31,6 +31,7 @@ from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
+from timeslice import withdraw as W
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
@@ -84,6 +85,7 @@ class AsyncOrchestratorClient(ClientCore):
         self._ka_task: asyncio.Task | None = None
         self._holds: dict[str, _AsyncHold] = {}
         self._dangling: list[tuple[Any, asyncio.Future]] = []
+        self._withdraw: set[str] = set()            # groups whose failed acquire is still to take back
 
     # == plumbing ==================================================================
     def _stub(self, idx: int) -> pbg.LockdStub:
@@ -158,10 +160,10 @@ class AsyncOrchestratorClient(ClientCore):
                 return self._session
             cfg = self.config
             t0 = time.monotonic()
-            reply = await self._invoke(
-                Call.OPEN_SESSION, lambda: pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=cfg.session_ttl),
-                deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, t0)
+            sent = [t0]
+            reply = await self._invoke(Call.OPEN_SESSION, lambda: self._open_req(sent),
+                                       deadline=t0 + cfg.timeout + cfg.session_ttl)
+            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             self._session = s
             log.info("session_opened", job=self.job_id, lease=s.lease_id, ttl=s.ttl, target=self.target)
             self._ka_task = asyncio.create_task(self._keepalive_loop(s), name=f"timeslice-keepalive-{self.job_id}")
@@ -182,6 +184,8 @@ class AsyncOrchestratorClient(ClientCore):
                 await self._invoke(Call.KEEPALIVE, self._ref, deadline=last_ok + s.ttl,
                                    cap=cfg.keepalive_attempt_timeout)
                 last_ok = t0
+                if self._withdraw:
+                    await self._withdraw_pending(cfg.keepalive_period / 2)
             except (E.SessionLostError, E.AuthError, E.ClientClosedError):
                 return
             except E.TimesliceClientError as e:
@@ -228,14 +232,23 @@ class AsyncOrchestratorClient(ClientCore):
         """Wait until this job holds ``group_id`` (FIFO); see OrchestratorClient.acquire."""
         await self._ensure_session()
         deadline = self._deadline(timeout)
+        self._withdraw.discard(group_id)    # a new acquire of the group supersedes a withdrawal
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
+        left: list = []                     # this call's attempts left running on replicas we moved off
 
-        def build():
-            return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
-                                     device_bytes_hint=int(device_bytes_hint))
+        def attempt(stub, idx, req, t):
+            return self._acquire_attempt(stub, idx, req, t, left)
 
-        reply = await self._invoke(Call.ACQUIRE, build, deadline=deadline, cap=0, attempt=self._acquire_attempt,
-                                   st=st)
+        try:
+            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+                                       deadline=deadline, cap=0, attempt=attempt, st=st)
+        except E.TimesliceClientError as e:
+            if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
+                self._withdraw.add(group_id)
+                await self._withdraw_pending(W.FIRST_BUDGET_S)
+            raise
+        finally:
+            self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grant_held(grant)
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
@@ -248,7 +261,48 @@ class AsyncOrchestratorClient(ClientCore):
                 raise
         return grant
 
-    async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None):
+    async def _withdraw_pending(self, budget: float) -> None:
+        """Take back the entries failed acquires may have left (see withdraw.py)."""
+        for group in sorted(self._withdraw):
+            if await self._withdraw_one(group, budget):
+                self._withdraw.discard(group)
+                log.info("acquire_withdrawn", job=self.job_id, group=group)
+
+    async def _withdraw_one(self, group: str, budget: float) -> bool:
+        end = time.monotonic() + budget
+        n = 0
+        while time.monotonic() < end and not self._closed and self._lost is None:
+            if group not in self._withdraw:
+                return False                    # a new acquire of the group took over
+            idx = self._cur
+            try:
+                r = await self._stub(idx).Acquire(self._acquire_req(group, 0), timeout=W.ATTEMPT_S)
+                code, details = None, ""
+            except grpc.RpcError as e:
+                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
+            v = W.verdict(code, details)
+            if v is W.Verdict.GRANTED:
+                await self._release_quietly(group, r.token)   # granted to nobody: hand it straight back
+                return True
+            if v is W.Verdict.DONE:
+                return True
+            self._failover(idx, f"withdraw: {code}")
+            n += 1
+            await asyncio.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
+        return False
+
+    def _drop_left(self, left: list) -> None:
+        """The call is over: cancel its older attempts (see OrchestratorClient._drop_left)."""
+        for item in left:
+            call, task = item
+            call.cancel()
+            task.cancel()
+            if item in self._dangling:
+                self._dangling.remove(item)
+        left.clear()
+
+    async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
+                               left: list):
         call = stub.Acquire(req, timeout=t)
         task = asyncio.ensure_future(call)
         gen0 = self._gen
@@ -263,6 +317,7 @@ class AsyncOrchestratorClient(ClientCore):
                     self._check_usable(Call.ACQUIRE)
                 if t is None and self._gen != gen0 and self._cur != idx:
                     self._dangling.append((call, task))    # keep it alive: see client.py's module doc
+                    left.append((call, task))
                     finished = True
                     return _MOVED
         finally:

@@ -17,11 +17,20 @@ client then refuses session calls until ``reset_session()``.
 
 Failover. The client keeps one channel per target and sends to the current
 one; an UNAVAILABLE (or an attempt deadline) moves it to the next and the call
-is re-sent if it is idempotent (see retry.py for the rules). A blocked
-``acquire(timeout=None)`` also moves when another call (the keepalive) finds
-its replica dead, and re-sends on the next one, leaving the first call
-running rather than cancelling it: a cancelled Acquire makes lockd give up
-the job's queue entry, which the re-sent Acquire may already have found.
+is re-sent if it is idempotent (see retry.py for the rules). HTTP/2 keepalive
+pings (config.KEEPALIVE_TIME_MS) turn a stopped replica into an UNAVAILABLE
+within ~2 s, as a killed one is. A blocked ``acquire(timeout=None)`` also moves
+when another call (the keepalive) finds its replica dead, and re-sends on the
+next one, leaving the first call running until the acquire ends rather than
+cancelling it at once: a cancelled Acquire makes lockd give up the job's queue
+entry, which the re-sent Acquire may not have found yet. Every attempt carries
+a fresh ``attempt_seq``: lockd never lets an older attempt, processed late by a
+replica that was stalled, replace a newer one or enqueue the job again.
+
+Session. The keepalive watchdog counts from when the OpenSession attempt that
+opened the session was sent (the lease is younger), not from when the call
+began: a restarted job's OpenSession may wait a whole TTL for its predecessor's
+session to expire.
 """
 from __future__ import annotations
 
@@ -39,6 +48,7 @@ from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
+from timeslice import withdraw as W
 from timeslice.config import CHANNEL_OPTIONS, DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import ALREADY_APPLIED, ClientCore, Session
 from timeslice.hooks import release_framework_cache
@@ -103,6 +113,8 @@ class OrchestratorClient(ClientCore):
         self._ka_thread: threading.Thread | None = None
         self._holds: dict[str, _Hold] = {}
         self._dangling: list[grpc.Future] = []
+        self._withdraw: set[str] = set()            # groups whose failed acquire is still to take back
+        self._withdraw_mu = threading.Lock()
         ref = weakref.ref(self)
         self._atexit = lambda: (c := ref()) is not None and c._close_quietly()
         atexit.register(self._atexit)
@@ -184,12 +196,12 @@ class OrchestratorClient(ClientCore):
                 return self._session
             cfg = self.config
             t0 = time.monotonic()
+            sent = [t0]
             # An older session of this job id (a restarted job, or our own attempt
             # whose reply was lost) is waited out: it expires within its TTL.
-            reply = self._invoke(Call.OPEN_SESSION,
-                                 lambda: pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=cfg.session_ttl),
+            reply = self._invoke(Call.OPEN_SESSION, lambda: self._open_req(sent),
                                  deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, t0)
+            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             with self._mu:
                 self._session = s
             log.info("session_opened", job=self.job_id, lease=s.lease_id, ttl=s.ttl, target=self.target)
@@ -215,6 +227,8 @@ class OrchestratorClient(ClientCore):
                 self._invoke(Call.KEEPALIVE, self._ref, deadline=last_ok + s.ttl,
                              cap=cfg.keepalive_attempt_timeout)
                 last_ok = t0
+                if self._withdraw:
+                    self._withdraw_pending(cfg.keepalive_period / 2)
             except (E.SessionLostError, E.AuthError, E.ClientClosedError):
                 return                                  # _invoke recorded the loss
             except E.TimesliceClientError as e:
@@ -260,14 +274,26 @@ class OrchestratorClient(ClientCore):
         Calling it while holding the group returns the same grant at once.
         """
         self._ensure_session()
+        with self._withdraw_mu:             # a new acquire of the group supersedes a withdrawal
+            self._withdraw.discard(group_id)
         deadline = self._deadline(timeout)
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
+        left: list[grpc.Future] = []        # this call's attempts left running on replicas we moved off
 
-        def build():
-            return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
-                                     device_bytes_hint=int(device_bytes_hint))
+        def attempt(stub, idx, req, t):
+            return self._acquire_attempt(stub, idx, req, t, left)
 
-        reply = self._invoke(Call.ACQUIRE, build, deadline=deadline, cap=0, attempt=self._acquire_attempt, st=st)
+        try:
+            reply = self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+                                 deadline=deadline, cap=0, attempt=attempt, st=st)
+        except E.TimesliceClientError as e:
+            if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
+                with self._withdraw_mu:
+                    self._withdraw.add(group_id)
+                self._withdraw_pending(W.FIRST_BUDGET_S)
+            raise
+        finally:
+            self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grant_held(grant)
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
@@ -280,7 +306,48 @@ class OrchestratorClient(ClientCore):
                 raise
         return grant
 
-    def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None):
+    def _withdraw_pending(self, budget: float) -> None:
+        """Take back the entries failed acquires may have left (see withdraw.py)."""
+        with self._withdraw_mu:
+            for group in sorted(self._withdraw):
+                if self._withdraw_one(group, budget):
+                    self._withdraw.discard(group)
+                    log.info("acquire_withdrawn", job=self.job_id, group=group)
+
+    def _withdraw_one(self, group: str, budget: float) -> bool:
+        end = time.monotonic() + budget
+        n = 0
+        while time.monotonic() < end and not self._closed and self._lost is None:
+            idx = self._cur
+            try:
+                r = self._stub(idx).Acquire(self._acquire_req(group, 0), timeout=W.ATTEMPT_S)
+                code, details = None, ""
+            except grpc.RpcError as e:
+                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
+            v = W.verdict(code, details)
+            if v is W.Verdict.GRANTED:
+                self._release_quietly(group, r.token)   # granted to nobody: hand it straight back
+                return True
+            if v is W.Verdict.DONE:
+                return True
+            self._failover(idx, f"withdraw: {code}")
+            n += 1
+            time.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
+        return False
+
+    def _drop_left(self, left: list[grpc.Future]) -> None:
+        """The call is over: its older attempts are of no use any more. Cancelling one makes
+        its replica withdraw it, which changes nothing once a newer attempt took the entry
+        over (lockd removes only what the attempt still owns)."""
+        with self._mu:
+            for fut in left:
+                fut.cancel()
+                if fut in self._dangling:
+                    self._dangling.remove(fut)
+            left.clear()
+
+    def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
+                         left: list[grpc.Future]):
         fut = stub.Acquire.future(req, timeout=t)
         done = threading.Event()
         fut.add_done_callback(lambda _f: done.set())
@@ -293,6 +360,7 @@ class OrchestratorClient(ClientCore):
                 if t is None and self._gen != gen0 and self._cur != idx:
                     with self._mu:
                         self._dangling.append(fut)     # keep it alive: see the module doc
+                        left.append(fut)
                     finished = True
                     return _MOVED
             finished = True
@@ -400,6 +468,41 @@ class OrchestratorClient(ClientCore):
                      deadline=self._deadline(self.config.timeout))
         return w
 
+    def cooperate(self, memory, *, node: str | None = None, socket_path: str | None = None,
+                  gpus: Sequence[int] = (), prepin: bool = True):
+        """Make this process a *cooperative* worker: it moves its own device memory when asked.
+
+        Opens the node-local channel to the node agent (which learns this
+        process's pid from the kernel), registers the worker with
+        ``swap="cooperative"`` and the memory's tags, and serves the agent's
+        pause/resume requests on a daemon thread. ``prepin`` pays the one-time
+        cost of allocating the retained pinned host backup now (call this while
+        the job holds a group, before its loop), not during the first swap.
+        Returns the ``CooperativeWorker``; ``close()`` closes it too.
+        """
+        from timeslice.config import node_name
+        from timeslice.cooperative import CooperativeWorker
+        self._ensure_session()
+        node = node or node_name()
+        w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
+        pid = w.connect()
+        try:
+            self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
+                                 swap="cooperative", gpus=gpus, tags=dict(memory.tags))
+            w.start()
+            if prepin and hasattr(memory, "prepin"):
+                t0 = time.monotonic()
+                memory.prepin()
+                w.announce()
+                log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
+                         elapsed_s=round(time.monotonic() - t0, 3))
+        except BaseException:
+            w.close()
+            raise
+        with self._mu:
+            self._cooperative.append(w)
+        return w
+
     # == admin and status ==============================================================
     def groups(self) -> list[Group]:
         r = self._invoke(Call.LIST_GROUPS, pb.ListGroupsRequest, deadline=self._deadline(self.config.timeout))
@@ -484,6 +587,10 @@ class OrchestratorClient(ClientCore):
                 return
             self._closing = True          # a deliberate close is not a session loss
         self._ka_stop.set()
+        with self._mu:
+            workers, self._cooperative = self._cooperative, []
+        for w in workers:                 # first: the agent lifts a freeze on a worker that leaves
+            w.close()
         s = self._session
         if s is not None and self._lost is None:
             self._close_session(s, timeout)

@@ -135,13 +135,26 @@ class ClientConfig:
         return max(1.0, self.session_ttl / 4)
 
 
-#: gRPC channel options shared by both clients. No HTTP/2 keepalive pings: lockd
-#: keeps gRPC's server defaults, which answer frequent pings on an idle blocked
-#: call with GOAWAY (and a dropped Acquire gives up its place); the session's
-#: own KeepAlive RPC is what notices a dead or paused replica.
+#: How fast a client notices a replica that stopped answering (SIGSTOP, a GC or VM
+#: freeze, a frozen cgroup): HTTP/2 keepalive pings every KEEPALIVE_TIME_MS while a
+#: call is open, and a ping not answered within KEEPALIVE_TIMEOUT_MS closes the
+#: connection, so a blocked Acquire fails with UNAVAILABLE and is re-sent to the
+#: next replica, as after a kill. A stopped process keeps its TCP connections open:
+#: without pings its clients wait for it for as long as it is stopped.
+KEEPALIVE_TIME_MS = 1000
+KEEPALIVE_TIMEOUT_MS = 1000
+
+#: gRPC channel options shared by both clients. lockd (lockd/server.py) accepts a
+#: ping every 500 ms without strikes, so these pings never earn a GOAWAY.
 CHANNEL_OPTIONS = [
     ("grpc.enable_retries", 0),            # retries are ours (retry.py), not the channel's
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    # gRPC >= 1.6x times an unanswered ping out by this one (default 60 s), not the above.
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+    ("grpc.keepalive_permit_without_calls", 0),   # only while a call is open (an idle channel costs nothing)
+    ("grpc.http2.max_pings_without_data", 0),     # a blocked Acquire sends no data for minutes
 ]

@@ -9,6 +9,7 @@ aio.py) only send requests, wait and sleep.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -38,7 +39,11 @@ class Session:
     secret: str
     lease_id: int
     ttl: int
-    opened_at: float          # monotonic, just before OpenSession was sent
+    #: monotonic, when the OpenSession attempt that opened it was sent: the lease was
+    #: granted after this, so the session is alive until at least opened_at + ttl.
+    #: (Not when the *call* began: an OpenSession may wait out an older session of
+    #: the same job id for a whole TTL first; see issue 17.)
+    opened_at: float
 
 
 class ClientCore:
@@ -61,6 +66,10 @@ class ClientCore:
         self._closed = False
         self._closing = False
         self._held: dict[str, Grant] = {}
+        self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
+        # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
+        # job's attempts by it, so a late, stale one never replaces a newer one.
+        self._seq = itertools.count(1)
         if self.config.job_id_generated:
             # A warning, so that it shows without any logging set-up: the job's
             # queue entries and workers carry this id.
@@ -171,6 +180,20 @@ class ClientCore:
         return E.from_status(last.code, last.details, st.call.method, note=note)
 
     # -- requests -------------------------------------------------------------
+    def _next_seq(self) -> int:
+        with self._mu:
+            return next(self._seq)
+
+    def _acquire_req(self, group_id: str, hint: int) -> pb.AcquireRequest:
+        """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
+        return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
+                                 device_bytes_hint=int(hint), attempt_seq=self._next_seq())
+
+    def _open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
+        """One OpenSession attempt; notes when it was sent (the new lease is younger)."""
+        sent[:] = [time.monotonic()]
+        return pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=self.config.session_ttl)
+
     def _ref(self) -> pb.SessionRef:
         return pb.SessionRef(job_id=self.job_id, session_secret=self._secret())
 

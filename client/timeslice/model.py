@@ -120,6 +120,8 @@ class JobState(_Dict):
     elapsed_ms: float = 0.0
     error: str = ""
     token: int = 0
+    since_unix_ms: int = 0     # when the agent wrote this state; for a snapshotted job: parked since
+    device_bytes: int = 0      # footprint on the node (snapshotted: what a restore brings back)
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,8 @@ class GroupStatus(_Dict):
                               g.granted_unix_ms)
         nodes = tuple(
             NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
-                       tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token)
+                       tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
+                                              j.since_unix_ms, j.device_bytes)
                              for j in n.jobs),
                        n.device_free_bytes, n.device_total_bytes)
             for n in s.node_status)

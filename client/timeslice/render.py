@@ -44,6 +44,13 @@ def groups_table(groups: list[Group], statuses: dict[str, GroupStatus]) -> str:
     return table(["GROUP", "NODES", "HOLDER", "WAITING"], rows)
 
 
+def _state(j) -> str:
+    """A snapshotted job is *parked*: say for how long (it must not touch the device meanwhile)."""
+    if j.state == "snapshotted" and j.since_unix_ms:
+        return f"parked {_ago(j.since_unix_ms)}"
+    return j.state
+
+
 def jobs_table(jobs: list[JobInfo]) -> str:
     if not jobs:
         return "no jobs with a live session"
@@ -75,10 +82,12 @@ def status_text(st: GroupStatus) -> str:
              f"{human_bytes(n.device_free_bytes)} / {human_bytes(n.device_total_bytes)}"
              if n.device_total_bytes else "-"]
             for n in st.node_status]))
-        job_rows = [[n.node, j.job_id, j.state, human_bytes(j.bytes) if j.bytes else "-",
+        job_rows = [[n.node, j.job_id, _state(j), human_bytes(j.device_bytes) if j.device_bytes else "-",
+                     human_bytes(j.bytes) if j.bytes else "-",
                      f"{j.elapsed_ms:.0f} ms" if j.elapsed_ms else "-", j.token or "-", j.error or ""]
                     for n in st.node_status for j in n.jobs]
         if job_rows:
             lines.append("")
-            lines.append(table(["NODE", "JOB", "STATE", "BYTES", "ELAPSED", "TOKEN", "ERROR"], job_rows))
+            lines.append(table(["NODE", "JOB", "STATE", "FOOTPRINT", "MOVED", "ELAPSED", "TOKEN", "ERROR"],
+                               job_rows))
     return "\n".join(lines)

@@ -112,6 +112,14 @@ class Backend(abc.ABC):
         usage = self.device_usage(pid)
         return None if usage is None else sum(usage.values())
 
+    def host_bytes_needed(self, pid: int) -> int | None:
+        """Host memory a snapshot of ``pid`` will newly take (admission); None if unknowable.
+
+        A whole-process checkpoint copies everything the process holds on the
+        device; a cooperative worker with a retained host backup needs nothing new.
+        """
+        return self.device_bytes(pid)
+
     def snapshot_bytes(self, pid: int) -> int | None:
         usage = self.snapshot_usage(pid)
         return None if usage is None else sum(usage.values())

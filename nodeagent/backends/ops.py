@@ -108,6 +108,12 @@ def _refuse_all(op: str, pids: Sequence[int], states: dict[int, ProcState], exc:
     return JobResult(op, res, (time.monotonic() - t0) * 1000)
 
 
+def _per_pid(result: JobResult, limit: int = 64) -> list[dict]:
+    """Each process's outcome, bytes and time, for the log (per-GPU swap times); bounded."""
+    return [{"pid": r.pid, "outcome": str(r.outcome), "bytes": r.bytes, "ms": round(r.elapsed_ms, 1)}
+            for r in result.results[:limit]]
+
+
 def _parallel(fn: Callable[[int], PidResult], pids: Sequence[int]) -> list[PidResult]:
     if len(pids) == 1:
         return [fn(pids[0])]
@@ -136,7 +142,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
     todo = [p for p in pids if states[p] in (ProcState.RUNNING, ProcState.LOCKED)]
     need = 0
     for p in todo:
-        n = backend.device_bytes(p)
+        n = backend.host_bytes_needed(p)
         if n is None:
             return _refuse_all("snapshot", pids, states, e.SizeUnknown(
                 f"snapshot refused: device memory of pid {p} is unknown, so fitting it in host memory "
@@ -183,6 +189,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
 
     result = JobResult("snapshot", _parallel(one, pids), (time.monotonic() - t0) * 1000)
     log.info("snapshot_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
+             per_pid=_per_pid(result),
              backend=backend.name)
     return result
 
@@ -243,6 +250,7 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
 
     result = JobResult("restore", _parallel(one, pids), (time.monotonic() - t0) * 1000)
     log.info("restore_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
+             per_pid=_per_pid(result),
              backend=backend.name)
     return result
 

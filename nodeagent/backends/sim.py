@@ -28,7 +28,7 @@ import structlog
 
 from nodeagent.backends import errors as e
 from nodeagent.backends.base import Backend, ProcState
-from nodeagent.sim.device import CHECKPOINTED, DEVICE_ID, LOCKED, RUNNING, SimDevice, SimMeter
+from nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
 log = structlog.get_logger("nodeagent.backends.sim")
 
@@ -51,8 +51,8 @@ class SimBackend(Backend):
 
     def __init__(self, sim_dir=None, host_dir=None, capacity_bytes: int | None = None,
                  checkpoint_gbps: float | None = None, restore_gbps: float | None = None,
-                 lose_context_on_failed_restore: bool = True, proc_root: str = "/proc"):
-        self.dev = SimDevice(sim_dir, host_dir, capacity_bytes, proc_root)
+                 lose_context_on_failed_restore: bool = True, proc_root: str = "/proc", gpus: int | None = None):
+        self.dev = SimDevice(sim_dir, host_dir, capacity_bytes, proc_root, gpus)
         self.meter = SimMeter(self.dev)
         self.checkpoint_bps = _gbps(ENV_CKPT_GBPS, checkpoint_gbps, DEFAULT_CKPT_GBPS) * 1e9
         self.restore_bps = _gbps(ENV_RESTORE_GBPS, restore_gbps, DEFAULT_RESTORE_GBPS) * 1e9
@@ -60,7 +60,7 @@ class SimBackend(Backend):
 
     def describe(self) -> dict:
         return {**super().describe(), "simulated": True, "sim_dir": str(self.dev.root),
-                "host_dir": str(self.dev.host_dir), "capacity_bytes": self.dev.capacity}
+                "host_dir": str(self.dev.host_dir), "capacity_bytes": self.dev.capacity, "gpus": self.dev.gpus}
 
     # -- helpers -------------------------------------------------------------
     def _doc(self, pid: int, op: str) -> dict:
@@ -189,7 +189,8 @@ class SimBackend(Backend):
         fd = self._exclusive(pid, None)
         try:
             try:
-                self.dev.ledger.reserve(pid, nbytes, self.dev.is_dead)
+                # Back onto the GPU it was checkpointed from, as a CUDA restore does.
+                self.dev.ledger.reserve(pid, nbytes, self.dev.is_dead, int(doc.get("gpu", 0)))
             except e.DeviceOutOfMemory:
                 if self.lose_context:
                     self.dev.write_state(pid, {**doc, "lost": True})
@@ -237,4 +238,4 @@ class SimBackend(Backend):
         doc = self.dev.read_state(pid)
         if doc is None or doc["state"] != CHECKPOINTED or self.dev.is_dead(pid):
             return None
-        return {DEVICE_ID: int(doc["bytes"])}
+        return {device_id(int(doc.get("gpu", 0))): int(doc["bytes"])}

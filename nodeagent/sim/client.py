@@ -1,6 +1,6 @@
 """SIMULATED GPU, worker side: what an RL worker process uses instead of CUDA.
 
-    dev = SimDeviceClient.open(sim_dir)      # register this process
+    dev = SimDeviceClient.open(sim_dir, gpu=0)   # register this process, bound to simulated GPU 0
     buf = dev.alloc(nbytes)                  # reserve device capacity, map the arena
     with dev.compute() as mem:               # a "kernel": touch device memory only in here
         mem[0:4] = b"abcd"
@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from nodeagent.backends.errors import IllegalState
-from nodeagent.sim.device import RUNNING, SimDevice
+from nodeagent.sim.device import ENV_SIM_GPU, RUNNING, SimDevice
 
 POLL_S = 0.002  # how often a blocked device call looks at the state again
 
@@ -40,19 +40,24 @@ class SimBuffer:
 
 
 class SimDeviceClient:
-    def __init__(self, dev: SimDevice, pid: int):
+    def __init__(self, dev: SimDevice, pid: int, gpu: int = 0):
         self.dev = dev
         self.pid = pid
+        self.gpu = gpu
         self._mm: mmap.mmap | None = None
         self._nbytes = 0
 
     @classmethod
-    def open(cls, sim_dir: str | os.PathLike | None = None) -> "SimDeviceClient":
-        """Register the calling process on the node's simulated device."""
+    def open(cls, sim_dir: str | os.PathLike | None = None, gpu: int | None = None) -> "SimDeviceClient":
+        """Register the calling process on the node's simulated device, bound to GPU ``gpu``
+        (default: ``TIMESLICE_SIM_GPU``, else 0), as a real worker picks its CUDA device."""
         dev = SimDevice(sim_dir)
+        if gpu is None:
+            raw = os.environ.get(ENV_SIM_GPU, "")
+            gpu = int(raw) if raw.strip() else 0
         pid = os.getpid()
-        dev.register(pid)
-        return cls(dev, pid)
+        dev.register(pid, gpu)
+        return cls(dev, pid, gpu)
 
     @property
     def device_bytes(self) -> int:
@@ -93,7 +98,7 @@ class SimDeviceClient:
         if nbytes <= 0:
             raise ValueError("nbytes must be positive")
         with self._device(timeout_s):
-            self.dev.ledger.reserve(self.pid, nbytes, self.dev.is_dead)
+            self.dev.ledger.reserve(self.pid, nbytes, self.dev.is_dead, self.gpu)
             fd = os.open(self.dev.arena(self.pid), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.ftruncate(fd, nbytes)

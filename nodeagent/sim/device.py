@@ -1,17 +1,19 @@
-"""SIMULATED GPU: the node-wide "device" shared by worker processes and the agent.
+"""SIMULATED GPUs: the node-wide "devices" shared by worker processes and the agent.
 
 This is a simulator with honest semantics for machines without a GPU (CI,
 laptops, the demo). It is never presented as a GPU. Its files, under the sim
 dir (``TIMESLICE_SIM_DIR``, default ``/dev/shm/timeslice-sim``):
 
-    ledger.json, ledger.lock   capacity and bytes held per pid (nodeagent.sim.ledger)
+    ledger.json, ledger.lock   GPU count, capacity per GPU, bytes held per pid and on
+                               which GPU (nodeagent.sim.ledger)
     arena-<pid>                the process's "device memory": real bytes in a
                                shared-memory file that the worker maps
     devlock-<pid>              the process's device lock: the worker holds it
                                shared around every device operation; the agent
                                takes it exclusively to drain in-flight work
     state-<pid>.json           checkpoint state: running | locked | checkpointed,
-                               with size and sha256 once checkpointed
+                               with size and sha256 once checkpointed, and the GPU
+                               the process is bound to (``gpu``)
 
 and under the host dir (``TIMESLICE_SIM_HOST_DIR``, default ``<sim dir>/host``):
 
@@ -19,9 +21,12 @@ and under the host dir (``TIMESLICE_SIM_HOST_DIR``, default ``<sim dir>/host``):
 
 State and host copies are files, not agent memory, so an agent restart never
 forgets a snapshotted process (as the real driver keeps its host copy in the
-process itself). Capacity comes from ``TIMESLICE_SIM_CAPACITY_BYTES`` (default
-``DEFAULT_CAPACITY``) when the ledger is first created, or from whoever passes
-``capacity_bytes`` explicitly (the agent, a test harness).
+process itself). Capacity *per GPU* comes from ``TIMESLICE_SIM_CAPACITY_BYTES``
+(default ``DEFAULT_CAPACITY``) and the number of GPUs from ``TIMESLICE_SIM_GPUS``
+(default 1) when the ledger is first created, or from whoever passes them
+explicitly (the agent, a test harness). GPU ``k`` is named ``sim<k>`` (its
+"UUID"); a worker binds to one GPU when it registers (``TIMESLICE_SIM_GPU`` or
+``gpu=``, as a real worker picks its device) and holds all its bytes there.
 """
 from __future__ import annotations
 
@@ -37,8 +42,16 @@ from nodeagent.sim.ledger import Ledger
 ENV_SIM_DIR = "TIMESLICE_SIM_DIR"
 ENV_SIM_HOST_DIR = "TIMESLICE_SIM_HOST_DIR"
 ENV_SIM_CAPACITY = "TIMESLICE_SIM_CAPACITY_BYTES"
+ENV_SIM_GPUS = "TIMESLICE_SIM_GPUS"
+ENV_SIM_GPU = "TIMESLICE_SIM_GPU"          # worker side: the GPU this process binds to
 DEFAULT_CAPACITY = 4 << 30
+MAX_GPUS = 64
 DEVICE_ID = "sim0"
+
+
+def device_id(gpu: int) -> str:
+    """The simulated GPU's id (its "UUID"): ``sim<index>``."""
+    return f"sim{gpu}"
 
 RUNNING, LOCKED, CHECKPOINTED = "running", "locked", "checkpointed"
 
@@ -56,7 +69,7 @@ class SimDevice:
     """Paths, ledger and per-pid state files of one simulated device."""
 
     def __init__(self, root: str | os.PathLike | None = None, host_dir: str | os.PathLike | None = None,
-                 capacity_bytes: int | None = None, proc_root: str = procfs.PROC_ROOT):
+                 capacity_bytes: int | None = None, proc_root: str = procfs.PROC_ROOT, gpus: int | None = None):
         self.root = Path(root) if root else default_sim_dir()
         env_host = os.environ.get(ENV_SIM_HOST_DIR)
         self.host_dir = Path(host_dir) if host_dir else (Path(env_host) if env_host else self.root / "host")
@@ -64,8 +77,13 @@ class SimDevice:
         self.root.mkdir(parents=True, exist_ok=True)
         self.host_dir.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(self.root)
-        env_cap = os.environ.get(ENV_SIM_CAPACITY)
-        self.capacity = self.ledger.ensure(capacity_bytes, int(env_cap) if env_cap else DEFAULT_CAPACITY)
+        env_cap, env_gpus = os.environ.get(ENV_SIM_CAPACITY), os.environ.get(ENV_SIM_GPUS)
+        default_gpus = int(env_gpus) if env_gpus else 1
+        for n in (gpus, default_gpus):
+            if n is not None and not 1 <= n <= MAX_GPUS:
+                raise ValueError(f"simulated GPU count must be 1..{MAX_GPUS}, got {n}")
+        self.capacity, self.gpus = self.ledger.ensure(capacity_bytes, int(env_cap) if env_cap else DEFAULT_CAPACITY,
+                                                      gpus, default_gpus)
 
     # -- paths ---------------------------------------------------------------
     def arena(self, pid: int) -> Path:
@@ -91,9 +109,12 @@ class SimDevice:
     def write_state(self, pid: int, doc: dict) -> None:
         atomic_write_json(self.state_path(pid), doc)
 
-    def register(self, pid: int) -> dict:
+    def register(self, pid: int, gpu: int = 0) -> dict:
+        gpus = self.ledger.layout()[1]
+        if not 0 <= gpu < gpus:
+            raise ValueError(f"simulated GPU {gpu} does not exist (this node has {gpus}: 0..{gpus - 1})")
         doc = {"pid": pid, "start_time": procfs.start_time(pid, self.proc_root),
-               "state": RUNNING, "bytes": 0, "sha256": None, "lost": False}
+               "state": RUNNING, "bytes": 0, "sha256": None, "lost": False, "gpu": gpu}
         self.devlock(pid).touch()
         self.write_state(pid, doc)
         return doc
@@ -126,20 +147,37 @@ class SimDevice:
     def held(self, pid: int) -> int:
         return self.ledger.snapshot()[1].get(pid, 0)
 
+    def gpu_of(self, pid: int) -> int:
+        doc = self.read_state(pid)
+        return int(doc.get("gpu", 0)) if doc else 0
+
+    def free_per_gpu(self) -> list[int]:
+        """Free bytes of each GPU (holdings of dead processes count as free, as on a driver)."""
+        cap, gpus, alloc = self.ledger.layout()
+        free = [cap] * gpus
+        for p, (g, v) in alloc.items():
+            if g < gpus and not self.is_dead(p):
+                free[g] -= v
+        return free
+
     def free(self) -> int:
-        cap, alloc = self.ledger.snapshot()
-        return cap - sum(v for p, v in alloc.items() if not self.is_dead(p))
+        """Free bytes over all GPUs."""
+        return sum(self.free_per_gpu())
 
 
 class SimMeter:
-    """``DeviceMeter`` over a simulated device (one device, ``sim0``)."""
+    """``DeviceMeter`` over the simulated devices (``sim0`` .. ``sim<N-1>``)."""
 
     def __init__(self, dev: SimDevice):
         self.dev = dev
 
     def usage(self, pid: int) -> dict[str, int] | None:
-        held = self.dev.held(pid)
-        return {DEVICE_ID: held} if held else {}
+        """Bytes on the process's GPU while it has a context there (running or locked,
+        even with nothing allocated); {} if it never registered or is checkpointed."""
+        doc = self.dev.read_state(pid)
+        if doc is None or doc["state"] == CHECKPOINTED:
+            return {}
+        return {device_id(int(doc.get("gpu", 0))): self.dev.held(pid)}
 
     def free(self) -> dict[str, int] | None:
-        return {DEVICE_ID: self.dev.free()}
+        return {device_id(g): n for g, n in enumerate(self.dev.free_per_gpu())}

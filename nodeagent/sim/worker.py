@@ -36,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-dir", default=None)
     ap.add_argument("--bytes", type=int, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gpu", type=int, default=None,
+                    help="simulated GPU to bind to (default: $TIMESLICE_SIM_GPU, else 0)")
     ap.add_argument("--step-ms", type=float, default=1.0, help="pause between compute steps")
     a = ap.parse_args(argv)
 
-    dev = SimDeviceClient.open(a.sim_dir)
+    dev = SimDeviceClient.open(a.sim_dir, a.gpu)
     dev.alloc(a.bytes)
     data = pattern(a.seed, a.bytes)
     with dev.compute() as mem:

@@ -47,16 +47,18 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_HINT_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
     device_bytes_hint: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ...) -> None: ...
+    attempt_seq: int
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
     __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
@@ -219,20 +221,24 @@ class Grant(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., granted_unix_ms: _Optional[int] = ...) -> None: ...
 
 class JobState(_message.Message):
-    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token")
+    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_MS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     bytes: int
     elapsed_ms: float
     error: str
     token: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+    since_unix_ms: int
+    device_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., device_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node", "agent_alive", "backend", "resident_jobs", "jobs", "device_free_bytes", "device_total_bytes")

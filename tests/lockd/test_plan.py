@@ -208,3 +208,180 @@ def test_index_knows_which_groups_serve_a_node_as_specs_come_and_go():
     assert idx.groups_on_node("n1") == [] and idx.groups_on_node("n3") == ["g1"]
     idx.apply([ev(DELETE, keys.spec("g2"))])
     assert idx.groups_on_node("n2") == []
+
+
+# --- per GPU (issue #13; #15 items 3 and 4) ---------------------------------------------------
+
+def agent4(free, job_gpus=None, job_bytes=None, total=80 * GB):
+    """An agent on a node with len(free) GPUs (uuid gpu<k>), as it reports per job and per GPU."""
+    gpus = [{"index": i, "uuid": f"gpu{i}", "total_bytes": total, "free_bytes": f} for i, f in enumerate(free)]
+    return kv("agent", R.AgentValue("n1", "sim", gpus=gpus, device_total_bytes=total * len(free),
+                                    device_free_bytes=sum(free), job_device_bytes=job_bytes or {},
+                                    job_gpus=job_gpus or {}))
+
+
+def group_gpus(queue, gpus, node="n1"):
+    gs = group(queue)
+    gs.spec = kv("spec", R.GroupSpec([{"node": node, "gpus": list(gpus)}]))
+    return gs
+
+
+def worker_on(job, pid, gpus=(), node="n1", nbytes=0):
+    return {(node, pid): kv("w", R.WorkerValue(pid, node, nbytes, gpus=list(gpus)))}
+
+
+def snap(job, gpu_bytes, total=None):
+    return kv(f"st/{job}", R.StatusValue(R.SNAPSHOTTED, job, device_bytes=total or sum(gpu_bytes.values()),
+                                         gpu_bytes=gpu_bytes))
+
+
+def test_one_gpu_full_three_empty_is_planned_per_gpu_not_by_the_node_sum():
+    # A fills GPU 0; GPUs 1-3 are empty: 240 GB free on the node, none on GPU 0.
+    jobs = {"A": JobState(session=kv("s", b"{}"), workers=worker_on("A", 1)),
+            "B": JobState(session=kv("s", b"{}"), workers=worker_on("B", 2))}
+    a_rep = {"A": {"gpu0": 80 * GB}}
+    # B was checkpointed from GPU 0: its restore lands there, so A must go first.
+    ns = NodeState(agent=agent4([0, 80 * GB, 80 * GB, 80 * GB], a_rep, {"A": 80 * GB}),
+                   statuses={"B": snap("B", {"gpu0": 30 * GB})})
+    g = group_gpus([("B", 9, 0)], [0, 1, 2, 3])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    # B was checkpointed from GPU 1: it fits beside A, nothing of A moves.
+    ns.statuses["B"] = snap("B", {"gpu1": 30 * GB})
+    assert P.plan_group(g, {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+
+
+def test_four_processes_one_per_gpu_need_room_on_each_of_their_gpus():
+    # B: 4 processes, one per GPU, 20 GB each, snapshotted; A: 70 GB on GPU 2 only.
+    jobs = {"A": JobState(workers=worker_on("A", 1)), "B": JobState(workers={
+        **worker_on("B", 10), **worker_on("B", 11), **worker_on("B", 12), **worker_on("B", 13)})}
+    ns = NodeState(agent=agent4([80 * GB, 80 * GB, 10 * GB, 80 * GB], {"A": {"gpu2": 70 * GB}}),
+                   statuses={"B": snap("B", {f"gpu{i}": 20 * GB for i in range(4)})})
+    assert P.plan_group(group_gpus([("B", 9, 0)], []), {"n1": ns}, jobs, 0) == [
+        P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+
+
+def test_groups_sharing_a_node_but_not_gpus_never_evict_each_other():
+    # #15 item 4: PX holds gA (GPU 0) and runs there; PY acquires gB (GPU 1, same node), no hint.
+    jobs = {"PX": JobState(session=kv("s", b"{}"), workers=worker_on("PX", 1, gpus=[0])),
+            "PY": JobState(session=kv("s", b"{}"), workers=worker_on("PY", 2, gpus=[1]))}
+    ns = NodeState(agent=agent4([40 * GB, 80 * GB], {"PX": {"gpu0": 40 * GB}, "PY": {"gpu1": 0}}))
+    held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [0]}])]}
+    acts = P.plan_group(group_gpus([("PY", 9, 0)], [1]), {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, []))
+    assert acts == [P.WriteGrant("PY", 9, 109, restored=False, elided=False, bytes_moved=0)]
+
+
+def test_a_holder_is_never_snapshotted_on_its_groups_devices_the_head_waits():
+    # PX holds gA (GPU 0) but also has a process on GPU 1, where PY (gB) must make room.
+    jobs = {"PX": JobState(session=kv("s", b"{}"), workers={**worker_on("PX", 1), **worker_on("PX", 3)}),
+            "PY": JobState(session=kv("s", b"{}"), workers=worker_on("PY", 2))}
+    ns = NodeState(agent=agent4([40 * GB, 10 * GB], {"PX": {"gpu0": 40 * GB, "gpu1": 70 * GB}}))
+    held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [0]}])]}
+    g = group_gpus([("PY", 9, 30 * GB)], [1])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == []
+    # Once PX yields gA it is an ordinary resident again.
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: []) == [
+        P.WriteIntent("n1", "PX", R.SNAPSHOT, 9, 0)]
+
+
+def test_a_worker_without_device_context_is_not_resident_and_never_blocks():
+    # #15 item 3: A registered a CPU-only pid (or registered before CUDA init): the agent looked
+    # at it and lists it with no device. Nothing to snapshot; B is granted at once.
+    ns = NodeState(agent=agent4([80 * GB], {"A": {}}, {"A": 0}))
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0) == [
+        P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
+    # Even after a snapshot intent was answered "ok, running" (the hang seen in #15).
+    ns.intents["A"] = intent("A", R.SNAPSHOT, 9, mod=20)
+    ns.statuses["A"] = status("A", R.RUNNING, R.OK, intent_rev=20, token=9)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0) == [
+        P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
+
+
+def test_a_job_the_agent_has_not_seen_yet_is_where_its_workers_say_else_everywhere():
+    ns = NodeState(agent=agent4([80 * GB, 80 * GB, 80 * GB]))
+    declared = {"A": JobState(workers=worker_on("A", 1, gpus=[2]))}
+    g = group_gpus([("B", 9, 0)], [0, 1])
+    assert P.plan_group(g, {"n1": ns}, declared, 0) == [
+        P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
+    unknown = {"A": JobState(workers=worker_on("A", 1))}
+    assert P.plan_group(g, {"n1": ns}, unknown, 0) == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+
+
+def test_a_snapshot_without_a_per_gpu_record_must_fit_on_every_gpu_it_may_use():
+    jobs = {"A": JobState(workers=worker_on("A", 1)), "B": JobState(workers=worker_on("B", 2))}
+    ns = NodeState(agent=agent4([5 * GB, 80 * GB], {"A": {"gpu0": 75 * GB}}),
+                   statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=30 * GB)})   # no gpu_bytes
+    assert P.plan_group(group_gpus([("B", 9, 0)], []), {"n1": ns}, jobs, 0) == [
+        P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+
+
+def test_index_knows_which_groups_a_job_holds():
+    from lockd.index import StateIndex
+    from tscore.etcd.watch import DELETE, PUT, WatchEvent
+    from tscore.keys import Keys
+
+    keys = Keys("/t/")
+    idx = StateIndex(keys)
+
+    def ev(kind, key, value=b""):
+        return WatchEvent(kind, rpc.KeyValue(key=key, value=value, create_revision=1, mod_revision=1), None)
+
+    spec = R.GroupSpec([{"node": "n1", "gpus": [0]}])
+    idx.apply([ev(PUT, keys.spec("gA"), spec.dump()), ev(PUT, keys.grant("gA"), R.GrantValue("PX", 5, 1).dump())])
+    assert idx.specs_held_by("PX") == [spec] and idx.specs_held_by("PY") == []
+    assert idx.specs_held_by("PX", released=("PX", "gA")) == []
+    idx.apply([ev(PUT, keys.grant("gA"), R.GrantValue("PY", 7, 1).dump())])
+    assert idx.specs_held_by("PX") == [] and idx.specs_held_by("PY") == [spec]
+    idx.apply([ev(DELETE, keys.grant("gA"))])
+    assert idx.specs_held_by("PY") == [] and idx.job_grants == {}
+
+
+def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
+    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY needs 40 GB: evicting A is enough.
+    jobs = {"PX": JobState(workers=worker_on("PX", 1)), "A": JobState(workers=worker_on("A", 2)),
+            "PY": JobState(workers=worker_on("PY", 3))}
+    ns = NodeState(agent=agent4([80 * GB, 10 * GB], {"PX": {"gpu1": 30 * GB}, "A": {"gpu1": 40 * GB}}))
+    held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [1]}])]}
+    g = group_gpus([("PY", 9, 40 * GB)], [1])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == [
+        P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
+    # 60 GB is more than A's 40 GB and the 10 GB free: nothing is parked, PY waits for PX.
+    g = group_gpus([("PY", 9, 60 * GB)], [1])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == []
+
+
+def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
+    from lockd.index import StateIndex
+    from lockd.scheduler import Scheduler
+    from tscore.etcd.watch import DELETE, PUT, WatchEvent
+    from tscore.keys import Keys
+
+    keys = Keys("/t/")
+    idx = StateIndex(keys)
+
+    def ev(kind, key, value=b""):
+        return WatchEvent(kind, rpc.KeyValue(key=key, value=value, create_revision=1, mod_revision=1), None)
+
+    touched = idx.apply([ev(PUT, keys.spec(g), R.GroupSpec([{"node": n, "gpus": [i]}]).dump())
+                         for g, n, i in (("gA", "n1", 0), ("gB", "n1", 1), ("gC", "n2", 0))])
+    touched |= idx.apply([ev(PUT, keys.grant("gA"), R.GrantValue("PX", 5, 1).dump())])
+    assert not any(kind == "released" for kind, _ in touched)
+    touched = idx.apply([ev(DELETE, keys.grant("gA"))])
+    assert ("released", "gA") in touched
+
+    sched = Scheduler(None, keys, idx, None, P.Policy(), None)
+    marked = []
+    sched._mark = marked.append
+    sched._blocked = {"gB", "gC"}
+    sched.on_touched({("released", "gA")})
+    assert marked == ["gB"]          # gB shares n1 with gA and waits; gC is on another node
+
+
+def test_a_snapshot_intent_says_how_much_room_is_needed():
+    """B needs 30 GB, 5 GB are free (less the margin): A is asked to free 25 GB, so a
+    cooperative A releases only that much (discard regions first). Unknown need: everything."""
+    jobs = workers("A", "B")
+    ns = NodeState(agent=agent(free=5 * GB), statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=30 * GB)})
+    [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert (a.job, a.op, a.need_bytes) == ("A", R.SNAPSHOT, 25 * GB)
+    [a] = P.plan_group(group([("B", 9, 0)]), {"n1": NodeState(agent=agent(free=70 * GB))}, workers("A"), 0)
+    assert a.need_bytes == 0

@@ -17,10 +17,11 @@ MiB = 1 << 20
 class Worker:
     """A simulated-GPU worker subprocess, driven line by line over stdin/stdout."""
 
-    def __init__(self, sim_dir: Path, nbytes: int, seed: int, step_ms: float = 1.0):
+    def __init__(self, sim_dir: Path, nbytes: int, seed: int, step_ms: float = 1.0, gpu: int | None = None):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "nodeagent.sim.worker", "--sim-dir", str(sim_dir),
-             "--bytes", str(nbytes), "--seed", str(seed), "--step-ms", str(step_ms)],
+             "--bytes", str(nbytes), "--seed", str(seed), "--step-ms", str(step_ms),
+             *(["--gpu", str(gpu)] if gpu is not None else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
         self.pid = self.proc.pid
         self.nbytes = nbytes

@@ -15,6 +15,7 @@ import socket
 from dataclasses import dataclass, field
 
 import grpc
+import tenacity
 from aetcd import Client as _AetcdClient
 from aetcd import rpc
 
@@ -25,6 +26,9 @@ from tscore.errors import ConfigError, EtcdError, EtcdUnavailable, OutcomeUnknow
 _CHANNEL_OPTIONS = (
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 3000),
+    # gRPC >= 1.6x times an unanswered ping out by this one (default 60 s), not the above:
+    # without it a paused member holds our calls for a minute.
+    ("grpc.http2.ping_timeout_ms", 3000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
@@ -37,7 +41,14 @@ class EtcdConfig:
     """How to reach etcd. Validated when constructed."""
 
     endpoints: tuple[str, ...] = ("127.0.0.1:2379",)
-    timeout: float = 5.0            # deadline of every unary call, seconds
+    timeout: float = 5.0            # overall deadline of every unary call, seconds
+    # Deadline of one attempt, seconds. While etcd elects a new raft leader a request
+    # to a member without one hangs (a write's proposal is dropped, a linearizable read
+    # waits for a leader) until the caller's deadline; etcd needs about one election
+    # timeout (1 s by default) to have a leader again. So: a read is re-sent after this
+    # long, within ``timeout``; a write that takes this long is reported as
+    # OutcomeUnknown at once, for its caller to read and retry (issue 17 §4).
+    attempt_timeout: float = 1.5
     username: str | None = None
     password: str | None = None
     ca_file: str | None = None      # TLS: CA bundle; setting it turns TLS on
@@ -52,8 +63,8 @@ class EtcdConfig:
             host, _, port = ep.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError(f"etcd endpoint {ep!r} is not host:port")
-        if self.timeout <= 0:
-            raise ConfigError("etcd call timeout must be > 0")
+        if self.timeout <= 0 or self.attempt_timeout <= 0:
+            raise ConfigError("etcd call timeouts must be > 0")
         if (self.username is None) != (self.password is None):
             raise ConfigError("etcd username and password go together")
         if (self.cert_file is None) != (self.key_file is None):
@@ -145,26 +156,51 @@ class EtcdClient(_AetcdClient):
         return tuple(self.metadata or ()) + (("hasleader", "true"),)
 
     # --- raw calls with our error mapping -------------------------------------
+    @property
+    def attempt_timeout(self) -> float:
+        return min(self.config.attempt_timeout, self._timeout)
+
     async def txn(self, compare, success=(), failure=(), *, timeout: float | None = None):
         """One etcd transaction; returns the raw TxnResponse.
 
         A deadline or unavailability *after* the request may have been sent is
         reported as OutcomeUnknown: the caller must read to learn what happened.
+        Without an explicit ``timeout`` a write waits ``attempt_timeout`` (it is
+        not re-sent: only its caller knows whether that is safe).
         """
         await self.connect()
         req = rpc.TxnRequest(compare=list(compare), success=list(success), failure=list(failure))
+        write = bool(success or failure)
+        t = timeout or (self.attempt_timeout if write else self._timeout)
         try:
-            return await self.kvstub.Txn(req, timeout=timeout or self._timeout, metadata=self.metadata)
+            return await self.kvstub.Txn(req, timeout=t, metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
-            raise map_error(e, write=bool(success or failure)) from e
+            raise map_error(e, write=write) from e
 
     async def range(self, request: rpc.RangeRequest, *, timeout: float | None = None):
-        """A linearizable Range; returns the raw RangeResponse."""
+        """A linearizable Range; returns the raw RangeResponse.
+
+        Idempotent, so an attempt that gets no answer within ``attempt_timeout``
+        (a member between raft leaders) is re-sent, with jittered backoff, until
+        ``timeout`` (default: the client's) has passed.
+        """
         await self.connect()
-        try:
-            return await self.kvstub.Range(request, timeout=timeout or self._timeout, metadata=self.metadata)
-        except grpc.aio.AioRpcError as e:
-            raise map_error(e, write=False) from e
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (timeout or self._timeout)
+
+        async def once():
+            left = deadline - loop.time()
+            try:
+                return await self.kvstub.Range(request, timeout=max(0.01, min(self.attempt_timeout, left)),
+                                               metadata=self.metadata)
+            except grpc.aio.AioRpcError as e:
+                raise map_error(e, write=False) from e
+
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(EtcdUnavailable),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+            stop=lambda _state: loop.time() >= deadline, reraise=True)
+        return await retrying(once)
 
     async def grant_lease(self, ttl: int) -> tuple[int, int]:
         """Grant a lease; returns (lease_id, granted_ttl)."""
@@ -176,26 +212,43 @@ class EtcdClient(_AetcdClient):
             raise map_error(e, write=False) from e
         return r.ID, r.TTL
 
-    async def keepalive_once(self, lease_id: int) -> int:
+    async def keepalive_once(self, lease_id: int, timeout: float | None = None) -> int:
         """Refresh a lease once; returns the TTL etcd reports (<= 0: the lease is gone)."""
         await self.connect()
 
         async def one() -> int:
-            call = self.leasestub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]),
-                                                 metadata=self.metadata)
+            # write/read, not a request iterator: grpc.aio runs an iterator in a task of
+            # its own that a cancelled call can leave pending ("Task was destroyed").
+            call = self.leasestub.LeaseKeepAlive(metadata=self.metadata)
             try:
-                async for reply in call:
-                    return reply.TTL
-                return 0
+                await call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+                reply = await call.read()
+                return 0 if reply is grpc.aio.EOF else reply.TTL
             finally:
                 call.cancel()
 
-        try:
-            return await asyncio.wait_for(one(), self._timeout)
-        except asyncio.TimeoutError as e:
-            raise EtcdUnavailable("lease keepalive timed out") from e
-        except grpc.aio.AioRpcError as e:
-            raise map_error(e, write=False) from e
+        async def attempt(t: float) -> int:
+            try:
+                return await asyncio.wait_for(one(), t)
+            except asyncio.TimeoutError as e:
+                raise EtcdUnavailable("lease keepalive timed out") from e
+            except grpc.aio.AioRpcError as e:
+                raise map_error(e, write=False) from e
+
+        if timeout is not None:
+            return await attempt(timeout)       # one attempt: the caller runs its own loop
+        # A renewal is idempotent: re-send short attempts until the client's deadline.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._timeout
+        retrying = tenacity.AsyncRetrying(
+            retry=tenacity.retry_if_exception_type(EtcdUnavailable),
+            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
+            stop=lambda _state: loop.time() >= deadline, reraise=True)
+
+        async def short() -> int:
+            return await attempt(max(0.01, min(self.attempt_timeout, deadline - loop.time())))
+
+        return await retrying(short)
 
     async def revoke(self, lease_id: int) -> None:
         """Revoke a lease; a lease that is already gone counts as revoked."""

@@ -70,15 +70,32 @@ class Election:
         return f"{self.session.lease_id:x}"
 
     async def campaign(self) -> Leadership:
-        """Become a candidate and block until leading. Cancellation withdraws."""
+        """Become a candidate and block until leading. Cancellation withdraws.
+
+        Raises SessionLost as soon as the session is lost while waiting (a
+        standby paused past its lease: its key is gone, and waiting on for the
+        predecessor would keep it out of the election until that one leaves);
+        the caller starts over with a new session and so rejoins at once.
+        """
         self.session.check()
         entry = await self.queue.enqueue(self.name, self.value, self.session.lease_id)
         self._entry = entry
+        turn = asyncio.ensure_future(self.queue.wait_turn(entry))
+        lost = asyncio.ensure_future(self.session.lost.wait())
         try:
-            held = await self.queue.wait_turn(entry)
+            await asyncio.wait({turn, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if not turn.done():
+                self.session.check()              # raises SessionLost
+            held = turn.result()
         except BaseException:
             await asyncio.shield(self.resign())
             raise
+        finally:
+            for t in (turn, lost):
+                if not t.done():
+                    t.cancel()
+            # Collect them, so a cancelled watch is never left "destroyed but pending".
+            await asyncio.gather(turn, lost, return_exceptions=True)
         return Leadership(held.key, held.token, self.session)
 
     async def resign(self) -> None:

@@ -15,6 +15,7 @@ import structlog
 from aetcd import rpc
 
 from tscore.errors import WatchCompacted
+from tscore.etcd.backoff import Backoff
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient
 from tscore.etcd.watch import Watch, WatchEvent
@@ -91,7 +92,7 @@ class Reflector:
         self._rev_waiters = still
 
     async def _run(self) -> None:
-        delay = 0.1
+        backoff = Backoff(0.05, 2.0)
         while True:
             try:
                 rev = await self._load()
@@ -106,7 +107,7 @@ class Reflector:
                                 self.kvs.pop(ev.kv.key, None)
                         self.revision = batch[-1].revision
                         self._notify(batch, False)
-                        delay = 0.1
+                        backoff.reset()
             except WatchCompacted as e:
                 self.resets += 1
                 log.info("reflector_resync", reason=str(e))
@@ -114,5 +115,4 @@ class Reflector:
                 raise
             except Exception as e:  # etcd unreachable at load time: keep trying
                 log.warning("reflector_retry", error=str(e))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await asyncio.sleep(backoff.next())

@@ -15,6 +15,7 @@ from typing import Callable
 import structlog
 
 from tscore.errors import EtcdError, SessionClosed, SessionLost
+from tscore.etcd.backoff import Backoff
 from tscore.etcd.client import EtcdClient
 from tscore.etcd.timing import SessionTiming
 
@@ -72,20 +73,29 @@ class Session:
 
     async def _keepalive(self) -> None:
         interval = self.timing.keepalive_interval
+        # One renewal may not use up the renew deadline: while etcd elects a new raft
+        # leader a keepalive hangs; cut it short and try again (jittered, sooner than
+        # the interval), so the lease is renewed about as soon as etcd can do it.
+        attempt = min(self.client.attempt_timeout, max(0.3, self.renew_deadline / 4))
+        backoff = Backoff(0.05, interval)
+        delay = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(delay)
             try:
-                ttl = await self.client.keepalive_once(self.lease_id)
+                ttl = await self.client.keepalive_once(self.lease_id, timeout=attempt)
             except EtcdError as e:
                 if time.monotonic() - self._last_renewed > self.renew_deadline:
                     self._mark_lost(f"could not renew for {self.renew_deadline:.1f}s: {e}")
                     return
                 log.warning("session_keepalive_failed", lease=f"{self.lease_id:x}", error=str(e))
+                delay = backoff.next()
                 continue
             if ttl <= 0:
                 self._mark_lost("lease expired or was revoked")
                 return
             self._last_renewed = time.monotonic()
+            backoff.reset()
+            delay = interval
 
     def _mark_lost(self, reason: str) -> None:
         if self.error is not None:

@@ -6,6 +6,13 @@ re-opens from exactly that revision, so no event is lost or repeated. If that
 revision has been compacted, the consumer gets ``WatchCompacted`` and must
 re-read state and start a new watch from the read's revision (``Reflector``
 in mirror.py does exactly that).
+
+The stream is driven with ``write``/``read`` on the call, not with a request
+iterator: grpc.aio consumes a request iterator in a task of its own, which a
+broken or cancelled stream left pending (``Task was destroyed but it is
+pending``) together with the iterator's async generator (``aclose():
+asynchronous generator is already running``) after every reconnect. Reconnects
+wait a jittered exponential backoff (backoff.py).
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import structlog
 from aetcd import rpc
 
 from tscore.errors import WatchCompacted
+from tscore.etcd.backoff import Backoff
 from tscore.etcd.client import EtcdClient
 from tscore.keys import prefix_range_end
 
@@ -60,9 +68,10 @@ class Watch:
         self.range_end = prefix_range_end(key) if prefix else b""
         self.prev_kv = prev_kv
         self.next_revision = start_revision
-        self._retry = (retry_delay, max_retry_delay)
+        self._backoff = Backoff(retry_delay, max_retry_delay)
         self._closed = False
         self._call = None
+        self._gen = None
         self.reconnects = 0
 
     def close(self) -> None:
@@ -75,9 +84,16 @@ class Watch:
 
     async def __aexit__(self, *exc) -> None:
         self.close()
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            try:
+                await gen.aclose()          # now, by its owner: never left to the garbage collector
+            except RuntimeError:
+                pass                        # iterated by another task, which ends it itself
 
     def __aiter__(self) -> AsyncIterator[list[WatchEvent]]:
-        return self._run()
+        self._gen = self._run()
+        return self._gen
 
     def _request(self) -> rpc.WatchRequest:
         create = rpc.WatchCreateRequest(key=self.key, start_revision=self.next_revision,
@@ -87,19 +103,16 @@ class Watch:
         return rpc.WatchRequest(create_request=create)
 
     async def _run(self) -> AsyncIterator[list[WatchEvent]]:
-        delay, max_delay = self._retry
         while not self._closed:
             await self.client.connect()
-            requests: asyncio.Queue = asyncio.Queue()
-            requests.put_nowait(self._request())
-
-            async def feed():
-                while True:
-                    yield await requests.get()
-
-            self._call = self.client.watchstub.Watch(feed(), metadata=self.client.watch_metadata())
+            call = self.client.watchstub.Watch(metadata=self.client.watch_metadata())
+            self._call = call
             try:
-                async for resp in self._call:
+                await call.write(self._request())
+                while True:
+                    resp = await call.read()
+                    if resp is grpc.aio.EOF:
+                        break
                     if resp.compact_revision:
                         raise WatchCompacted(resp.compact_revision)
                     if resp.canceled:
@@ -114,18 +127,18 @@ class Watch:
                     # A response carries whole revisions, so resuming after the
                     # last event's revision can neither skip nor repeat one.
                     self.next_revision = batch[-1].kv.mod_revision + 1
-                    delay = self._retry[0]
+                    self._backoff.reset()
                     yield batch
             except grpc.aio.AioRpcError as e:
-                if self._closed or e.code() == grpc.StatusCode.CANCELLED and self._closed:
+                if self._closed:
                     return
                 log.info("watch_reconnect", key=self.key.decode(errors="replace"),
                          from_revision=self.next_revision, error=e.code().name)
             finally:
-                self._call.cancel()
-                self._call = None
+                call.cancel()
+                if self._call is call:
+                    self._call = None
             if self._closed:
                 return
             self.reconnects += 1
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, max_delay)
+            await asyncio.sleep(self._backoff.next())

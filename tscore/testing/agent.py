@@ -31,6 +31,9 @@ class AgentProcess(ServerProcess):
         self.endpoints, self.prefix, self.node, self.backend = etcd_endpoints, prefix, node, backend
         self.sim_dir = str(sim_dir) if sim_dir else None
         self.state_dir = str(state_dir or os.path.join(logdir, f"agent-{node}-state"))
+        # The cooperative channel's socket lives with the test's files: agents of tests that run
+        # at once (same node names) must never share one.
+        self.socket = os.path.join(self.state_dir, "agent.sock")
         self.extra = list(extra or [])
         super().__init__(os.path.join(logdir, f"nodeagent-{node}.log"), env)
 
@@ -47,6 +50,8 @@ class AgentProcess(ServerProcess):
                 "--metrics-port", "-1", "--backend", self.backend, "--state-dir", self.state_dir]
         if self.sim_dir:
             argv += ["--sim-dir", self.sim_dir]
+        if "--channel-socket" not in self.extra:
+            argv += ["--channel-socket", self.socket]
         return argv + self.extra
 
 class SimWorker:

@@ -1,0 +1,86 @@
+"""Two checker rules about what the *server* did for a job (issue 17), over the history.
+
+They need events the clients cannot write themselves: ``grant_put`` / ``grant_end``
+(group, job, token), recorded by ``observer.py`` from an etcd watch on the grant
+keys, and ``session_lost`` (job, lease, lease_ttl_left), recorded by a library
+chaos client when its ``on_session_lost`` fires, with what etcd said of the lease
+at that moment (LeaseTimeToLive: seconds left, -1 when gone).
+
+ghost         Every grant the server wrote is returned to a live caller (a
+              ``granted`` event with the same group, job and token, of an acquire
+              the job asked *before* the grant was written), or released (grant key
+              deleted or replaced) within ``bound`` seconds. And no grant is written
+              for a job whose last acquire had already returned: that grant was made
+              for an attempt nobody waits for (a stale one, processed late), even if
+              the job's next acquire happens to find it. Otherwise the group is held
+              by a ghost, which blocks everyone else until the job's session ends.
+session-loss  No job is told its session is lost while etcd still gives its lease
+              more than ``SLACK_S`` to live. (A client that woke from a pause past
+              its TTL may declare the loss a moment before etcd expires the lease:
+              that is the slack; a false loss leaves most of a TTL.)
+
+Histories without those events (raw-gRPC chaos clients, no observer) are not judged
+by these rules.
+"""
+from __future__ import annotations
+
+#: Seconds of lease etcd may still report when a client rightly declares it lost.
+SLACK_S = 1
+
+
+def check_claims(events: list[dict], report, at, bound_s: float) -> None:
+    """Append ``[ghost]`` and ``[session-loss]`` violations to ``report``; ``events`` sorted by t."""
+    end_t = events[-1]["t"] if events else 0
+    bound = int(bound_s * 1e9)
+    # Each job's acquires per group: [req_t, outcome, token] (outcome None while open).
+    asks: dict[tuple, list[list]] = {}
+    for e in events:
+        key = (e.get("group"), e.get("job"))
+        if e["ev"] == "acquire_req":
+            asks.setdefault(key, []).append([e["t"], None, None])
+        elif e["ev"] in ("granted", "error", "abandoned") and asks.get(key) and asks[key][-1][1] is None:
+            asks[key][-1][1:] = [e["ev"], e.get("token")]
+    open_grants: dict[str, tuple[int, str, int]] = {}   # group -> (put t, job, token)
+    judged: list[tuple[str, int, str, int, int | None]] = []
+
+    def close(group: str, t_end: int | None) -> None:
+        put = open_grants.pop(group, None)
+        if put is not None:
+            judged.append((group, *put, t_end))
+
+    for e in events:
+        ev, group = e["ev"], e.get("group")
+        if ev == "grant_put":
+            cur = open_grants.get(group)
+            if cur is not None and cur[2] == e.get("token"):
+                continue                                # the same grant rewritten: keeps its start
+            close(group, e["t"])
+            open_grants[group] = (e["t"], e.get("job"), e.get("token"))
+        elif ev == "grant_end":
+            close(group, e["t"])
+        elif ev == "session_lost":
+            left = e.get("lease_ttl_left")
+            if left is not None and left > SLACK_S:
+                report.violations.append(
+                    f"[session-loss] {e.get('job')}: told at {at(e['t'])} that its session (lease "
+                    f"{e.get('lease')}) was lost while etcd gave the lease {left}s more to live")
+    for group in list(open_grants):
+        close(group, None)
+    for group, t, job, token, t_end in judged:
+        before = [a for a in asks.get((group, job), ()) if a[0] <= t]
+        if any(a[1] == "granted" and a[2] == token for a in before):
+            continue                                    # returned to the call that asked for it
+        if before and before[-1][1] == "granted":
+            report.violations.append(
+                f"[ghost] {group}: grant of token {token} to {job} written at {at(t)}, after the job's "
+                f"last acquire (asked at {at(before[-1][0])}) had returned token {before[-1][2]}: "
+                "made for an attempt nobody waits for")
+            continue
+        if t_end is not None and t_end - t <= bound:
+            continue
+        if t_end is None and end_t - t <= bound:
+            continue                                    # the history ended too soon to tell
+        released = f"released at {at(t_end)}" if t_end is not None else "never released"
+        report.violations.append(
+            f"[ghost] {group}: grant of token {token} to {job} at {at(t)} was returned to no live "
+            f"caller within {bound_s:g}s and {released}")

@@ -1,0 +1,96 @@
+"""The cross-group invariant, judged from etcd's own history: a holder is never parked.
+
+DESIGN.md §9: "A job that holds any group is never parked on that group's
+devices." Checked over etcd's revision order (a total order, no clocks): at
+the revision a ``snapshot`` intent for job J on node n is written, J must not
+hold a grant on a group whose spec names n on a GPU where J has registered
+workers (a worker without declared GPUs, or a spec entry without GPUs, counts
+as every GPU of the node: not knowing is not proof of innocence).
+
+Inputs are the put/delete events of the whole prefix in revision order
+(``etcd_history`` reads them with a watch from revision 1, so run it before
+any compaction). Pure function, no etcd needed to test it.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tscore.keys import Keys
+
+ALL = frozenset({-1})                  # "every GPU of the node"
+
+
+@dataclass(frozen=True)
+class Event:
+    revision: int
+    key: bytes
+    value: bytes | None                # None: deleted
+
+
+def _gpus(raw: list | None) -> frozenset[int]:
+    return frozenset(int(g) for g in raw) if raw else ALL
+
+
+def _meet(a: frozenset[int], b: frozenset[int]) -> bool:
+    return -1 in a or -1 in b or bool(a & b)
+
+
+def check_holders_not_parked(events: Iterable[Event], keys: Keys) -> list[str]:
+    """Violations as ``[parked-holder] ...`` lines (empty: the invariant held)."""
+    specs: dict[str, dict[str, frozenset[int]]] = {}     # group -> node -> GPUs
+    grants: dict[str, str] = {}                          # group -> holder
+    workers: dict[tuple[str, str, int], frozenset[int]] = {}   # (job, node, pid) -> GPUs
+    out: list[str] = []
+    for ev in sorted(events, key=lambda e: e.revision):
+        try:
+            parts = keys.parse(ev.key)
+        except ValueError:
+            continue
+        val = json.loads(ev.value) if ev.value else None
+        if parts[0] == "groups" and len(parts) == 3 and parts[2] == "spec":
+            if val is None:
+                specs.pop(parts[1], None)
+            else:
+                specs[parts[1]] = {n["node"]: _gpus(n.get("gpus")) for n in val.get("nodes", [])}
+        elif parts[0] == "groups" and len(parts) == 3 and parts[2] == "grant":
+            if val is None:
+                grants.pop(parts[1], None)
+            else:
+                grants[parts[1]] = val["job"]
+        elif parts[0] == "jobs" and len(parts) == 5 and parts[2] == "workers" and parts[4].isdigit():
+            k = (parts[1], parts[3], int(parts[4]))
+            if val is None:
+                workers.pop(k, None)
+            else:
+                workers[k] = _gpus(val.get("gpus"))
+        elif parts[0] == "nodes" and len(parts) == 4 and parts[2] == "intents" and val is not None:
+            if val.get("op") != "snapshot":
+                continue
+            job, node = parts[3], parts[1]
+            on = [g for (j, n, _), g in workers.items() if j == job and n == node] or [ALL]
+            for group, holder in grants.items():
+                where = specs.get(group, {}).get(node)
+                if holder == job and where is not None and any(_meet(where, g) for g in on):
+                    out.append(f"[parked-holder] revision {ev.revision}: snapshot of {job} on {node} "
+                               f"(for group {val.get('group')}, token {val.get('token')}) while it holds "
+                               f"{group} there")
+    return out
+
+
+async def etcd_history(client, keys: Keys, upto: int | None = None) -> list[Event]:
+    """Every put/delete under the prefix from revision 1 to ``upto`` (default: now)."""
+    from tscore.etcd import ops
+    from tscore.etcd.watch import Watch
+    if upto is None:
+        upto = (await client.range(ops.range_req(keys.prefix.encode(), prefix=True, count_only=True))
+                ).header.revision
+    out: list[Event] = []
+    async with Watch(client, keys.prefix.encode(), start_revision=1, prefix=True) as w:
+        async for batch in w:
+            for ev in batch:
+                out.append(Event(ev.revision, ev.kv.key, ev.kv.value if ev.is_put else None))
+            if batch and batch[-1].revision >= upto:
+                break
+    return [e for e in out if e.revision <= upto]

@@ -1,0 +1,78 @@
+"""Writes down what the server granted, for the checker's ghost rule (claims.py).
+
+A thread of the test process runs one resumable etcd watch (tscore's ``Watch``)
+on ``<prefix>groups/`` and records, for every group's ``grant`` key:
+
+    grant_put   group, job, token     the grant was written (or rewritten)
+    grant_end   group, job, token     it was deleted (yield, lease expiry, ...)
+
+Times are when the watch delivered the event, a few ms after etcd applied it; the
+checker's bound is seconds, so this does not matter. The watch starts from the
+revision read at start-up, so nothing between start-up and the first event is missed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+from chaos_tests.history import HistoryRecorder
+from tscore.etcd import EtcdClient, EtcdConfig, Watch, ops
+
+
+class GrantObserver:
+    def __init__(self, endpoints: str, prefix: str, history_dir: str):
+        self.endpoints, self.prefix = endpoints, prefix
+        self.rec = HistoryRecorder(history_dir, name="observer")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._main, daemon=True, name="grant-observer")
+
+    def start(self) -> GrantObserver:
+        self._thread.start()
+        if not self._ready.wait(30):
+            raise RuntimeError("grant observer did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._task is not None:
+            self._loop.call_soon_threadsafe(self._task.cancel)
+        self._thread.join(10)
+        self.rec.close()
+
+    def _main(self) -> None:
+        asyncio.run(self._run())
+
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        client = EtcdClient(EtcdConfig.parse(self.endpoints, timeout=5))
+        root = (self.prefix + "groups/").encode()
+        try:
+            r = await client.range(ops.range_req(root, prefix=True))
+            for kv in r.kvs:
+                self._note(kv.key, kv.value, True)
+            self._ready.set()
+            async with Watch(client, root, prefix=True, start_revision=r.header.revision + 1,
+                             prev_kv=True) as w:
+                async for batch in w:
+                    for ev in batch:
+                        raw = ev.kv.value if ev.is_put else (ev.prev_kv.value if ev.prev_kv else b"")
+                        self._note(ev.kv.key, raw, ev.is_put)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._ready.set()
+            await client.close()
+
+    def _note(self, key: bytes, raw: bytes, put: bool) -> None:
+        parts = key.decode(errors="replace")[len(self.prefix):].split("/")
+        if len(parts) != 3 or parts[2] != "grant":
+            return
+        try:
+            g = json.loads(raw) if raw else {}
+        except ValueError:
+            g = {}
+        self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=g.get("job"),
+                        token=g.get("token"))

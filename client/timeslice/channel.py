@@ -1,0 +1,104 @@
+"""The node-local channel between a cooperative worker and its node agent: where, and how framed.
+
+A cooperative worker (``timeslice.cooperative``) opens a Unix stream socket to
+the agent of its node when it registers; the agent later asks it, over that
+connection, to pause (release its device memory) or resume. The agent learns
+the worker's pid from the kernel (``SO_PEERCRED``), never from the worker, and
+the job from the session secret the worker presents, so no job can make the
+agent act on another job's process.
+
+Frames are a 4-byte big-endian length followed by that many bytes of UTF-8
+JSON (one object). Frames are bounded by ``MAX_FRAME``: a peer that sends a
+longer one is cut off. Messages (``type`` field):
+
+    worker -> agent   hello    {job, secret, device, gpus, tags: {tag: policy},
+                                region_bytes: {tag: n}, host_bytes, version}
+    agent  -> worker  welcome  {pid, node}        the pid the agent sees for this peer
+                      refused  {code, message}    then the agent closes
+    agent  -> worker  pause    {id, tags | null, token, deadline_ms}
+                      resume   {id, token, deadline_ms}
+                      ping     {id}
+    worker -> agent   state    {paused, host_bytes, region_bytes}   unasked, e.g. after prepin
+    worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms,
+                                tags, host_bytes, region_bytes, error, code}
+
+This module has no server-side dependency: the job imports it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+
+ENV_SOCKET = "TIMESLICE_AGENT_SOCKET"
+PROTOCOL_VERSION = 1
+MAX_FRAME = 64 << 10          # a hello with 32 tags is ~2 KiB; nothing legitimate comes near this
+_LEN = struct.Struct(">I")
+
+
+class ChannelError(Exception):
+    """The channel broke or a peer spoke out of protocol."""
+
+
+def default_socket_path(node: str) -> Path:
+    """Where the agent of ``node`` listens unless told otherwise (``$TIMESLICE_AGENT_SOCKET``).
+
+    ``/run/timeslice/agent-<node>.sock`` when running as root (the DaemonSet
+    mounts /run/timeslice from the host into the job's pods), otherwise a
+    per-user directory under the temp dir (the local launcher, a laptop).
+    """
+    env = os.environ.get(ENV_SOCKET)
+    if env:
+        return Path(env)
+    if os.geteuid() == 0:
+        return Path("/run/timeslice") / f"agent-{node}.sock"
+    base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                           f"timeslice-{os.geteuid()}")
+    return Path(base) / f"agent-{node}.sock"
+
+
+def encode(msg: dict) -> bytes:
+    body = json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
+    if len(body) > MAX_FRAME:
+        raise ChannelError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return _LEN.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """The body length a 4-byte header announces; ChannelError past ``MAX_FRAME``."""
+    (n,) = _LEN.unpack(header)
+    if n > MAX_FRAME:
+        raise ChannelError(f"peer announced a {n}-byte frame (limit {MAX_FRAME})")
+    return n
+
+
+def decode(body: bytes) -> dict:
+    try:
+        msg = json.loads(body)
+    except ValueError as e:
+        raise ChannelError(f"frame is not JSON: {e}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
+        raise ChannelError("frame is not an object with a string 'type'")
+    return msg
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ChannelError("the agent closed the channel")
+        buf += chunk
+    return bytes(buf)
+
+
+def send(sock: socket.socket, msg: dict) -> None:
+    """Blocking send of one frame (the worker side)."""
+    sock.sendall(encode(msg))
+
+
+def recv(sock: socket.socket) -> dict:
+    """Blocking receive of one frame (the worker side)."""
+    return decode(_recv_exact(sock, frame_length(_recv_exact(sock, _LEN.size))))

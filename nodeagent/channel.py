@@ -1,0 +1,244 @@
+"""The agent's end of the node-local channel to cooperative workers (``timeslice.channel``).
+
+A worker connects to a Unix socket and says hello with its job and session
+secret. Two facts decide whether it is accepted, and neither comes from what
+the worker says about itself:
+
+* its **pid** is the kernel's (``SO_PEERCRED``) in the agent's pid namespace
+  (the DaemonSet runs with hostPID), so a job cannot claim another's process;
+* its **job** is proven by the session secret, checked against the SHA-256
+  lockd stored in ``jobs/<job>/session`` (``authorize``).
+
+An accepted connection is kept per pid; the agent's requests (pause, resume)
+go out on it with an id and a deadline, answers come back as ``done`` frames.
+What a worker last said about itself (paused tags, sizes, host backup) is
+remembered after its connection drops, so a parked worker is never forgotten
+while it reconnects (e.g. after an agent restart, its hello says what it has
+paused). Everything read from a peer is bounded: frame size, hello fields,
+connections in total, requests in flight.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+
+from timeslice import channel as C
+from tscore.errors import InvalidIdError
+from tscore.ids import check_id
+
+log = structlog.get_logger("nodeagent.channel")
+
+HELLO_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 1024
+MAX_TAGS = 32
+_PEERCRED = struct.Struct("3i")
+
+# authorize(job, secret) -> None if the secret proves the job, else the reason it does not
+Authorize = Callable[[str, str], Awaitable[str | None]]
+
+
+@dataclass
+class WorkerInfo:
+    """What a cooperative worker told the agent, last time it spoke."""
+
+    pid: int
+    uid: int
+    job: str
+    device: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    region_bytes: dict[str, int] = field(default_factory=dict)
+    host_bytes: int = 0
+    paused: list[str] = field(default_factory=list)
+    connected: bool = True
+
+    def update(self, msg: dict) -> None:
+        if isinstance(msg.get("paused"), list):
+            self.paused = [str(t)[:64] for t in msg["paused"] if str(t) in self.tags]
+        if isinstance(msg.get("region_bytes"), dict):
+            self.region_bytes = {str(t): max(0, int(n)) for t, n in msg["region_bytes"].items()
+                                 if str(t) in self.tags and isinstance(n, int)}
+        if isinstance(msg.get("host_bytes"), int):
+            self.host_bytes = max(0, msg["host_bytes"])
+
+
+class WorkerConn:
+    def __init__(self, info: WorkerInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.info, self.reader, self.writer = info, reader, writer
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+
+    async def call(self, msg: dict, timeout: float) -> dict:
+        """Send a request and wait for its ``done`` (TimeoutError past ``timeout``)."""
+        rid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            self.writer.write(C.encode({**msg, "id": rid, "deadline_ms": int(timeout * 1000)}))
+            await self.writer.drain()
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pending.pop(rid, None)
+
+    def deliver(self, msg: dict) -> None:
+        fut = self._pending.get(msg.get("id"))  # type: ignore[arg-type]
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+        self.info.update(msg)
+
+    def fail_all(self, why: str) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(ConnectionError(why))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _read(reader: asyncio.StreamReader) -> dict:
+    n = C.frame_length(await reader.readexactly(4))
+    return C.decode(await reader.readexactly(n))
+
+
+def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
+    if msg.get("type") != "hello":
+        raise C.ChannelError("the first frame must be a hello")
+    job, secret, device = msg.get("job"), msg.get("secret"), msg.get("device", "")
+    check_id("job", job)
+    if not isinstance(secret, str) or not 0 < len(secret) <= 256:
+        raise C.ChannelError("hello needs the job's session secret")
+    if not isinstance(device, str) or len(device) > 128:
+        raise C.ChannelError("device must be a string of at most 128 characters")
+    tags = msg.get("tags")
+    if not isinstance(tags, dict) or not 0 < len(tags) <= MAX_TAGS:
+        raise C.ChannelError(f"hello needs 1..{MAX_TAGS} tags")
+    for t, p in tags.items():
+        check_id("tag", t)
+        if p not in ("offload", "discard"):
+            raise C.ChannelError(f"tag {t!r}: policy must be offload or discard")
+    return job, secret, device, dict(tags)
+
+
+class ChannelServer:
+    """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
+
+    def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+        self.path, self.node, self.authorize = Path(path), node, authorize
+        self.on_disconnect = on_disconnect
+        self._conns: dict[int, WorkerConn] = {}
+        self._infos: dict[int, WorkerInfo] = {}
+        self._server: asyncio.AbstractServer | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.unlink()               # a previous agent's socket: nobody listens on it any more
+        except FileNotFoundError:
+            pass
+        self._server = await asyncio.start_unix_server(self._on_conn, path=str(self.path),
+                                                       limit=C.MAX_FRAME + 8)
+        # Any local process may connect: who it is comes from SO_PEERCRED and the secret.
+        os.chmod(self.path, 0o666)
+        log.info("channel_listening", socket=str(self.path), node=self.node)
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for c in list(self._conns.values()):
+                c.fail_all("the agent is stopping")
+                c.close()
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+
+    def conn(self, pid: int) -> WorkerConn | None:
+        return self._conns.get(pid)
+
+    def info(self, pid: int) -> WorkerInfo | None:
+        return self._infos.get(pid)
+
+    def forget(self, pid: int) -> None:
+        """The process is gone: drop what it said."""
+        self._infos.pop(pid, None)
+        c = self._conns.pop(pid, None)
+        if c is not None:
+            c.close()
+
+    def pids(self) -> list[int]:
+        return sorted(self._infos)
+
+    async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              _PEERCRED.size))
+        except OSError:
+            writer.close()
+            return
+        if len(self._conns) >= MAX_CONNECTIONS:
+            await self._refuse(writer, "RESOURCE_EXHAUSTED", f"more than {MAX_CONNECTIONS} workers connected")
+            return
+        try:
+            hello = await asyncio.wait_for(_read(reader), HELLO_TIMEOUT_S)
+            job, secret, device, tags = _hello_fields(hello)
+        except (asyncio.TimeoutError, asyncio.IncompleteReadError, C.ChannelError, InvalidIdError, ValueError,
+                TypeError) as e:
+            await self._refuse(writer, "INVALID_ARGUMENT", f"bad hello: {str(e)[:200]}")
+            return
+        why = await self.authorize(job, secret)
+        if why:
+            log.warning("channel_refused", pid=pid, job=job, reason=why)
+            await self._refuse(writer, "PERMISSION_DENIED", why)
+            return
+        info = WorkerInfo(pid, uid, job, device, tags)
+        info.update(hello)
+        old = self._conns.pop(pid, None)
+        if old is not None:
+            old.fail_all("replaced by a new connection of the same process")
+            old.close()
+        conn = WorkerConn(info, reader, writer)
+        self._conns[pid], self._infos[pid] = conn, info
+        writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
+        await writer.drain()
+        log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
+                 host_bytes=info.host_bytes)
+        try:
+            while True:
+                msg = await _read(reader)
+                if msg.get("type") == "done":
+                    conn.deliver(msg)
+                elif msg.get("type") == "state":
+                    info.update(msg)            # e.g. the retained host backup, after prepin
+        except (asyncio.IncompleteReadError, ConnectionError, C.ChannelError, OSError) as e:
+            why = "closed" if isinstance(e, asyncio.IncompleteReadError) else str(e)[:200]
+        finally:
+            if self._conns.get(pid) is conn:
+                del self._conns[pid]
+                info.connected = False
+            conn.fail_all("the worker closed its channel")
+            conn.close()
+        log.info("channel_worker_disconnected", pid=pid, job=job, reason=why, paused=info.paused)
+        if self.on_disconnect is not None and not info.connected:
+            await self.on_disconnect(info)
+
+    @staticmethod
+    async def _refuse(writer: asyncio.StreamWriter, code: str, message: str) -> None:
+        try:
+            writer.write(C.encode({"type": "refused", "code": code, "message": message[:300]}))
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        writer.close()

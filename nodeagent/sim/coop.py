@@ -1,0 +1,158 @@
+"""SIMULATED GPU memory of a cooperative worker: tagged regions of real bytes on the simulated device.
+
+The stand-in for ``timeslice.torch_memory.TorchMemory`` on machines without a
+GPU (CI, the demo). It is a simulator and says so; the semantics that matter
+are kept:
+
+* each region holds real, seeded bytes; the process's holding on the node's
+  simulated device (the capacity ledger) is its "context" (a small arena,
+  like a CUDA context) plus every resident region, so capacity is enforced;
+* ``pause`` copies ``offload`` regions into a host backup that is *retained*
+  between swaps (allocated once, like torch-memory-saver's pinned backup with
+  ``retain_cpu_backup``), then releases the region; ``discard`` regions are
+  dropped; ``resume`` reserves the capacity again (DeviceOutOfMemory if it
+  does not fit), copies back and verifies the checksum; discard regions come
+  back zeroed;
+* a region must be touched only through ``compute(tag)``, which blocks while
+  the agent holds the process locked (the freeze after a pause) and raises if
+  the region is released — as a released torch-memory-saver page faults;
+* copies are paced to ``TIMESLICE_SIM_COOP_GBPS`` (default 50 GB/s, the
+  pinned PCIe figure of DESIGN.md §6; 0 = unthrottled).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+
+from nodeagent.backends.errors import IllegalState
+from nodeagent.sim.client import SimDeviceClient
+from nodeagent.sim.device import device_id
+
+ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
+DEFAULT_COOP_GBPS = 50.0
+DEFAULT_CONTEXT_BYTES = 1 << 20
+
+
+class SimCooperativeMemory:
+    """SIMULATOR. ``regions``: tag -> (bytes, "offload" | "discard")."""
+
+    def __init__(self, regions: Mapping[str, tuple[int, str]], sim_dir: str | os.PathLike | None = None,
+                 seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None,
+                 gpu: int | None = None):
+        self.tags = {t: pol for t, (_, pol) in regions.items()}
+        self._size = {t: int(n) for t, (n, _) in regions.items()}
+        raw = os.environ.get(ENV_COOP_GBPS)
+        self.bps = (gbps if gbps is not None else float(raw) if raw else DEFAULT_COOP_GBPS) * 1e9
+        self.context_bytes = context_bytes
+        self.dev = SimDeviceClient.open(sim_dir, gpu)
+        self.dev.alloc(context_bytes)                      # the "CUDA context": the process is on the device
+        self._dev: dict[str, bytearray | None] = {}
+        self._host: dict[str, bytearray] = {}               # retained host backups (offload regions)
+        self._sha: dict[str, str] = {}
+        rng = random.Random(seed)
+        for t, n in self._size.items():
+            self._dev[t] = bytearray(rng.randbytes(n))
+        self._account()
+        for t, buf in self._dev.items():
+            self._sha[t] = hashlib.sha256(buf).hexdigest()
+
+    # -- what the channel asks -------------------------------------------------------
+    def device_id(self) -> str:
+        return device_id(self.dev.gpu)
+
+    def region_bytes(self) -> dict[str, int]:
+        return dict(self._size)
+
+    def host_bytes(self) -> int:
+        return sum(len(b) for b in self._host.values())
+
+    def _account(self) -> None:
+        """Set this process's holding on the device: context + resident regions (raises if it does not fit)."""
+        total = self.context_bytes + sum(self._size[t] for t, b in self._dev.items() if b is not None)
+        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead, self.dev.gpu)
+
+    def _pace(self, nbytes: int, t0: float) -> None:
+        if self.bps > 0:
+            ahead = nbytes / self.bps - (time.monotonic() - t0)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def pause(self, tags: Sequence[str]) -> None:
+        for t in tags:
+            buf = self._dev.get(t)
+            if buf is None:
+                continue
+            t0 = time.monotonic()
+            if self.tags[t] == "offload":
+                host = self._host.get(t)
+                if host is None:                            # the first pause allocates the backup, once
+                    host = self._host[t] = bytearray(len(buf))
+                host[:] = buf
+                self._pace(len(buf), t0)
+            self._dev[t] = None
+            self._account()                                 # only now is the device memory released
+
+    def resume(self, tags: Sequence[str]) -> None:
+        for t in tags:
+            if self._dev.get(t) is not None:
+                continue
+            t0 = time.monotonic()
+            n = self._size[t]
+            self._dev[t] = bytearray(n)                     # provisional: reserve the room first
+            try:
+                self._account()
+            except Exception:
+                self._dev[t] = None
+                raise
+            if self.tags[t] == "offload":
+                self._dev[t][:] = self._host[t]             # type: ignore[index]
+                self._pace(n, t0)
+                got = hashlib.sha256(self._dev[t]).hexdigest()   # type: ignore[arg-type]
+                if got != self._sha[t]:
+                    raise IllegalState(f"simulated region {t!r} came back corrupted ({got} != {self._sha[t]})")
+            else:
+                self._sha[t] = hashlib.sha256(self._dev[t]).hexdigest()  # type: ignore[arg-type]
+
+    def prepin(self) -> None:
+        """Allocate the retained host backups now (the first pause would otherwise)."""
+        for t, pol in self.tags.items():
+            if pol == "offload" and t not in self._host:
+                self._host[t] = bytearray(self._size[t])
+
+    # -- what the job does -----------------------------------------------------------
+    @contextlib.contextmanager
+    def compute(self, tag: str, timeout_s: float | None = None) -> Iterator[memoryview]:
+        """A device operation on region ``tag``: blocks while the agent froze the process,
+        raises IllegalState if the region is released (a stray call outside a hold)."""
+        with self.dev._device(timeout_s):
+            buf = self._dev.get(tag)
+            if buf is None:
+                raise IllegalState(f"simulated device: region {tag!r} is released (touched outside a hold; "
+                                   "on a GPU this is a sticky illegal-address error)", pid=self.dev.pid)
+            view = memoryview(buf)
+            try:
+                yield view
+            finally:
+                view.release()
+
+    def checksum(self, tag: str, timeout_s: float | None = None) -> str:
+        with self.compute(tag, timeout_s) as mem:
+            return hashlib.sha256(mem).hexdigest()
+
+    def expected(self, tag: str) -> str:
+        """The checksum the region must have (offload: as filled; discard: as last recreated)."""
+        return self._sha[tag]
+
+    def write(self, tag: str, data: bytes, offset: int = 0) -> None:
+        """Change a region's bytes (inside a hold), keeping the expected checksum in step."""
+        with self.compute(tag) as mem:
+            mem[offset:offset + len(data)] = data
+            self._sha[tag] = hashlib.sha256(mem).hexdigest()
+
+    def close(self) -> None:
+        self._dev = {t: None for t in self._dev}
+        self.dev.close()

@@ -1,0 +1,224 @@
+"""The cooperative backend's protocol against a real agent (SIMULATED device) and real etcd.
+
+The test process itself is the cooperative worker: it opens the agent's Unix
+socket, the agent learns its pid from SO_PEERCRED and its job from the session
+secret (whose SHA-256 the test writes where lockd would). Intents are written
+as the leader writes them. What is checked: pause/resume through intents with
+bytes and states reported, fencing by token, the deadline, authentication, a
+registration that names another job's process, a worker that dies mid-pause.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from agenthelpers import MiB, NODE, answered, intent, put, status
+from nodeagent.sim.device import SimDevice
+from timeslice.channel import ChannelError
+from timeslice.cooperative import CallbackMemory, CooperativeWorker
+from tscore import records as R
+
+SECRET = "s3cret-of-the-cooperative-job"
+
+
+async def session(client, keys, job: str, secret: str = SECRET) -> None:
+    await put(client, keys.session(job), R.SessionValue(1, hashlib.sha256(secret.encode()).hexdigest()).dump())
+
+
+async def register(client, keys, job: str, pid: int, tags: dict) -> None:
+    val = R.WorkerValue(pid, NODE, 0, R.now_ms(), swap=R.SWAP_COOPERATIVE, tags=tags)
+    await put(client, keys.worker(job, NODE, pid), val.dump())
+
+
+class Recorder:
+    """A pause/resume pair that records its calls (and can be told to be slow or to fail)."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls: list[str] = []
+        self.delay = delay
+
+    def pause(self):
+        time.sleep(self.delay)
+        self.calls.append("pause")
+
+    def resume(self):
+        self.calls.append("resume")
+
+
+def worker(agent, job: str, rec: Recorder, nbytes: int = 3 * MiB, secret: str = SECRET) -> CooperativeWorker:
+    mem = CallbackMemory(rec.pause, rec.resume, nbytes, device="sim0", tag="weights")
+    return CooperativeWorker(job, secret, mem, NODE, agent.socket)
+
+
+async def test_pause_and_resume_through_intents(client, keys, agents):
+    agent = agents()
+    await session(client, keys, "coop-a")
+    rec = Recorder()
+    w = worker(agent, "coop-a", rec).start()
+    try:
+        assert w.pid == os.getpid()                    # the kernel's word, not ours
+        await register(client, keys, "coop-a", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-a", R.SNAPSHOT, token=5)
+        st = await answered(client, keys, NODE, "coop-a", rev)
+        assert (st.outcome, st.state, st.bytes, st.device_bytes) == (R.OK, R.SNAPSHOTTED, 3 * MiB, 3 * MiB)
+        assert rec.calls == ["pause"] and w.paused == ["weights"]
+        # An older token is fenced out before the worker is asked anything.
+        rev = await intent(client, keys, NODE, "coop-a", R.RESTORE, token=4)
+        st = await answered(client, keys, NODE, "coop-a", rev)
+        assert st.outcome == R.REFUSED and rec.calls == ["pause"]
+        rev = await intent(client, keys, NODE, "coop-a", R.RESTORE, token=6)
+        st = await answered(client, keys, NODE, "coop-a", rev)
+        assert (st.outcome, st.state, st.bytes) == (R.OK, R.RUNNING, 3 * MiB)
+        assert rec.calls == ["pause", "resume"] and w.paused == []
+    finally:
+        w.close()
+
+
+async def test_a_worker_past_its_deadline_fails_the_swap_and_loses_nothing(client, keys, agents):
+    agent = agents(extra=["--swap-deadline-s", "1"])
+    await session(client, keys, "coop-slow")
+    rec = Recorder(delay=3.0)
+    w = worker(agent, "coop-slow", rec).start()
+    try:
+        await register(client, keys, "coop-slow", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-slow", R.SNAPSHOT, token=7)
+        st = await answered(client, keys, NODE, "coop-slow", rev, timeout=20)
+        assert st.outcome == R.FAILED and "did not answer pause within" in st.error
+        # The late answer is believed: the job shows as snapshotted (its bytes are in its own backup).
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and (await status(client, keys, NODE, "coop-slow")).state != R.SNAPSHOTTED:
+            await agent_refresh_pause()
+        assert (await status(client, keys, NODE, "coop-slow")).state == R.SNAPSHOTTED
+        rev = await intent(client, keys, NODE, "coop-slow", R.RESTORE, token=8)
+        st = await answered(client, keys, NODE, "coop-slow", rev, timeout=20)
+        assert (st.outcome, st.state) == (R.OK, R.RUNNING) and rec.calls == ["pause", "resume"]
+    finally:
+        w.close()
+
+
+async def agent_refresh_pause():
+    import asyncio
+    await asyncio.sleep(0.2)
+
+
+async def test_the_channel_needs_the_jobs_secret(client, keys, agents):
+    agent = agents()
+    await session(client, keys, "coop-b")
+    with pytest.raises(ChannelError, match="PERMISSION_DENIED.*wrong session secret"):
+        worker(agent, "coop-b", Recorder(), secret="guessed").connect()
+    with pytest.raises(ChannelError, match="PERMISSION_DENIED.*no live session"):
+        worker(agent, "coop-nobody", Recorder()).connect()
+
+
+async def test_a_job_cannot_have_another_jobs_cooperative_process_paused(client, keys, agents):
+    """Mallory registers the victim's pid as her cooperative worker: the channel says the pid is
+    the victim's, so Mallory's snapshot fails and the victim is never asked anything."""
+    agent = agents()
+    await session(client, keys, "victim")
+    await session(client, keys, "mallory", "mallory-secret")
+    rec = Recorder()
+    w = worker(agent, "victim", rec).start()
+    try:
+        await register(client, keys, "mallory", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "mallory", R.SNAPSHOT, token=9)
+        st = await answered(client, keys, NODE, "mallory", rev)
+        assert st.outcome != R.OK and rec.calls == []
+    finally:
+        w.close()
+
+
+DYING = """
+import os, sys
+from timeslice.cooperative import CallbackMemory, CooperativeWorker
+w = CooperativeWorker(sys.argv[1], sys.argv[2], CallbackMemory(lambda: os._exit(3), lambda: None, 1 << 20,
+                      device="sim0"), sys.argv[3], sys.argv[4]).start()
+print(w.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_a_worker_that_dies_mid_pause_is_reported_gone(client, keys, agents):
+    agent = agents()
+    await session(client, keys, "coop-dies")
+    p = subprocess.Popen([sys.executable, "-c", DYING, "coop-dies", SECRET, NODE, agent.socket],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = p.stdout.readline()
+        while not line.strip().isdigit():          # the client library logs to stdout too
+            line = p.stdout.readline()
+        pid = int(line)
+        assert pid == p.pid
+        await register(client, keys, "coop-dies", pid, {"default": "offload"})
+        rev = await intent(client, keys, NODE, "coop-dies", R.SNAPSHOT, token=11)
+        st = await answered(client, keys, NODE, "coop-dies", rev, timeout=20)
+        assert p.wait(10) == 3
+        assert st.state == R.GONE and st.outcome in (R.PROCESS_GONE, R.FAILED)
+    finally:
+        p.kill()
+
+
+async def test_oversized_and_malformed_frames_are_cut_off(agents):
+    import socket
+    import struct
+    agent = agents()
+    for payload in (struct.pack(">I", 1 << 30), struct.pack(">I", 4) + b"nope"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(10)
+        s.connect(agent.socket)
+        s.sendall(payload)
+        data = s.recv(4096)
+        s.close()
+        assert b"refused" in data and b"INVALID_ARGUMENT" in data
+    # The agent still serves a well-formed worker afterwards.
+    assert agent.alive()
+
+
+async def test_an_agent_restart_while_a_worker_is_paused_forgets_nothing(client, keys, agents):
+    """The worker reconnects to the new agent and says what it has paused: the job stays
+    snapshotted (never reported running on released memory) and the next restore resumes it."""
+    agent = agents()
+    await session(client, keys, "coop-r")
+    rec = Recorder()
+    w = worker(agent, "coop-r", rec).start()
+    try:
+        await register(client, keys, "coop-r", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-r", R.SNAPSHOT, token=21)
+        assert (await answered(client, keys, NODE, "coop-r", rev)).state == R.SNAPSHOTTED
+        agent.kill()
+        agent2 = agents()                         # same node, state dir and socket path
+        assert agent2.socket == agent.socket
+        # (both agents log to one file: the reconnection is the event that carries the paused tags)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not agent2.events("channel_worker_connected", job="coop-r",
+                                                                  paused=["weights"]):
+            await agent_refresh_pause()
+        assert agent2.events("channel_worker_connected", job="coop-r", paused=["weights"])
+        assert (await status(client, keys, NODE, "coop-r")).state == R.SNAPSHOTTED
+        rev = await intent(client, keys, NODE, "coop-r", R.RESTORE, token=22)
+        st = await answered(client, keys, NODE, "coop-r", rev, timeout=20)
+        assert (st.outcome, st.state) == (R.OK, R.RUNNING) and rec.calls == ["pause", "resume"]
+    finally:
+        w.close()
+
+
+async def test_a_long_parked_job_is_said_once(client, keys, agents):
+    agent = agents(extra=["--parked-warn-s", "0.5", "--refresh-interval", "0.2"])
+    await session(client, keys, "coop-p")
+    w = worker(agent, "coop-p", Recorder()).start()
+    try:
+        await register(client, keys, "coop-p", w.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-p", R.SNAPSHOT, token=31)
+        await answered(client, keys, NODE, "coop-p", rev)
+        [ev] = agent.wait_events("job_parked_long", 1, timeout=10, job="coop-p")
+        assert ev["parked_s"] >= 0 and "must not touch the GPU" in ev["hint"]
+        await agent_refresh_pause()
+        await agent_refresh_pause()
+        assert len(agent.events("job_parked_long", job="coop-p")) == 1     # once per parking
+    finally:
+        w.close()

@@ -1,0 +1,165 @@
+"""End to end, cooperative: real lockd + agent + two job processes on the public client, whose
+memory is SimCooperativeMemory on a SIMULATED device too small for both.
+
+Each handover pauses the resident job through its own channel: the offload region is copied to
+its retained host backup and comes back bit-exact, the discard region is dropped (0 bytes moved)
+and comes back empty; a stray device call outside a hold fails loudly; a job killed while parked
+leaves nothing behind (no status, no device bytes) and the other job goes on.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from agenthelpers import MiB, NODE, status, wait_agent
+from nodeagent.sim.device import SimDevice
+from tscore import records as R
+from tscore.testing.lockd import LockdCluster
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(os.path.dirname(HERE), "scripts", "coop_job.py")
+WEIGHTS, KV = 4 * MiB, 2 * MiB
+FOOTPRINT = 1 * MiB + WEIGHTS + KV          # context + regions: two do not fit in 10 MiB
+
+
+class Job:
+    def __init__(self, target: str, job: str, sim_dir, sock: str, regions: str = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"):
+        self.p = subprocess.Popen([sys.executable, SCRIPT, target, job, NODE, str(sim_dir), sock, regions],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                  env={**os.environ, "TIMESLICE_NODE_NAME": NODE})
+        self.pid = self._read(60)["ready"]
+
+    def _read(self, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.p.stdout.readline()
+            if not line:
+                raise AssertionError(f"job process exited ({self.p.poll()})")
+            if line.startswith("{"):
+                return json.loads(line)
+        raise AssertionError("no answer from the job process")
+
+    def __call__(self, cmd: str, timeout: float = 90) -> dict:
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self._read(timeout)
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+            self.p.wait(10)
+
+
+async def wait_for(pred, timeout: float = 20.0, what: str = ""):
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = await pred()
+        if got:
+            return got
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_cooperative_handover_offload_discard_and_parked_exit(etcd, key_prefix, keys, client, agents,
+                                                                    sim_dir, tmp_path):
+    dev = SimDevice(sim_dir, capacity_bytes=10 * MiB)
+    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+    agent = agents()
+    jobs: list[Job] = []
+    try:
+        target = lockd.replicas[0].target
+        from timeslice import OrchestratorClient
+        with OrchestratorClient(target=target, job_id="admin") as admin:
+            admin.create_group("g", nodes=[NODE])
+        a = Job(target, "coop-a", sim_dir, agent.socket)
+        jobs.append(a)
+        ga = a(f"acquire g {FOOTPRINT}")
+        assert ga["ok"] and not ga["restored"], ga
+        assert a("write weights 0badcafe")["ok"]
+        assert a("yield g")["ok"]
+
+        b = Job(target, "coop-b", sim_dir, agent.socket)
+        jobs.append(b)
+        gb = b(f"acquire g {FOOTPRINT}")
+        assert gb["ok"], gb
+        # A was paused through its channel: its offload region was copied, its discard region dropped.
+        st = await status(client, keys, NODE, "coop-a")
+        assert (st.state, st.outcome, st.bytes) == (R.SNAPSHOTTED, R.OK, WEIGHTS)
+        sa = a("swaps")
+        assert sa["paused"] == ["weights", "kv"] or sorted(sa["paused"]) == ["kv", "weights"]
+        assert sa["host_bytes"] == WEIGHTS           # the retained backup: offload regions only
+        # A stray device call outside a hold fails loudly (as a released page faults on a GPU).
+        stray = a("touch weights 1")
+        assert not stray["ok"] and "released" in stray["error"]
+
+        assert b("yield g")["ok"]
+        ga2 = a(f"acquire g {FOOTPRINT}")
+        assert ga2["ok"] and ga2["restored"] and ga2["token"] > gb["token"], ga2
+        assert a("verify weights")["match"]           # bit-exact, including what A wrote
+        assert a("verify kv")["match"]                # recreated empty
+        assert a("yield g")["ok"]
+        gb2 = b(f"acquire g {FOOTPRINT}")
+        assert gb2["ok"] and gb2["restored"], gb2
+        assert b("verify weights")["match"]
+        assert b("yield g")["ok"]
+
+        # A is parked now. Kill it: nothing of it may stay behind, and B goes on.
+        assert (await status(client, keys, NODE, "coop-a")).state == R.SNAPSHOTTED
+        a.kill()
+
+        async def gone():
+            st = await status(client, keys, NODE, "coop-a")
+            return st is None or st.state == R.GONE
+        await wait_for(gone, 30, "the parked job's status cleared")
+        await wait_for(lambda: _async(a.pid not in dev.ledger.snapshot()[1]), 30, "its device bytes released")
+        gb3 = b(f"acquire g {FOOTPRINT}")
+        assert gb3["ok"] and b("verify weights")["match"]
+        assert b("yield g")["ok"]
+        assert b("quit")["ok"]
+    finally:
+        for j in jobs:
+            j.kill()
+        lockd.stop()
+
+
+async def _async(v):
+    return v
+
+
+async def test_only_what_the_incoming_job_needs_is_released(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
+    """A holds 7 MiB (context, 4 MiB weights, 2 MiB discardable kv) of an 8 MiB device; B needs 2 MiB.
+    The leader asks A to free only the shortfall: A drops its kv (nothing copied) and keeps its weights."""
+    SimDevice(sim_dir, capacity_bytes=8 * MiB)
+    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+    agent = agents()
+    jobs: list[Job] = []
+    try:
+        target = lockd.replicas[0].target
+        from timeslice import OrchestratorClient
+        with OrchestratorClient(target=target, job_id="admin") as admin:
+            admin.create_group("g", nodes=[NODE])
+        a = Job(target, "sel-a", sim_dir, agent.socket)
+        b = Job(target, "sel-b", sim_dir, agent.socket, regions=f"weights:{MiB}:offload")
+        jobs += [a, b]
+        assert a(f"acquire g {FOOTPRINT}")["ok"] and a("yield g")["ok"]
+        # The leader decides from the agent's report: let it show all of A (its context too).
+        await wait_agent(client, keys, NODE, lambda v: v.job_device_bytes.get("sel-a") == FOOTPRINT)
+        gb = b(f"acquire g {2 * MiB}")
+        assert gb["ok"] and gb["bytes_moved"] == 0, gb          # a discard region moves nothing
+        assert a("swaps")["paused"] == ["kv"]
+        st = await status(client, keys, NODE, "sel-a")
+        assert (st.state, st.bytes, st.device_bytes) == (R.SNAPSHOTTED, 0, KV)
+        assert b("verify weights")["match"] and b("yield g")["ok"]
+        ga = a(f"acquire g {FOOTPRINT}")
+        assert ga["ok"] and ga["restored"], ga
+        assert a("verify weights")["match"] and a("verify kv")["match"]
+        assert a("yield g")["ok"]
+    finally:
+        for j in jobs:
+            j.kill()
+        lockd.stop()

@@ -1,0 +1,67 @@
+"""A cooperative job in its own process, on the SIMULATED device: the public client + SimCooperativeMemory.
+
+argv: target job_id node sim_dir socket regions   (regions: "weights:4194304:offload,kv:2097152:discard")
+Then one command per line on stdin, one JSON line per answer on stdout:
+
+    acquire <group> [hint]   -> {"ok", "token", "restored", "bytes_moved", "elided"} or {"ok": false, "error"}
+    yield <group>            -> {"ok", "deferred"}
+    verify <tag>             -> {"ok", "match"}  the region's checksum against what it must be (inside a hold!)
+    write <tag> <hex>        -> {"ok"}           change the region's first bytes (inside a hold)
+    touch <tag>              -> {"ok": false, "error"} for a released region (a stray call outside a hold)
+    swaps                    -> {"ok", "swaps", "paused", "host_bytes"}
+    quit                     -> {"ok"} and exit 0
+It prints {"ready": pid} at start. Like a real job, it puts its memory on the device inside its
+first hold, and registers as a cooperative worker then.
+"""
+import json
+import sys
+
+from nodeagent.sim.coop import SimCooperativeMemory
+from timeslice import OrchestratorClient
+
+
+def say(**kw):
+    sys.stdout.write(json.dumps(kw) + "\n")
+    sys.stdout.flush()
+
+
+def main(target, job, node, sim_dir, sock, regions):
+    spec = {}
+    for part in regions.split(","):
+        tag, n, pol = part.split(":")
+        spec[tag] = (int(n), pol)
+    client = OrchestratorClient(target=target, job_id=job)
+    mem = worker = None
+    say(ready=__import__("os").getpid())
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        try:
+            if cmd == "acquire":
+                g = client.acquire(args[0], timeout=60, device_bytes_hint=int(args[1]) if len(args) > 1 else 0)
+                if mem is None:
+                    mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=0)
+                    worker = client.cooperate(mem, node=node, socket_path=sock)
+                say(ok=True, token=g.token, restored=g.restored, bytes_moved=g.bytes_moved, elided=g.elided)
+            elif cmd == "yield":
+                r = client.yield_(args[0])
+                say(ok=True, deferred=bool(getattr(r, "deferred_snapshot", False)))
+            elif cmd == "verify":
+                say(ok=True, match=mem.checksum(args[0], timeout_s=30) == mem.expected(args[0]))
+            elif cmd == "write":
+                mem.write(args[0], bytes.fromhex(args[1]))
+                say(ok=True)
+            elif cmd == "touch":
+                mem.checksum(args[0], timeout_s=float(args[1]) if len(args) > 1 else 2.0)
+                say(ok=True)
+            elif cmd == "swaps":
+                say(ok=True, swaps=worker.swaps, paused=worker.paused, host_bytes=mem.host_bytes())
+            elif cmd == "quit":
+                say(ok=True)
+                break
+        except Exception as e:  # noqa: BLE001 - the test reads the error
+            say(ok=False, error=f"{type(e).__name__}: {e}")
+    client.close()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:7])
