@@ -85,13 +85,35 @@ def _parse_endpoint(url: str) -> tuple[str, str, int, str]:
     return parts.scheme, parts.hostname, port, parts.path.rstrip("/")
 
 
+class _BackendMeter:
+    """A checkpoint ``Backend`` seen as a ``DeviceMeter`` (its device_usage / device_free)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def usage(self, pid: int):
+        return self.backend.device_usage(pid)
+
+    def free(self):
+        return self.backend.device_free()
+
+
+def as_meter(obj) -> DeviceMeter | None:
+    """A DeviceMeter (NVML, SimMeter), or a Backend's sizes; None: no verification."""
+    if obj is None or hasattr(obj, "usage"):
+        return obj
+    if hasattr(obj, "device_usage"):
+        return _BackendMeter(obj)
+    raise SwapConfigError(f"{type(obj).__name__} is neither a DeviceMeter nor a Backend")
+
+
 class AppEndpointSwapper(Swapper):
     """Shared HTTP, retry and verification logic; subclasses map pause/resume to calls."""
 
     kind = "app-endpoint"
 
     def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, *, proc_root: str = procfs.PROC_ROOT):
-        self.worker, self.meter, self.proc_root = worker, meter, proc_root
+        self.worker, self.meter, self.proc_root = worker, as_meter(meter), proc_root
         self.scheme, self.host, self.port, self.base = _parse_endpoint(worker.endpoint)
         self._paused = False
         self._released: int | None = None      # device bytes the last pause freed
@@ -318,8 +340,11 @@ class SglangSwapper(AppEndpointSwapper):
 SWAPPERS: dict[str, type[AppEndpointSwapper]] = {R.SWAP_VLLM: VllmSwapper, R.SWAP_SGLANG: SglangSwapper}
 
 
-def make_app_swapper(worker: R.WorkerValue, meter: DeviceMeter | None, **kw) -> Swapper:
-    """The swapper for a worker registered with swap "vllm" or "sglang"."""
+def make_app_swapper(worker: R.WorkerValue, meter, **kw) -> Swapper:
+    """The swapper for a worker registered with swap "vllm" or "sglang".
+
+    ``meter`` verifies the server's memory: a ``DeviceMeter`` (NVML, ``SimMeter``) or a
+    checkpoint ``Backend`` (its ``device_usage``); None turns verification off."""
     cls = SWAPPERS.get(worker.swap)
     if cls is None:
         raise SwapConfigError(f"no app-endpoint swapper for swap={worker.swap[:32]!r} "

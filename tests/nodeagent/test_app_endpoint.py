@@ -181,6 +181,13 @@ def test_resume_that_does_not_fit_is_refused_and_keeps_the_host_copy(servers, me
     assert srv.memory()["regions"]["weights"]["matches_fill"]
 
 
+def test_a_backend_serves_as_the_meter(servers, sim):
+    srv = servers("vllm", VLLM_REGIONS)
+    sw = make_app_swapper(worker(srv, "vllm"), sim)         # the agent passes its checkpoint backend
+    assert sw.pause(None, deadline_s=5).device_bytes == 12 * MiB
+    assert sw.resume(deadline_s=5).detail["verified"]
+
+
 @pytest.mark.parametrize("w, match", [
     (WorkerValue(pid=1, node="n", swap="checkpoint", endpoint="http://x:1"), "no app-endpoint swapper"),
     (WorkerValue(pid=1, node="n", swap="vllm", endpoint="ftp://x"), "http"),
