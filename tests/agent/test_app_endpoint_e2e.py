@@ -1,9 +1,9 @@
-"""A vLLM-registered sampler moved by lockd + the agent through its HTTP API, end to end
+"""A vLLM / SGLang sampler moved by lockd + the agent through its HTTP API, end to end
 (SIMULATED device and SIMULATED inference server; real etcd, lockd and agent processes).
 
 The sampler (41 MiB on a 64 MiB device) and a trainer (40 MiB) do not fit together:
-the trainer's acquire makes the agent put the server to sleep (``/sleep?level=1``, the
-weights to host memory), the trainer allocates in the room that made; when the sampler
+the trainer's acquire makes the agent put the server to sleep (vLLM ``/sleep?level=1``,
+SGLang ``/release_memory_occupation``; the weights to host memory), the trainer allocates in the room that made; when the sampler
 acquires again the trainer is checkpointed and the server woken, its weights bit-exact.
 """
 from __future__ import annotations
@@ -34,13 +34,14 @@ def cluster(tmp_path):
     c.stop(quiet=True)
 
 
-def test_vllm_sampler_sleeps_for_the_trainer_and_wakes_bit_exact(cluster):
-    srv = SimServer(Path(cluster.sim_dir), "vllm", ["weights=24MiB:offload", "kv_cache=16MiB:discard"])
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_sampler_sleeps_for_the_trainer_and_wakes_bit_exact(cluster, flavor):
+    srv = SimServer(Path(cluster.sim_dir), flavor, ["weights=24MiB:offload", "kv_cache=16MiB:discard"])
     try:
         with OrchestratorClient(cluster.target, job_id="sampler", timeout=30) as sampler, \
                 OrchestratorClient(cluster.target, job_id="trainer", timeout=30) as trainer:
             sampler.acquire("g", timeout=30, device_bytes_hint=41 * MiB)
-            sampler.register_worker(pid=srv.pid, node="n1", device_bytes=41 * MiB, swap="vllm",
+            sampler.register_worker(pid=srv.pid, node="n1", device_bytes=41 * MiB, swap=flavor,
                                     endpoint=srv.url, tags={"weights": "offload", "kv_cache": "discard"})
             sampler.yield_("g")
 
