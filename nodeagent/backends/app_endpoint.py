@@ -22,23 +22,23 @@ GPU, the simulated device in CI) that the worker's device memory actually went
 down (pause) or came back (resume): a server that answers 200 and keeps its
 memory is a failed swap (``SwapNotVerified``), never a silent success.
 
-Only the standard library's HTTP client is used. The worker's ``pid`` is the
+Only the standard library's HTTP client is used (``app_http``). The worker's ``pid`` is the
 process that holds the device memory (the meter reads it); ``endpoint`` is the
 server's base URL. Tested against ``nodeagent.sim.inference_server``, a
 simulator of the documented endpoints.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from collections.abc import Sequence
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import structlog
 import tenacity
 
 from nodeagent.backends import procfs
+from nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
 from nodeagent.backends.base import DeviceMeter
 from nodeagent.backends.errors import BackendError, ProcessGone
 from nodeagent.backends.swapper import (
@@ -46,65 +46,17 @@ from nodeagent.backends.swapper import (
     SwapRefused,
     SwapReport,
     SwapState,
-    SwapTimeout,
 )
 from tscore import records as R
 
 log = structlog.get_logger("nodeagent.backends.app_endpoint")
 
-TRANSIENT_STATUS = frozenset({502, 503, 504})
-MAX_REPLY = 64 << 10          # the memory endpoints answer tiny JSON; bound what is read
 VERIFY_POLL_S = 0.01          # how often the meter is read while waiting for memory to move
 STATE_TIMEOUT_S = 2.0         # state() is a quick look, not a swap
 
 
-class SwapConfigError(BackendError):
-    """The worker's registration cannot be served by this swapper (bad URL, tags)."""
-
-    code = "INVALID_ARGUMENT"
-
-
 class SwapNotVerified(SwapRefused):
     """The server answered, but the meter did not see its device memory move."""
-
-
-class _Transient(Exception):
-    """A failure worth retrying (the server is restarting or overloaded)."""
-
-
-def _parse_endpoint(url: str) -> tuple[str, str, int, str]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SwapConfigError(f"endpoint must be an http(s) base URL, got {url[:80]!r}")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise SwapConfigError(f"endpoint must carry no credentials, query or fragment: {url[:80]!r}")
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as exc:
-        raise SwapConfigError(f"endpoint port invalid: {url[:80]!r}") from exc
-    return parts.scheme, parts.hostname, port, parts.path.rstrip("/")
-
-
-class _BackendMeter:
-    """A checkpoint ``Backend`` seen as a ``DeviceMeter`` (its device_usage / device_free)."""
-
-    def __init__(self, backend):
-        self.backend = backend
-
-    def usage(self, pid: int):
-        return self.backend.device_usage(pid)
-
-    def free(self):
-        return self.backend.device_free()
-
-
-def as_meter(obj) -> DeviceMeter | None:
-    """A DeviceMeter (NVML, SimMeter), or a Backend's sizes; None: no verification."""
-    if obj is None or hasattr(obj, "usage"):
-        return obj
-    if hasattr(obj, "device_usage"):
-        return _BackendMeter(obj)
-    raise SwapConfigError(f"{type(obj).__name__} is neither a DeviceMeter nor a Backend")
 
 
 class AppEndpointSwapper(Swapper):
@@ -114,63 +66,11 @@ class AppEndpointSwapper(Swapper):
 
     def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, *, proc_root: str = procfs.PROC_ROOT):
         self.worker, self.meter, self.proc_root = worker, as_meter(meter), proc_root
-        self.scheme, self.host, self.port, self.base = _parse_endpoint(worker.endpoint)
+        self.api = ServerApi(worker.endpoint, worker.pid, self.kind, proc_root)
         self._paused = False
         self._released: int | None = None      # device bytes the last pause freed
         self._before: int | None = None        # device bytes held before the last pause
         self._host_bytes = 0
-
-    # -- HTTP -------------------------------------------------------------------------
-    def _once(self, method: str, path: str, body: dict | None, timeout_s: float) -> tuple[int, bytes]:
-        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=max(0.05, timeout_s))
-        try:
-            data = None if body is None else json.dumps(body).encode()
-            headers = {"Content-Type": "application/json"} if data is not None else {}
-            conn.request(method, self.base + path, body=data, headers=headers)
-            resp = conn.getresponse()
-            raw = resp.read(MAX_REPLY)
-        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as exc:
-            raise _Transient(f"{type(exc).__name__}: {exc}") from exc
-        except TimeoutError as exc:   # socket.timeout is TimeoutError: not retried, the deadline is spent
-            raise SwapTimeout(f"{self.kind} {method} {path}: no answer in {timeout_s:.2f}s",
-                              pid=self.worker.pid) from exc
-        except OSError as exc:        # unreachable host, DNS: not a restart, fail now
-            raise SwapRefused(f"{self.kind} {method} {path}: {exc}", pid=self.worker.pid) from exc
-        finally:
-            conn.close()
-        if resp.status in TRANSIENT_STATUS:
-            raise _Transient(f"HTTP {resp.status}")
-        return resp.status, raw
-
-    def _call(self, method: str, path: str, body: dict | None, deadline: float) -> bytes:
-        """One call, retried on transient failures until ``deadline`` (monotonic)."""
-        retrying = tenacity.Retrying(
-            retry=tenacity.retry_if_exception_type(_Transient),
-            wait=tenacity.wait_random_exponential(multiplier=0.02, max=0.5),
-            stop=lambda rs: time.monotonic() + 0.02 >= deadline,
-            reraise=True)
-
-        def attempt() -> tuple[int, bytes]:
-            try:
-                return self._once(method, path, body, deadline - time.monotonic())
-            except _Transient as exc:
-                # A restart is worth waiting for; a dead worker is not: fail fast.
-                if not procfs.is_alive(self.worker.pid, self.proc_root):
-                    raise ProcessGone(f"{self.kind} server of pid {self.worker.pid} is gone ({exc})",
-                                      pid=self.worker.pid) from exc
-                raise
-
-        try:
-            status, raw = retrying(attempt)
-        except _Transient as exc:
-            raise SwapTimeout(f"{self.kind} {method} {path}: still failing at the deadline ({exc})",
-                              pid=self.worker.pid) from exc
-        if status != 200:
-            hint = " (is the memory API enabled on the server?)" if status == 404 else ""
-            raise SwapRefused(f"{self.kind} {method} {path}: HTTP {status}{hint}: "
-                              f"{raw[:200].decode('utf-8', 'replace')}", pid=self.worker.pid)
-        return raw
 
     # -- verification --------------------------------------------------------------------
     def _held(self) -> int | None:
@@ -286,7 +186,7 @@ class VllmSwapper(AppEndpointSwapper):
 
     def state(self) -> SwapState:
         try:
-            raw = self._call("GET", "/is_sleeping", None, time.monotonic() + STATE_TIMEOUT_S)
+            raw = self.api.call("GET", "/is_sleeping", None, time.monotonic() + STATE_TIMEOUT_S)
             return SwapState.PAUSED if json.loads(raw).get("is_sleeping") else SwapState.RUNNING
         except ProcessGone:
             return SwapState.GONE
@@ -295,11 +195,11 @@ class VllmSwapper(AppEndpointSwapper):
 
     def _pause_call(self, tags, deadline):
         # Sleep acts on the whole engine: vLLM cannot release only some regions.
-        self._call("POST", "/sleep?" + urlencode({"level": self.level}), None, deadline)
+        self.api.call("POST", "/sleep?" + urlencode({"level": self.level}), None, deadline)
         return ["weights", "kv_cache"], self.level == 1
 
     def _resume_call(self, deadline):
-        self._call("POST", "/wake_up", None, deadline)
+        self.api.call("POST", "/wake_up", None, deadline)
 
 
 class SglangSwapper(AppEndpointSwapper):
@@ -314,7 +214,7 @@ class SglangSwapper(AppEndpointSwapper):
     def state(self) -> SwapState:
         # SGLang has no "is released" query: the server's health, and what we asked last.
         try:
-            self._call("GET", "/health", None, time.monotonic() + STATE_TIMEOUT_S)
+            self.api.call("GET", "/health", None, time.monotonic() + STATE_TIMEOUT_S)
         except ProcessGone:
             return SwapState.GONE
         except BackendError:
@@ -327,14 +227,14 @@ class SglangSwapper(AppEndpointSwapper):
         if tags is not None and registered:
             want = [t for t in want if t in self.worker.tags]
         body = {"tags": want} if want else {}
-        self._call("POST", "/release_memory_occupation", body, deadline)
+        self.api.call("POST", "/release_memory_occupation", body, deadline)
         self._tags = want or None
         policies = [self.worker.tags.get(t, R.TAG_DISCARD) for t in want]
         offloads = (not want) or R.TAG_OFFLOAD in policies
         return want, offloads
 
     def _resume_call(self, deadline):
-        self._call("POST", "/resume_memory_occupation", {"tags": self._tags} if self._tags else {}, deadline)
+        self.api.call("POST", "/resume_memory_occupation", {"tags": self._tags} if self._tags else {}, deadline)
 
 
 SWAPPERS: dict[str, type[AppEndpointSwapper]] = {R.SWAP_VLLM: VllmSwapper, R.SWAP_SGLANG: SglangSwapper}
@@ -350,3 +250,7 @@ def make_app_swapper(worker: R.WorkerValue, meter, **kw) -> Swapper:
         raise SwapConfigError(f"no app-endpoint swapper for swap={worker.swap[:32]!r} "
                               f"(one of {sorted(SWAPPERS)})")
     return cls(worker, meter, **kw)
+
+
+__all__ = ["AppEndpointSwapper", "SglangSwapper", "SwapConfigError", "SwapNotVerified", "VllmSwapper",
+           "make_app_swapper"]
