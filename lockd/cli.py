@@ -8,6 +8,7 @@ import sys
 
 from lockd import config as C
 from tscore import logs
+from tscore.version import __version__
 from tscore.errors import ConfigError
 
 
@@ -26,6 +27,7 @@ def _run(coro) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lockd", description="timeslice orchestrator replica")
+    p.add_argument("--version", action="version", version=f"lockd {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve the gRPC API; campaign for leadership")
     C.add_arguments(s)
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as e:
         print(f"lockd: invalid configuration: {e}", file=sys.stderr)
         return 2
-    logs.configure("lockd", cfg.log_level)
+    logs.configure("lockd", cfg.log_level, replica=cfg.replica_id)
     from lockd.server import serve
     try:
         _run(serve(cfg))

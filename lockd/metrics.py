@@ -1,20 +1,67 @@
 """Prometheus metrics of a lockd replica (documented in the README).
 
 Each replica has its own registry so several replicas can run in one process
-(tests, benchmarks); ``serve`` exposes it on --metrics-port.
+(tests, benchmarks); ``serve`` exposes it on --metrics-port. Naming follows
+``tscore.metrics_common``.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from collections.abc import Callable, Iterable
 
-_LAT = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from tscore.metrics_common import LATENCY_BUCKETS, add_common
+
+_LAT = LATENCY_BUCKETS
+
+
+class QueueDepth:
+    """``timeslice_queue_depth{group}``, exported only for groups that exist.
+
+    Set like a labelled gauge (``.labels(group).set(n)``); at scrape time the
+    groups that ``live_groups()`` no longer names are dropped, so deleted
+    groups leave no series behind (a Gauge would keep them for ever).
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self.values: dict[str, float] = {}
+        self.live_groups: Callable[[], Iterable[str]] | None = None
+        registry.register(self)
+
+    def labels(self, group: str) -> QueueDepth._Child:
+        return QueueDepth._Child(self, group)
+
+    class _Child:
+        def __init__(self, parent: QueueDepth, group: str):
+            self.parent, self.group = parent, group
+
+        def set(self, value: float) -> None:
+            self.parent.values[self.group] = float(value)
+
+    def remove(self, group: str) -> None:
+        self.values.pop(group, None)
+
+    def prune(self) -> None:
+        if self.live_groups is not None:
+            live = set(self.live_groups())
+            for g in [g for g in self.values if g not in live]:
+                del self.values[g]
+
+    def collect(self):
+        self.prune()
+        fam = GaugeMetricFamily("timeslice_queue_depth", "Jobs queued per group (holder included)",
+                                labels=["group"])
+        for g, v in sorted(self.values.items()):
+            fam.add_metric([g], v)
+        yield fam
 
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
-        self.queue_depth = Gauge("timeslice_queue_depth", "Jobs queued per group (holder included)",
-                                 ["group"], registry=r)
+        add_common(r, "lockd")
+        self.queue_depth = QueueDepth(r)
         self.acquire_wait = Histogram("timeslice_acquire_wait_seconds",
                                       "Acquire arrival to grant, as served by this replica",
                                       buckets=_LAT, registry=r)
@@ -25,8 +72,13 @@ class Metrics:
                                  buckets=_LAT, registry=r)
         self.swap = Histogram("timeslice_swap_seconds", "Leader: first intent of a swap to its grant",
                               buckets=_LAT, registry=r)
-        self.agent_op = Histogram("timeslice_agent_op_seconds", "Agent-reported snapshot/restore time",
-                                  ["op"], buckets=_LAT, registry=r)
+        # The swap split by phase: snapshot and restore as the agents reported them
+        # for intents this leader issued. (The agents export their own op times as
+        # timeslice_agent_op_seconds; this is the cluster-wide view, by phase.)
+        self.swap_phase = Histogram("timeslice_swap_phase_seconds",
+                                    "Leader: time of each swap phase (snapshot|restore) reported by agents",
+                                    ["phase"], buckets=_LAT, registry=r)
+        self.agent_op = self.swap_phase   # the name replica.py records with (phase = the op)
         self.grants = Counter("timeslice_grants_total", "Grants written by this replica as leader",
                               registry=r)
         self.swap_failures = Counter("timeslice_swap_failures_total",

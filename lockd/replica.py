@@ -32,6 +32,8 @@ class Replica:
         self.client = EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
+        # Deleted groups' queue_depth series go at the next scrape.
+        self.metrics.queue_depth.live_groups = lambda: list(self.index.groups)
         self.reflector = Reflector(self.client, self.keys.root())
         self.waiters = Waiters(self.keys)
         self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions)

@@ -14,6 +14,8 @@ from lockd.replica import Replica
 from lockd.servicer import LockdServicer
 from tsproto import lockd_pb2_grpc as pbg
 from tscore.auth import Authority, Gate, load_admin_token
+from tscore import logs
+from tscore.grpc_metrics import GrpcServerMetrics
 from tscore.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
@@ -44,7 +46,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
         log.warning("admin_calls_" + ("open" if authority.insecure else "disabled"),
                     why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
                                                        else "; CreateGroup/DeleteGroup are refused"))
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[Gate(authority, ADMIN_METHODS)])
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, ADMIN_METHODS)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -72,7 +74,7 @@ async def serve(config: LockdConfig, ready=None) -> None:
     log.info("serving", replica=config.replica_id, port=port, metrics_port=config.metrics_port,
              tls=bool(config.tls_cert))
     # Machine-readable line for launchers and tests that bind port 0.
-    print(f"LOCKD_READY port={port} replica={config.replica_id}", flush=True)
+    logs.ready("LOCKD_READY", port=port, replica=config.replica_id, metrics_port=config.metrics_port)
     if ready is not None:
         ready(port)
     stop = asyncio.Event()

@@ -8,11 +8,13 @@ import sys
 from nodeagent import config as C
 from nodeagent.backends.errors import BackendUnavailable
 from tscore import logs
+from tscore.version import __version__
 from tscore.errors import ConfigError, TimesliceError
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="nodeagent", description="timeslice node agent")
+    p.add_argument("--version", action="version", version=f"nodeagent {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="run snapshot/restore intents for this node; serve the direct API")
     C.add_arguments(s)
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     except TimesliceError as e:         # ConfigError, InvalidIdError (a bad --node)
         print(f"nodeagent: invalid configuration: {e}", file=sys.stderr)
         return 2
-    logs.configure("nodeagent", cfg.log_level)
+    logs.configure("nodeagent", cfg.log_level, node=cfg.node)
     from nodeagent.server import serve
     try:
         asyncio.run(serve(cfg))

@@ -21,6 +21,8 @@ from nodeagent.servicer import NodeAgentServicer
 from tscore.etcd import ops
 from tsproto import nodeagent_pb2_grpc as pbg
 from tscore.auth import Authority, Gate, load_admin_token
+from tscore import logs
+from tscore.grpc_metrics import GrpcServerMetrics
 from tscore.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
@@ -54,7 +56,7 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
     operations are refused (no token) and the port is plaintext.
     """
     authority = authority_of(cfg) if cfg is not None else Authority(None)
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[Gate(authority, ADMIN_METHODS)])
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[GrpcServerMetrics(agent.metrics.registry), Gate(authority, ADMIN_METHODS)])
     pbg.add_NodeAgentServicer_to_server(
         NodeAgentServicer(agent, operations or Operations(agent), authority), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
@@ -96,7 +98,8 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
              simulated=agent.backend.name == "sim", listen=cfg.listen, tls=bool(cfg.tls_cert),
              mutual_tls=bool(cfg.tls_client_ca))
     # Machine-readable line for launchers and tests that bind port 0.
-    print(f"NODEAGENT_READY port={port} node={cfg.node} backend={agent.backend.name}", flush=True)
+    logs.ready("NODEAGENT_READY", port=port, node=cfg.node, backend=agent.backend.name,
+               metrics_port=cfg.metrics_port)
     if ready is not None:
         ready(port)
     stop = asyncio.Event()

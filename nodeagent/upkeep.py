@@ -35,6 +35,13 @@ class Upkeep:
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
         self.force_put = False              # rewrite the key even if unchanged (new lease)
+        # Duty cycle per GPU, read at scrape time: NVML, or the simulated device's busy fraction.
+        if agent.backend.name == "sim":
+            from nodeagent.sim.utilization import SimUtilization
+            agent.metrics.duty.gpu_utilization = SimUtilization(agent.backend.dev.root).fraction
+        else:
+            from nodeagent.metrics import nvml_utilization
+            agent.metrics.duty.gpu_utilization = nvml_utilization
 
     async def pictures(self) -> dict[str, Picture]:
         a = self.agent
@@ -50,6 +57,7 @@ class Upkeep:
         pictures = pictures if pictures is not None else await self.pictures()
         running = {j: p for j, p in pictures.items() if p.state == R.RUNNING}
         resident = {j: p.resident_bytes for j, p in running.items()}
+        a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
         # Per device, for the leader's per-GPU plan; a job listed with {} has no device
         # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
         where = {j: p.resident_devices for j, p in running.items()}

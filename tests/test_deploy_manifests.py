@@ -28,11 +28,11 @@ DEPLOY = ROOT / "deploy"
 
 # What the CLIs accept (each flag also as TIMESLICE_<FLAG>), from issue #6.
 LOCKD_FLAGS = (
-    "etcd-endpoints", "prefix", "listen", "metrics-port", "replica-id",
+    "etcd-endpoints", "prefix", "listen", "metrics-port", "metrics-host", "replica-id",
     "etcd-ca", "etcd-cert", "etcd-key", "tls-cert", "tls-key",
 )
 NODEAGENT_FLAGS = (
-    "node", "etcd-endpoints", "prefix", "listen", "metrics-port", "backend",
+    "node", "etcd-endpoints", "prefix", "listen", "metrics-port", "metrics-host", "backend",
     "etcd-ca", "etcd-cert", "etcd-key", "advertise", "state-dir",
 )
 ALLOWED_TIMESLICE_ENV = frozenset(
@@ -96,9 +96,14 @@ def is_kustomization(path: Path) -> bool:
     return path.name in ("kustomization.yaml", "kustomization.yml", "Kustomization")
 
 
+# Kustomize components hold patches (partial objects); they are checked rendered,
+# in tests/test_deploy_render.py.
+KUSTOMIZE_COMPONENTS = DEPLOY / "components"
+
+
 def manifest_files() -> list[Path]:
     files = sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
-    return [p for p in files if not is_kustomization(p)]
+    return [p for p in files if not is_kustomization(p) and KUSTOMIZE_COMPONENTS not in p.parents]
 
 
 def kustomization_files() -> list[Path]:
@@ -551,9 +556,10 @@ def check_nodeagent(w: Doc, docs: list[Doc]) -> list[str]:
     caps = set(str(env.get("NVIDIA_DRIVER_CAPABILITIES", {}).get("value", "")).split(","))
     if not {"compute", "utility"} <= caps:
         out.append(f"{w.id}: NVIDIA_DRIVER_CAPABILITIES must include compute,utility (driver + NVML)")
-    proc_vols = {v["name"] for v in ps.get("volumes") or [] if (v.get("hostPath") or {}).get("path") == "/proc"}
-    if not any(m.get("name") in proc_vols and m.get("readOnly") is True for m in c.get("volumeMounts") or []):
-        out.append(f"{w.id}: host /proc must be mounted read-only")
+    # Least privilege (issue #15): hostPID already shows the jobs' pids; nothing
+    # reads a second procfs, so none is mounted.
+    if any((v.get("hostPath") or {}).get("path") == "/proc" for v in ps.get("volumes") or []):
+        out.append(f"{w.id}: host /proc is mounted but unused (hostPID already shows the pids)")
     if not ps.get("nodeSelector") and not ps.get("affinity"):
         out.append(f"{w.id}: no nodeSelector/affinity for GPU nodes")
     if not any(t.get("key") == "nvidia.com/gpu" for t in ps.get("tolerations") or []):
@@ -564,8 +570,10 @@ def check_nodeagent(w: Doc, docs: list[Doc]) -> list[str]:
     sa = ps.get("serviceAccountName")
     if not sa or not find(docs, "ServiceAccount", sa, w.namespace):
         out.append(f"{w.id}: serviceAccountName {sa!r} is no ServiceAccount")
-    elif not _may_read_pods(sa, w.namespace, docs):
-        out.append(f"{w.id}: ServiceAccount {sa} is not bound to a role that may get/list/watch pods")
+    elif _may_read_pods(sa, w.namespace, docs):
+        out.append(f"{w.id}: ServiceAccount {sa} may read pods, which the agent never does")
+    if ps.get("automountServiceAccountToken") is not False:
+        out.append(f"{w.id}: the agent calls no Kubernetes API: automountServiceAccountToken must be false")
     return out
 
 
@@ -747,7 +755,12 @@ def test_nodeagent_is_privileged_with_host_pid(doc_id):
     _no_problems(check_nodeagent, doc_id)
 
 
-@pytest.mark.parametrize("doc_id", _params(("ClusterRoleBinding", "RoleBinding")))
+def test_no_component_is_granted_kubernetes_api_access():
+    # Neither lockd nor the agent calls the Kubernetes API (issue #15: no unused RBAC).
+    assert of_kind(DOCS, "ClusterRoleBinding", "RoleBinding") == []
+
+
+@pytest.mark.parametrize("doc_id", [pytest.param(d.id, id=d.id) for d in of_kind(DOCS, "ClusterRoleBinding", "RoleBinding")])
 def test_rbac_binding_refers_to_defined_objects(doc_id):
     _no_problems(check_rbac_binding, doc_id)
 
@@ -828,6 +841,8 @@ def test_kustomize_renders(kpath: Path):
     kustomize = shutil.which("kustomize")
     if not (kubectl or kustomize):
         pytest.skip("neither kubectl nor kustomize is installed")
+    if _kustomization(kpath).get("kind") == "Component":
+        pytest.skip("a component renders only inside a kustomization (tests/test_deploy_render.py)")
     argv = [kubectl, "kustomize", str(kpath.parent)] if kubectl else [kustomize, "build", str(kpath.parent)]
     r = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -1034,6 +1049,16 @@ def _set_env(c, name, value):
     c["env"].append({"name": name, "value": value})
 
 
+def _pod_reader_rbac() -> list[Doc]:
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "timeslice-nodeagent"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]}
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "timeslice-nodeagent"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "timeslice-nodeagent"},
+               "subjects": [{"kind": "ServiceAccount", "name": "nodeagent", "namespace": "timeslice"}]}
+    return [Doc("rbac.yaml", 90, role), Doc("rbac.yaml", 91, binding)]
+
+
 def _etcd_env(docs):
     return _first_container(docs, "StatefulSet", "etcd")
 
@@ -1115,12 +1140,12 @@ MUTATIONS = [
      check_nodeagent, ("DaemonSet", "nodeagent")),
     ("nodeagent node name", lambda ds: _set_env(_first_container(ds, "DaemonSet", "nodeagent"), "TIMESLICE_NODE_NAME", "n"),
      check_nodeagent, ("DaemonSet", "nodeagent")),
-    ("nodeagent /proc writable", lambda ds: _first_container(ds, "DaemonSet", "nodeagent")["volumeMounts"][0].pop("readOnly"),
+    ("nodeagent mounts host /proc", lambda ds: pod_spec(_doc(ds, "DaemonSet", "nodeagent"))["volumes"].append(
+        {"name": "host-proc", "hostPath": {"path": "/proc"}}), check_nodeagent, ("DaemonSet", "nodeagent")),
+    ("nodeagent may read pods", lambda ds: ds.extend(_pod_reader_rbac()), check_nodeagent, ("DaemonSet", "nodeagent")),
+    ("nodeagent token mounted", lambda ds: pod_spec(_doc(ds, "DaemonSet", "nodeagent")).pop("automountServiceAccountToken"),
      check_nodeagent, ("DaemonSet", "nodeagent")),
-    ("nodeagent may not read pods", lambda ds: _doc(ds, "ClusterRole", "timeslice-nodeagent").body["rules"][0].update(verbs=["get"]),
-     check_nodeagent, ("DaemonSet", "nodeagent")),
-    ("binding to a missing role", lambda ds: _doc(ds, "ClusterRoleBinding", "timeslice-nodeagent").body["roleRef"].update(name="x"),
-     check_rbac_binding, ("ClusterRoleBinding", "timeslice-nodeagent")),
+
     ("registry host in image", lambda ds: _first_container(ds, "StatefulSet", "etcd").update(image="registry.example:5000/etcd:3.5.17"),
      check_images, ("StatefulSet", "etcd")),
     ("image tag differs from defaults", lambda ds: _first_container(ds, "Deployment", "lockd").update(image="timeslice:9.9"),
@@ -1142,6 +1167,14 @@ def test_check_catches(what, mutate, check, subject):
     assert check(_doc(docs, *subject), docs) == [], f"{check.__name__} must pass before the mutation"
     mutate(docs)
     assert check(_doc(docs, *subject), docs), f"{check.__name__} did not notice: {what}"
+
+
+def test_rbac_binding_check_catches():
+    docs = copy.deepcopy(DOCS) + _pod_reader_rbac()
+    binding = _doc(docs, "ClusterRoleBinding", "timeslice-nodeagent")
+    assert check_rbac_binding(binding, docs) == []
+    binding.body["roleRef"]["name"] = "x"
+    assert check_rbac_binding(binding, docs)
 
 
 def test_kustomize_check_catches(tmp_path):

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from tscore.errors import EtcdError
+from tscore.logs import parse_ready
 from tscore.etcd import EtcdClient, EtcdConfig, ops
 from tscore.testing.ports import free_port
 
@@ -106,8 +107,9 @@ def test_lockd_serves_tls_over_a_tls_etcd(tls_etcd, pki, tmp_path, proc_reaper):
     while not port:
         assert time.monotonic() < deadline, log_path.read_text()[-3000:]
         for line in log_path.read_text().splitlines():
-            if line.startswith("LOCKD_READY "):
-                port = int(dict(kv.split("=", 1) for kv in line.split()[1:])["port"])
+            ready = parse_ready(line, "LOCKD_READY")
+            if ready:
+                port = int(ready["port"])
         time.sleep(0.1)
     creds = grpc.ssl_channel_credentials(root_certificates=(pki / "ca.crt").read_bytes())
     with OrchestratorClient(f"127.0.0.1:{port}", job_id="tls-job", credentials=creds, timeout=10) as c:

@@ -115,5 +115,14 @@ def add_etcd_flags(p: argparse.ArgumentParser) -> None:
 def etcd_config(a: argparse.Namespace) -> EtcdConfig:
     return EtcdConfig.parse(
         a.etcd_endpoints, timeout=float(a.etcd_timeout), ca_file=a.etcd_ca, cert_file=a.etcd_cert,
-        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER),
-        password=os.environ.get(D.ENV_ETCD_PASSWORD))
+        key_file=a.etcd_key, username=os.environ.get(D.ENV_ETCD_USER), password=etcd_password())
+
+
+def etcd_password() -> str | None:
+    """TIMESLICE_ETCD_PASSWORD, or the contents of TIMESLICE_ETCD_PASSWORD_FILE (a node's own
+    secret file on Kubernetes: deploy/components/etcd-auth)."""
+    path = os.environ.get(D.ENV_ETCD_PASSWORD_FILE)
+    if path and D.ENV_ETCD_PASSWORD not in os.environ:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    return os.environ.get(D.ENV_ETCD_PASSWORD)

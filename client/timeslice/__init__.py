@@ -41,8 +41,10 @@ from timeslice.model import (
     Worker,
 )
 from timeslice.retry import RetryPolicy
+from tscore.version import __version__
 
 __all__ = [
+    "__version__",
     "AcquireTimeoutError",
     "AlreadyExistsError",
     "AsyncOrchestratorClient",

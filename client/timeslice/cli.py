@@ -17,16 +17,17 @@ Exit status: 0 ok, 1 an error from lockd or the client (message on stderr),
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib
-import os
 import json
+import os
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
 from timeslice.errors import TimesliceClientError
 from tscore.defaults import ENV_TARGET
+from tscore.version import __version__
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
 COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_up", "timeslice.cli_demo"]
@@ -41,13 +42,34 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     p.add_argument("--target", default=d(None),
                    help="lockd address(es), comma-separated (default: $TIMESLICE_TARGET, else 127.0.0.1:50051)")
     p.add_argument("--json", action="store_true", default=d(False), help="machine-readable JSON output")
-    p.add_argument("--timeout", type=float, default=d(15.0), help="deadline of each call, s (default 15)")
+    p.add_argument("--timeout", type=float, default=d(15.0), help="deadline of each call, s (default: 15)")
     return p
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option's default in its help line, unless it says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if (not action.option_strings or "default" in text.lower() or d is None or d is False
+                or d is argparse.SUPPRESS or d == [] or isinstance(action, argparse._VersionAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _all_parsers(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                yield from _all_parsers(child)
 
 
 def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timeslice", parents=[_common(False)],
                                      description="co-operative GPU time-slicing: groups, holders, queues")
+    parser.add_argument("--version", action="version", version=f"timeslice {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = _common(True)
     for name in (COMMAND_MODULES if modules is None else modules):
@@ -58,19 +80,9 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
                 continue          # an optional command module that is not installed
             raise
         mod.register(sub, common)
+    for p in _all_parsers(parser):
+        p.formatter_class = HelpFormatter
     return parser
-
-
-@functools.lru_cache(maxsize=1)
-def _local_cluster() -> dict | None:
-    """The state document of a local cluster started by ``timeslice up`` and still running, or None."""
-    try:
-        from timeslice.launcher.settings import load
-        from timeslice.launcher.state import find_running
-        found = find_running(load()[0].log_dir)
-    except Exception:                     # no launcher, no readable state: plain default
-        return None
-    return found[1] if found else None
 
 
 def default_target() -> str | None:
@@ -79,8 +91,8 @@ def default_target() -> str | None:
     it), else None (the client's own default)."""
     if os.environ.get(ENV_TARGET):
         return None                       # the client reads it itself
-    doc = _local_cluster()
-    return doc.get("target") if doc else None
+    found = running_local_cluster()
+    return found[1].get("target") if found else None
 
 
 def _use_local_admin_token() -> None:
@@ -88,16 +100,57 @@ def _use_local_admin_token() -> None:
     from timeslice.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE
     if os.environ.get(ENV_ADMIN_TOKEN) or os.environ.get(ENV_ADMIN_TOKEN_FILE):
         return
-    doc = _local_cluster()
+    found = running_local_cluster()
+    doc = found[1] if found else None
     if doc and doc.get("admin_token_file"):
         os.environ[ENV_ADMIN_TOKEN_FILE] = doc["admin_token_file"]    # this CLI process only
 
 
+def running_local_cluster():
+    """(state file, document) of a running ``timeslice up`` cluster, found from any directory
+    (the per-user pointers, then <LOG_DIR> of this directory), or None."""
+    try:
+        from timeslice.launcher.settings import load
+        from timeslice.launcher.state import find_running_anywhere
+        return find_running_anywhere(load()[0].log_dir)
+    except Exception:  # noqa: BLE001 - no launcher, no readable state: the plain default
+        return None
+
+
 def admin_client(args: argparse.Namespace):
-    """A client for admin/status calls (it opens no session, so needs no job id)."""
+    """A client for admin/status calls (it opens no session, so needs no job id).
+
+    Fails at once, naming the address, when every lockd target refuses the
+    connection: nothing listens there, so retrying for the whole --timeout
+    (as the library does for a replica that is failing over) only delays the answer.
+    """
     from timeslice.client import OrchestratorClient
     _use_local_admin_token()
-    return OrchestratorClient(args.target or default_target(), job_id=CLI_JOB_ID, timeout=args.timeout)
+    target = args.target or default_target()
+    fail_fast_if_refused(target)
+    return OrchestratorClient(target, job_id=CLI_JOB_ID, timeout=args.timeout)
+
+
+def fail_fast_if_refused(target: str | None, probe_timeout: float = 1.0) -> None:
+    """Raise ``UnavailableError`` naming the targets if each one refuses a TCP connection."""
+    from timeslice.config import parse_targets
+    from timeslice.errors import UnavailableError
+    targets = parse_targets(target or os.environ.get(ENV_TARGET) or None)
+    refused = []
+    for t in targets:
+        host, _, port = t.rpartition(":")
+        if not port.isdigit() or "://" in t or t.startswith(("unix:", "dns:", "ipv4:", "ipv6:")):
+            return                            # not a plain host:port: let the client deal with it
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=probe_timeout).close()
+            return                            # one answers: use the client as usual
+        except ConnectionRefusedError:
+            refused.append(t)
+        except OSError:
+            return                            # unreachable or slow, not refused: the client retries
+    raise UnavailableError(
+        f"cannot reach lockd at {', '.join(refused)} (connection refused); start a local cluster with "
+        f"`timeslice up --detach`, or point --target / ${ENV_TARGET} at a running lockd")
 
 
 def to_jsonable(data: Any) -> Any:

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
+import threading
 import time
 
 from timeslice import render
 from timeslice.cli import admin_client, emit, to_jsonable
+from timeslice.errors import TimesliceClientError
 from timeslice.model import NodeSpec
 
 
@@ -35,6 +38,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     w = sub.add_parser("watch", parents=[common], help="live view of a group, redrawn on every change")
     w.add_argument("group")
     w.add_argument("--count", type=int, default=0, metavar="N", help="exit after N updates (0: run until ^C)")
+    w.add_argument("--refresh", type=float, default=1.0, metavar="S",
+                   help="redraw every S seconds between updates, so ages stay current (not with --json)")
+    w.add_argument("--frames", type=int, default=0, metavar="N",
+                   help="exit after N screens, redraws included (0: no limit)")
     w.set_defaults(func=cmd_watch)
 
     j = sub.add_parser("jobs", parents=[common], help="jobs with a live session")
@@ -68,7 +75,18 @@ def cmd_groups(args) -> int:
 def cmd_group_create(args) -> int:
     with admin_client(args) as c:
         g = c.create_group(args.name, args.node)
-    emit(args, g, lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'})")
+        try:
+            alive = {n.node for n in c.status(g.group_id).node_status if n.agent_alive}
+        except TimesliceClientError:          # deleted in between: nothing to warn about
+            alive = None
+    lonely = [] if alive is None else [n.node for n in g.nodes if n.node not in alive]
+    warnings = [f"node {n!r} has no live node agent: jobs will wait on this group until an agent "
+                f"registers there (is the node name right? `timeslice status {g.group_id}` shows the agents)"
+                for n in lonely]
+    for w in warnings:
+        print(f"timeslice: warning: {w}", file=sys.stderr, flush=True)
+    emit(args, {**g.to_dict(), "warnings": warnings},
+         lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'})")
     return 0
 
 
@@ -88,21 +106,44 @@ def cmd_status(args) -> int:
 
 
 def cmd_watch(args) -> int:
+    """Redraw on every change, and every --refresh seconds in between (ages move on)."""
     tty = sys.stdout.isatty() and not args.json
-    n = 0
+    updates: queue.Queue = queue.Queue()
+    n = frames = 0
     with admin_client(args) as c:
-        for st in c.watch(args.group):
-            n += 1
+        def pump() -> None:                  # the blocking stream, in its own thread
+            try:
+                for st in c.watch(args.group):
+                    updates.put(("status", st))
+            except BaseException as e:       # noqa: BLE001 - handed to the main thread
+                updates.put(("error", e))
+            else:
+                updates.put(("end", None))
+        threading.Thread(target=pump, name="watch", daemon=True).start()
+        last = None
+        while True:
+            wait = None if (args.json or last is None or args.refresh <= 0) else args.refresh
+            try:
+                kind, value = updates.get(timeout=wait)
+            except queue.Empty:
+                kind, value = "redraw", last
+            if kind == "error":
+                raise value
+            if kind == "end":
+                break
+            if kind == "status":
+                n, last = n + 1, value
+            frames += 1
             if args.json:
-                print(json.dumps(to_jsonable(st), sort_keys=True), flush=True)   # JSON Lines
+                print(json.dumps(to_jsonable(last), sort_keys=True), flush=True)   # JSON Lines, changes only
             else:
                 head = f"{time.strftime('%H:%M:%S')}  update {n}  (^C to stop)"
                 if tty:
                     sys.stdout.write("\x1b[H\x1b[2J")                           # redraw in place
                 else:
                     head = f"--- {head}"
-                print(head + "\n" + render.status_text(st) + "\n", flush=True)
-            if args.count and n >= args.count:
+                print(head + "\n" + render.status_text(last) + "\n", flush=True)
+            if (args.count and n >= args.count and kind == "status") or (args.frames and frames >= args.frames):
                 break
     return 0
 

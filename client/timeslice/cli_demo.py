@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import json
 import signal
 import sys
 import time
@@ -56,7 +57,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
 def _pick_cluster(args, settings, out: Path, say) -> tuple[dict, LocalCluster | None]:
     """(cluster.json document, the cluster we started or None if we use a running one)."""
     if not args.fresh_cluster:
-        found = S.find_running(settings.log_dir)
+        found = S.find_running_anywhere(settings.log_dir)
         if found is not None:
             path, doc = found
             sim = doc.get("sim") or {}
@@ -109,8 +110,8 @@ def _torch_cuda() -> bool:
 def run(args: argparse.Namespace) -> int:
     from timeslice.demo.runner import Demo, DemoError, Plan, RunSpec, sim_runs
 
-    def say(msg: str) -> None:
-        print(msg, flush=True)
+    def say(msg: str) -> None:          # with --json, stdout carries only the final JSON object
+        print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     try:
         settings, _origin = settings_from_args(args)
@@ -179,6 +180,11 @@ def run(args: argparse.Namespace) -> int:
         say(f"demo took {time.monotonic() - t_all:.0f}s")
         say(f"timeline: {png}")
         bad = [fg.key for fg, _ in results if fg.overlaps or fg.bad_verifies or not fg.tokens_increasing]
+        if args.json:
+            summary_path = out / "summary.json"
+            doc_out = {"out": str(out), "timeline": str(png), "ok": not bad, "failed_checks": bad,
+                       "summary": json.loads(summary_path.read_text()) if summary_path.is_file() else None}
+            print(json.dumps(doc_out, sort_keys=True), flush=True)
         if bad:
             print(f"timeslice demo: correctness check failed in {', '.join(bad)}", file=sys.stderr)
             return 1
@@ -187,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old_term)
         if cluster is not None:
             if args.keep_cluster:
-                say(f"the demo's cluster keeps running: timeslice up --stop --logdir {cluster.run_dir}")
+                say(f"the demo's cluster keeps running: timeslice up --stop --run-dir {cluster.run_dir}")
             else:
                 say("stopping the demo's cluster")
                 cluster.stop(quiet=True)

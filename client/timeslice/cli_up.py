@@ -7,11 +7,16 @@
 
 Defaults come from deploy/local.env; every key there is a flag (LOCKD_REPLICAS
 = --lockd-replicas, alias --replicas). Logs, etcd data and cluster.json go to
-one folder, <LOG_DIR>/<timestamp>/ unless --logdir names another.
+one folder, <LOG_DIR>/<timestamp>/ unless --run-dir names another. Other
+commands find the running cluster from any directory (a pointer in the per-user
+state folder, see timeslice/launcher/state.py). While one runs, a second `up`
+refuses (use it, stop it, or pass --another). With --json, `up` prints one JSON
+object (the cluster's addresses, metrics ports, pids) instead of the text.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -61,11 +66,14 @@ def new_run_dir(log_dir: str, suffix: str = "") -> Path:
 def register(sub, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("up", parents=[common], help="start a local cluster (etcd, lockd x3, nodeagent)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--logdir", default=None,
-                   help="folder for this run's logs, data and cluster.json (default <LOG_DIR>/<timestamp>)")
+    p.add_argument("--run-dir", "--logdir", dest="logdir", default=None,
+                   help="folder for this run's logs, data and cluster.json (default: <LOG_DIR>/<timestamp>; "
+                        "--logdir is an older spelling; LOG_DIR / --log-dir is the parent of all runs)")
     p.add_argument("--detach", action="store_true", help="return once the cluster is up and leave it running")
     p.add_argument("--stop", action="store_true",
-                   help="stop a detached cluster: the one in --logdir, else the newest running one")
+                   help="stop a detached cluster: the one in --run-dir, else the running one")
+    p.add_argument("--another", action="store_true",
+                   help="start even though a local cluster is already running (a second, separate one)")
     p.add_argument("--node", default=None, help="the agent's node name (default $TIMESLICE_NODE_NAME, else host name)")
     p.add_argument("--group", default=DEFAULT_GROUP,
                    help=f"create this group over the local node (default {DEFAULT_GROUP!r}; '' for none)")
@@ -77,6 +85,8 @@ def summary(c: LocalCluster, took: float) -> str:
     lines = [f"timeslice local cluster is up ({took:.1f}s)", ""]
     lines.append(f"  etcd       {c.etcd_endpoints_str}  ({len(c.etcd)} member{'s' if len(c.etcd) > 1 else ''})")
     lines.append(f"  lockd      {c.target}  (leader {c.leader.get('replica')}, epoch {c.leader.get('epoch')})")
+    lines.append("  metrics    lockd " + ", ".join(f"127.0.0.1:{r.info.get('metrics_port')}" for r in c.lockd)
+                 + f"; nodeagent 127.0.0.1:{c.agent.info.get('metrics_port')}")
     agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{c.agent.info.get('port')}, backend {c.backend}"
     if c.backend == "sim":
         agent += f" = SIMULATED device, {_size(c.settings.sim_device_capacity_bytes)}"
@@ -89,6 +99,19 @@ def summary(c: LocalCluster, took: float) -> str:
     return "\n".join(lines)
 
 
+def describe(c: LocalCluster) -> dict:
+    """The --json view of a running cluster."""
+    doc = c.to_state()
+    keep = ("status", "run_dir", "target", "lockd_targets", "etcd_endpoints", "leader", "node", "group",
+            "backend", "metrics", "prefix", "etcdctl")
+    return {**{k: doc.get(k) for k in keep}, "state_file": str(c.state_path),
+            "pids": {f"{p['kind']} {p['name']}": p["pid"] for p in doc.get("processes", [])}}
+
+
+def _say_json(doc: dict) -> None:
+    print(json.dumps(doc, sort_keys=True), flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings, origin = settings_from_args(args)
@@ -97,9 +120,23 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.stop:
         return stop_detached(args, settings)
+    if not args.another:
+        running = S.find_running_anywhere(settings.log_dir)
+        if running is not None:
+            path, doc = running
+            msg = (f"a local cluster is already running (lockd {doc.get('target')}, run folder {path.parent}); "
+                   f"use it (export TIMESLICE_TARGET={doc.get('target')}), stop it (timeslice up --stop), "
+                   f"or start a separate one with --another")
+            if args.json:
+                _say_json({"error": msg, "running": {"target": doc.get("target"), "run_dir": str(path.parent),
+                                                     "state_file": str(path)}})
+            print(f"timeslice up: {msg}", file=sys.stderr)
+            return 1
     run_dir = Path(args.logdir) if args.logdir else new_run_dir(settings.log_dir)
-    progress = Progress()
-    print(f"timeslice up: starting a local cluster in {run_dir}/ (settings: {origin})", flush=True)
+    # With --json, stdout carries the one JSON object; progress goes to stderr.
+    progress = Progress(out=(lambda m: print(m, file=sys.stderr, flush=True)) if args.json else None)
+    print(f"timeslice up: starting a local cluster in {run_dir}/ (settings: {origin})",
+          file=sys.stderr if args.json else sys.stdout, flush=True)
     cluster = LocalCluster(settings, run_dir, node=args.node, group=args.group or None, progress=progress,
                            settings_origin=origin)
 
@@ -120,11 +157,17 @@ def run(args: argparse.Namespace) -> int:
         except LaunchError as e:
             print(f"timeslice up: could not start the cluster: {e}", file=sys.stderr)
             return 1
-        print("\n" + summary(cluster, time.monotonic() - t0), flush=True)
+        if args.json:
+            _say_json({**describe(cluster), "detached": bool(args.detach),
+                       "stop_with": f"timeslice up --stop --run-dir {run_dir}"})
+        else:
+            print("\n" + summary(cluster, time.monotonic() - t0), flush=True)
         if args.detach:
-            print(f"  detached; stop it with: timeslice up --stop --logdir {run_dir}", flush=True)
+            if not args.json:
+                print(f"  detached; stop it with: timeslice up --stop --run-dir {run_dir}", flush=True)
             return 0
-        print("  Ctrl-C stops the cluster (agent, then lockd, then etcd).", flush=True)
+        if not args.json:
+            print("  Ctrl-C stops the cluster (agent, then lockd, then etcd).", flush=True)
         reported: set[str] = set()
         while not stop_requested:
             for child in cluster.dead_children():
@@ -144,21 +187,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def stop_detached(args: argparse.Namespace, settings: Settings) -> int:
+    def fail(msg: str) -> int:
+        if args.json:
+            _say_json({"error": msg, "stopped": False})
+        print(f"timeslice up --stop: {msg}", file=sys.stderr)
+        return 1
+
     if args.logdir:
         path = Path(args.logdir) / S.STATE_FILE
         if not path.is_file():
-            print(f"timeslice up --stop: no {S.STATE_FILE} in {args.logdir}", file=sys.stderr)
-            return 1
+            return fail(f"no {S.STATE_FILE} in {args.logdir}")
         doc = S.read(path)
     else:
-        found = S.find_running(settings.log_dir)
+        found = S.find_running_anywhere(settings.log_dir)
         if found is None:
-            print(f"timeslice up --stop: no running cluster under {settings.log_dir}/", file=sys.stderr)
-            return 1
+            return fail(f"no running local cluster (none remembered in {S.user_dir()}, none under {settings.log_dir}/)")
         path, doc = found
-    print(f"timeslice up --stop: stopping the cluster of {path.parent}/", flush=True)
-    c = LocalCluster.from_state(doc, progress=Progress())
+    out = sys.stderr if args.json else sys.stdout
+    print(f"timeslice up --stop: stopping the cluster of {path.parent}/", file=out, flush=True)
+    c = LocalCluster.from_state(doc, progress=Progress(out=(lambda m: print(m, file=out, flush=True))))
     c.stop()
+    if args.json:
+        _say_json({"stopped": True, "run_dir": str(path.parent), "state_file": str(path)})
     return 0
 
 

@@ -73,6 +73,10 @@ class Nvml:
     def free_by_uuid(self) -> dict[str, int]:
         return {g.uuid: g.free_bytes for g in self.gpus()}
 
+    def utilization(self) -> dict[str, float]:
+        """GPU index -> fraction of the last sample period a kernel ran (NVML utilization.gpu / 100)."""
+        return {str(i): self._n.nvmlDeviceGetUtilizationRates(h).gpu / 100.0 for i, h in enumerate(self._handles())}
+
     def _procs(self, h):
         n = self._n
         # Compute contexts are what the checkpoint API moves; graphics contexts

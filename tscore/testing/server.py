@@ -13,6 +13,7 @@ import signal
 import subprocess
 import time
 
+from tscore.logs import parse_ready
 from tscore.testing.procs import signal_tree, terminate, track, untrack
 
 
@@ -68,9 +69,9 @@ class ServerProcess:
             with open(self.log_path, "rb") as f:
                 f.seek(self._log_start)
                 for line in f:
-                    if line.startswith(self.READY_TAG + b" "):
-                        fields = dict(kv.split(b"=", 1) for kv in line.split()[1:])
-                        return int(fields[b"port"])
+                    fields = parse_ready(line, self.READY_TAG.decode())
+                    if fields:
+                        return int(fields["port"])
         except FileNotFoundError:
             pass
         return 0

@@ -222,7 +222,8 @@ class LocalCluster:
         self.progress(f"lockd: leader is {self.leader['replica']} (epoch {self.leader['epoch']})")
         self.agent.wait_ready(_agent_ready, timeout, self._interrupted.is_set)
         why, _, passed = self.agent.info.get("why", "").partition(" (passed over: ")
-        self.progress(f"nodeagent {self.node}: ready at 127.0.0.1:{self.agent.info['port']}, "
+        self.progress(f"nodeagent {self.node}: ready at 127.0.0.1:{self.agent.info['port']} "
+                      f"(metrics :{self.agent.info['metrics_port']}), "
                       f"backend {self.backend}" + (f": {why}" if why else ""))
         if passed:
             self.progress(f"nodeagent: passed over {_clip(passed.rstrip(')'), 150)}")
@@ -325,6 +326,8 @@ class LocalCluster:
             "prefix": s.prefix, "node": self.node, "group": self.group,
             "target": self.target, "lockd_targets": self.lockd_targets,
             "etcd_endpoints": self.etcd_endpoints, "leader": self.leader,
+            "metrics": {"lockd": [f"127.0.0.1:{r.info.get('metrics_port')}" for r in self.lockd],
+                        "nodeagent": f"127.0.0.1:{self.agent.info.get('metrics_port')}" if self.agent else ""},
             "backend": self.backend, "backend_why": self.agent.info.get("why", "") if self.agent else "",
             "sim": {"dir": self.sim_dir, "capacity_bytes": s.sim_device_capacity_bytes,
                     "snapshot_bytes_per_s": s.sim_snapshot_bytes_per_s,
@@ -336,6 +339,7 @@ class LocalCluster:
 
     def write_state(self) -> None:
         S.write(self.state_path, self.to_state())
+        S.remember(self.state_path)          # found from any directory (timeslice status, up)
 
     def etcdctl_command(self) -> str:
         return f"ETCDCTL_API=3 etcdctl --endpoints {self.etcd_endpoints_str} get --prefix {self.settings.prefix}"
@@ -405,6 +409,7 @@ class LocalCluster:
                 doc = self.to_state()
                 doc["stopped_unix"] = time.time()
                 S.write(self.state_path, doc)
+            S.forget(self.state_path)
         say(f"stopped; logs are in {self.run_dir}")
 
 

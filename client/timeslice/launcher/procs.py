@@ -9,12 +9,15 @@ process that merely reuses the pid.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from tscore.logs import parse_ready
 
 
 def start_time(pid: int) -> int | None:
@@ -57,7 +60,11 @@ class Child:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.log_offset = log.tell()
-            log.write(f"----- {time.strftime('%Y-%m-%d %H:%M:%S')} start: {' '.join(self.argv)}\n".encode())
+            # One JSON line, like every other line of the log (lockd's, the agent's, etcd's).
+            ident = {"lockd": "replica", "nodeagent": "node"}.get(self.kind, "name")
+            log.write((json.dumps({"event": "launcher_spawned", "component": self.kind, ident: self.name,
+                                   "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                   "argv": self.argv}) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
@@ -155,11 +162,9 @@ def read_ready_line(path: str, tag: bytes, offset: int = 0) -> dict | None:
         with open(path, "rb") as f:
             f.seek(offset)
             for line in f:
-                if line.startswith(tag + b" "):
-                    found = line
+                fields = parse_ready(line, tag.decode())
+                if fields is not None:
+                    found = dict(fields)
     except FileNotFoundError:
         return None
-    if found is None:
-        return None
-    fields = dict(kv.split(b"=", 1) for kv in found.split()[1:] if b"=" in kv)
-    return {k.decode(): v.decode() for k, v in fields.items()}
+    return found

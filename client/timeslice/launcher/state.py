@@ -5,15 +5,22 @@ cluster) into the run's folder, atomically, once everything is ready; its
 ``status`` turns to ``stopped`` when the cluster stops. ``find_running``
 looks through ``<LOG_DIR>/*/cluster.json``, newest first, for a cluster whose
 processes are still alive and whose etcd answers.
+
+So that other commands find the cluster from any directory, ``remember``
+also leaves a pointer to the state file in a per-user folder
+(``$TIMESLICE_USER_STATE_DIR``, else ``$XDG_STATE_HOME/timeslice``, else
+``~/.local/state/timeslice``); ``find_running_anywhere`` looks there first.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 STATE_FILE = "cluster.json"
 VERSION = 1
+ENV_USER_STATE_DIR = "TIMESLICE_USER_STATE_DIR"
 
 
 def write(path: str | os.PathLike, doc: dict) -> None:
@@ -55,6 +62,76 @@ def is_running(doc: dict) -> bool:
 def find_running(log_dir: str | os.PathLike) -> tuple[Path, dict] | None:
     """(state file, its document) of the newest running cluster under ``log_dir``, or None."""
     for path in candidates(log_dir):
+        try:
+            doc = read(path)
+        except (OSError, ValueError):
+            continue
+        if is_running(doc):
+            return path, doc
+    return None
+
+
+# -- per-user pointers ----------------------------------------------------------------------------
+
+def user_dir() -> Path:
+    explicit = os.environ.get(ENV_USER_STATE_DIR)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "timeslice"
+
+
+def _pointer(state_path: Path) -> Path:
+    digest = hashlib.sha256(str(state_path).encode()).hexdigest()[:16]
+    return user_dir() / "clusters" / f"{digest}.path"
+
+
+def remember(state_path: str | os.PathLike) -> None:
+    """Leave a pointer to ``state_path`` in the per-user folder (best effort: never fails a start)."""
+    path = Path(state_path).absolute()
+    try:
+        ptr = _pointer(path)
+        ptr.parent.mkdir(parents=True, exist_ok=True)
+        tmp = ptr.with_suffix(".tmp")
+        tmp.write_text(str(path) + "\n")
+        os.replace(tmp, ptr)
+    except OSError:
+        pass
+
+
+def forget(state_path: str | os.PathLike) -> None:
+    try:
+        _pointer(Path(state_path).absolute()).unlink()
+    except OSError:
+        pass
+
+
+def remembered() -> list[Path]:
+    """State files the per-user folder points to, newest pointer first; dangling pointers are dropped."""
+    folder = user_dir() / "clusters"
+    if not folder.is_dir():
+        return []
+    out = []
+    for ptr in sorted(folder.glob("*.path"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            target = Path(ptr.read_text().strip())
+        except OSError:
+            continue
+        if target.is_file():
+            out.append(target)
+        else:
+            ptr.unlink(missing_ok=True)
+    return out
+
+
+def find_running_anywhere(log_dir: str | os.PathLike | None = None) -> tuple[Path, dict] | None:
+    """Like ``find_running``, over the per-user pointers first, then ``log_dir``."""
+    seen: set[Path] = set()
+    paths = remembered() + (candidates(log_dir) if log_dir is not None else [])
+    for path in paths:
+        if path in seen:
+            continue
+        seen.add(path)
         try:
             doc = read(path)
         except (OSError, ValueError):

@@ -1,0 +1,66 @@
+"""A vLLM / SGLang sampler moved by lockd + the agent through its HTTP API, end to end
+(SIMULATED device and SIMULATED inference server; real etcd, lockd and agent processes).
+
+The sampler (41 MiB on a 64 MiB device) and a trainer (40 MiB) do not fit together:
+the trainer's acquire makes the agent put the server to sleep (vLLM ``/sleep?level=1``,
+SGLang ``/release_memory_occupation``; the weights to host memory), the trainer allocates in the room that made; when the sampler
+acquires again the trainer is checkpointed and the server woken, its weights bit-exact.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodeagent.sim.client import SimDeviceClient
+from timeslice import OrchestratorClient
+from timeslice.launcher.cluster import LocalCluster
+from timeslice.launcher.settings import Settings
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nodeagent"))
+from inference_helpers import SimServer  # noqa: E402
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    s = Settings(etcd_members=1, lockd_replicas=1, backend="sim", sim_device_capacity_bytes=64 * MiB,
+                 sim_snapshot_bytes_per_s=0, sim_restore_bytes_per_s=0)
+    c = LocalCluster(s, tmp_path / "run", node="n1", group="g", progress=lambda _m: None,
+                     sim_dir=str(tmp_path / "sim")).start()
+    yield c
+    c.stop(quiet=True)
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_sampler_sleeps_for_the_trainer_and_wakes_bit_exact(cluster, flavor):
+    srv = SimServer(Path(cluster.sim_dir), flavor, ["weights=24MiB:offload", "kv_cache=16MiB:discard"])
+    try:
+        with OrchestratorClient(cluster.target, job_id="sampler", timeout=30) as sampler, \
+                OrchestratorClient(cluster.target, job_id="trainer", timeout=30) as trainer:
+            sampler.acquire("g", timeout=30, device_bytes_hint=41 * MiB)
+            sampler.register_worker(pid=srv.pid, node="n1", device_bytes=41 * MiB, swap=flavor,
+                                    endpoint=srv.url, tags={"weights": "offload", "kv_cache": "discard"})
+            sampler.yield_("g")
+
+            g = trainer.acquire("g", timeout=60, device_bytes_hint=40 * MiB)
+            mem = srv.memory()
+            assert not mem["regions"]["weights"]["resident"] and mem["regions"]["weights"]["offloaded"]
+            assert mem["device_bytes"] == 1 * MiB and g.restored is False
+            dev = SimDeviceClient.open(cluster.sim_dir)      # the trainer's memory: fits only now
+            dev.alloc(40 * MiB)
+            trainer.register_worker(node="n1", device_bytes=40 * MiB)
+            trainer.yield_("g")
+
+            back = sampler.acquire("g", timeout=60, device_bytes_hint=41 * MiB)
+            assert back.restored is True
+            weights = srv.memory()["regions"]["weights"]
+            assert weights["resident"] and weights["matches_fill"]
+            sampler.yield_("g")
+            st = sampler.status("g")
+            states = {j.job_id: j.state for n in st.node_status for j in n.jobs}
+            assert states.get("trainer") == "snapshotted"
+    finally:
+        srv.stop()
