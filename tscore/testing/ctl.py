@@ -4,17 +4,14 @@ Kept apart from the process management so that each piece stays small.
 """
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import shutil
 import subprocess
-import urllib.request
 
 ETCD_BIN_ENV = "TIMESLICE_ETCD_BIN"
 ETCDCTL_BIN_ENV = "TIMESLICE_ETCDCTL_BIN"
-# No proxy: an http_proxy in the environment must not capture loopback probes.
-_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+from tscore.netutil import http_json  # noqa: E402,F401 - re-exported for the harness
 
 
 class EtcdHarnessError(RuntimeError):
@@ -68,11 +65,3 @@ def etcdctl_run(endpoints: list[str], args: list[str], timeout: float) -> str:
     return done.stdout
 
 
-def http_json(port: int, path: str, body: bytes | None, timeout: float) -> dict | None:
-    """GET (``body`` None) or POST a member's client port; the decoded JSON, or None on any failure."""
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body)
-    try:
-        with _opener.open(req, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except (OSError, ValueError, http.client.HTTPException):
-        return None

@@ -142,6 +142,8 @@ class Demo:
     def run_one(self, spec: RunSpec) -> tuple[RunFigures, dict[str, list[dict]]]:
         p, c = self.plan, self.cluster
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIMESLICE_NODE_NAME": c["node"]}
+        if c.get("agent_socket"):
+            env["TIMESLICE_AGENT_SOCKET"] = c["agent_socket"]   # the jobs attest their workers there
         if p.device == "sim":
             env["TIMESLICE_SIM_HOST_DIR"] = str(Path(c["sim"]["dir"]) / "host")
         tag = secrets.token_hex(2)

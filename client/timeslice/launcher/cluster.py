@@ -42,7 +42,7 @@ class LaunchError(RuntimeError):
 
 
 def free_port() -> int:
-    from tscore.testing.ports import free_port as _free
+    from tscore.netutil import free_port as _free
     return _free()
 
 
@@ -64,7 +64,7 @@ def _etcd_env() -> dict[str, str]:
 
 
 def _http(port: int, path: str, body: dict | None = None, timeout: float = 1.0) -> dict | None:
-    from tscore.testing.ctl import http_json
+    from tscore.netutil import http_json
     return http_json(port, path, None if body is None else json.dumps(body).encode(), timeout)
 
 
@@ -252,10 +252,14 @@ class LocalCluster:
                 "--backend", s.backend, "--state-dir", str(self.run_dir / "nodeagent-state"),
                 "--sim-dir", self.sim_dir, "--sim-capacity-bytes", str(s.sim_device_capacity_bytes),
                 "--sim-checkpoint-gbps", repr(s.sim_snapshot_bytes_per_s / 1e9),
-                "--sim-restore-gbps", repr(s.sim_restore_bytes_per_s / 1e9)]
+                "--sim-restore-gbps", repr(s.sim_restore_bytes_per_s / 1e9),
+                # The cooperative channel lives in the run dir; the agent acts only on the workers
+                # the jobs' own processes attested over it (nodeagent/attest.py).
+                "--channel-socket", str(self.run_dir / "agent.sock"), "--require-attestation"]
         child = Child("nodeagent", self.node, argv, str(self.run_dir / "nodeagent.log"),
                       env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(self.sim_dir) / "host")})
         child.info.update(metrics_port=mport, node=self.node, sim_dir=self.sim_dir,
+                          agent_socket=str(self.run_dir / "agent.sock"),
                           sim_capacity_bytes=s.sim_device_capacity_bytes)
         return child
 
@@ -335,6 +339,8 @@ class LocalCluster:
             "processes": [c.to_dict() for c in self.children()],
             "etcdctl": self.etcdctl_command(),
             "admin_token_file": str(self.run_dir / TOKEN_FILE_NAME),
+            # Jobs on this machine reach the node agent's channel here ($TIMESLICE_AGENT_SOCKET).
+            "agent_socket": str(self.run_dir / "agent.sock"),
         }
 
     def write_state(self) -> None:
