@@ -37,7 +37,7 @@ def register(sub, common: argparse.ArgumentParser) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=3, help="iterations per job (default 3)")
     p.add_argument("--out", default=None, help="output folder (default <LOG_DIR>/<timestamp>-demo)")
-    p.add_argument("--regimes", default="swap,elide",
+    p.add_argument("--regimes", default="swap,coop,elide",
                    help="time-sliced runs: swap (the jobs do not fit side by side: real snapshots and restores), "
                         "elide (they do); comma-separated (default swap,elide)")
     # Complementary: the CPU phase is as long as the two GPU phases together.
@@ -122,8 +122,8 @@ def run(args: argparse.Namespace) -> int:
         print("timeslice demo: --iterations must be >= 1", file=sys.stderr)
         return 2
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
-    if not regimes or set(regimes) - {"swap", "elide"}:
-        print("timeslice demo: --regimes takes swap and/or elide", file=sys.stderr)
+    if not regimes or set(regimes) - {"swap", "coop", "elide"}:
+        print("timeslice demo: --regimes takes swap, coop and/or elide", file=sys.stderr)
         return 2
     out = (Path(args.out) if args.out else new_run_dir(settings.log_dir, "-demo")).absolute()
     out.mkdir(parents=True, exist_ok=True)

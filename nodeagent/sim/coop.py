@@ -7,7 +7,7 @@ are kept:
 * each region holds real, seeded bytes; the process's holding on the node's
   simulated device (the capacity ledger) is its "context" (a small arena,
   like a CUDA context) plus every resident region, so capacity is enforced;
-* ``pause`` copies ``offload`` regions into a host backup that is *retained*
+* ``pause`` copies ``offload`` regions (checksummed) into a host backup that is *retained*
   between swaps (allocated once, like torch-memory-saver's pinned backup with
   ``retain_cpu_backup``), then releases the region; ``discard`` regions are
   dropped; ``resume`` reserves the capacity again (DeviceOutOfMemory if it
@@ -92,6 +92,7 @@ class SimCooperativeMemory:
                 if host is None:                            # the first pause allocates the backup, once
                     host = self._host[t] = bytearray(len(buf))
                 host[:] = buf
+                self._sha[t] = hashlib.sha256(buf).hexdigest()   # what a resume must bring back
                 self._pace(len(buf), t0)
             self._dev[t] = None
             self._account()                                 # only now is the device memory released
@@ -144,7 +145,8 @@ class SimCooperativeMemory:
             return hashlib.sha256(mem).hexdigest()
 
     def expected(self, tag: str) -> str:
-        """The checksum the region must have (offload: as filled; discard: as last recreated)."""
+        """The checksum the region must have: as last written through ``write``, as copied
+        by the last pause (offload), or as recreated (discard)."""
         return self._sha[tag]
 
     def write(self, tag: str, data: bytes, offset: int = 0) -> None:

@@ -86,6 +86,71 @@ class SimGpu:
         return "SIMULATED device"
 
 
+class SimCoopGpu(SimGpu):
+    """SIMULATED device memory that the job moves itself (a cooperative region, ``nodeagent.sim.coop``).
+
+    The same job as ``SimGpu`` (seeded blocks, rewritten round robin, checked
+    by CRC), but its bytes live in one ``offload`` region of a
+    ``SimCooperativeMemory``: when another job needs the device, the agent asks
+    this process to copy them to its retained host backup and release them,
+    instead of checkpointing the whole process.
+    """
+
+    kind = "sim-cooperative"
+    CONTEXT = 1 << 20
+
+    def __init__(self, sim_dir: str, nbytes: int, seed: int):
+        self.sim_dir = sim_dir
+        self.nbytes = int(nbytes)
+        self.hint_bytes = self.nbytes
+        self.seed = seed
+        self.crcs: list[int] = []
+        self.allocated = False
+        self._next = 0
+        self.memory = None
+
+    def _blocks(self):
+        n = self.nbytes - self.CONTEXT
+        for off in range(0, n, BLOCK):
+            yield off, min(BLOCK, n - off)
+
+    def allocate(self) -> None:
+        from nodeagent.sim.coop import SimCooperativeMemory
+        self.memory = SimCooperativeMemory({"weights": (self.nbytes - self.CONTEXT, "offload")}, self.sim_dir,
+                                           seed=self.seed, context_bytes=self.CONTEXT)
+        self.dev = self.memory.dev
+        with self.memory.compute("weights") as mem:
+            self.crcs = [zlib.crc32(mem[off:off + n]) for off, n in self._blocks()]
+        self.allocated = True
+
+    def work(self, seconds: float) -> int:
+        deadline = time.monotonic() + seconds
+        blocks = list(self._blocks())
+        steps = 0
+        while time.monotonic() < deadline:
+            i = self._next % len(blocks)
+            off, n = blocks[i]
+            with self.memory.compute("weights") as mem:
+                new = bytes(mem[off:off + n]).translate(_STEP)
+                mem[off:off + n] = new
+            self.crcs[i] = zlib.crc32(new)
+            self._next += 1
+            steps += 1
+        return steps
+
+    def verify(self) -> bool:
+        with self.memory.compute("weights") as mem:
+            return all(zlib.crc32(mem[off:off + n]) == self.crcs[i] for i, (off, n) in enumerate(self._blocks()))
+
+    def free(self) -> None:
+        if self.memory is not None:
+            self.memory.close()
+        self.allocated = False
+
+    def describe(self) -> str:
+        return "SIMULATED device, cooperative regions"
+
+
 class TorchGpu:
     kind = "cuda"
 

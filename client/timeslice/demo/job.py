@@ -41,6 +41,9 @@ class Job:
         if a.device == "cuda":
             from timeslice.demo.devices import TorchGpu
             self.gpu = TorchGpu(a.bytes, a.seed)
+        elif a.swap == "cooperative":
+            from timeslice.demo.devices import SimCoopGpu
+            self.gpu = SimCoopGpu(a.sim_dir, a.bytes, a.seed)
         else:
             from timeslice.demo.devices import SimGpu
             self.gpu = SimGpu(a.sim_dir, a.bytes, a.seed)
@@ -72,7 +75,10 @@ class Job:
             # allocates on the GPU it was granted; then the worker is
             # registered, so that the node agent can snapshot it.
             self.gpu.allocate()
-            if self.client is not None:
+            if self.client is not None and self.a.swap == "cooperative":
+                self.client.cooperate(self.gpu.memory, node=self.a.node)
+                self._wait_reported()
+            elif self.client is not None:
                 self.client.register_worker(pid=os.getpid(), node=self.a.node, device_bytes=self.gpu.nbytes)
                 self._wait_reported()
         verified = None
@@ -208,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", default="demo")
     ap.add_argument("--node", default=None)
     ap.add_argument("--events", required=True)
+    ap.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
+                    help="cooperative: the job's memory is a SIMULATED cooperative region it moves itself")
     a = ap.parse_args(argv)
     from tscore import logs
     logs.configure("demo-job", "warning", json=False, stream=sys.stderr)

@@ -12,6 +12,9 @@ Runs, in order (each with two fresh job processes):
 * ``sliced-swap``: both jobs at once through the cluster; each job's device
   memory is 60% of the (simulated) device, so they cannot sit side by side:
   every handoff snapshots one job to host memory and restores the other;
+* ``sliced-coop``: as ``sliced-swap``, but each job's memory is a cooperative
+  region (SIMULATED, ``nodeagent.sim.coop``): the agent asks the job to move
+  it itself, at pinned-copy speed, instead of checkpointing the process;
 * ``sliced-elide``: the same with 40% each: both fit, lockd elides the swap
   and a handoff costs only a few etcd round trips.
 """
@@ -42,6 +45,7 @@ class RunSpec:
     mode: str                  # baseline | sliced
     job_bytes: int
     ballast: bool = False      # real GPU: fill it so that only one job fits (see ballast.py)
+    swap: str = "checkpoint"   # checkpoint | cooperative (the job moves its own memory; sim device only)
 
 
 @dataclass
@@ -71,6 +75,9 @@ def sim_runs(capacity: int, regimes: list[str]) -> list[RunSpec]:
     if "swap" in regimes:
         runs.append(RunSpec("sliced-swap", f"time-sliced, swapping (each job {swap / 1e6:.0f} MB "
                             f"of a {capacity / 1e6:.0f} MB device: they do not fit side by side)", "sliced", swap))
+    if "coop" in regimes:
+        runs.append(RunSpec("sliced-coop", f"time-sliced, cooperative swaps (each job {swap / 1e6:.0f} MB, "
+                            "moved by the job itself at PCIe speed)", "sliced", swap, swap="cooperative"))
     if "elide" in regimes:
         runs.append(RunSpec("sliced-elide", f"time-sliced, elided (each job {elide / 1e6:.0f} MB: both fit)",
                             "sliced", elide))
@@ -137,6 +144,8 @@ class Demo:
             argv += ["--sim-dir", c["sim"]["dir"]]
         if spec.mode == "sliced":
             argv += ["--target", c["target"]]
+        if spec.swap != "checkpoint":
+            argv += ["--swap", spec.swap]
         return argv
 
     def run_one(self, spec: RunSpec) -> tuple[RunFigures, dict[str, list[dict]]]:
