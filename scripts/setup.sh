@@ -38,7 +38,8 @@ if [ ! -x .venv/bin/python ]; then
     echo "==> creating .venv"
     "$PY" -m venv .venv
 fi
-echo "==> installing timeslice[$EXTRAS] into .venv"
+echo "==> installing timeslice[server,$EXTRAS] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
+# server: lockd, the node agent and the launcher; a job-only install is `pip install .`
+.venv/bin/python -m pip install -q -e ".[server,$EXTRAS]"
 echo "==> ready: etcd $(etcd --version | head -1 | awk '{print $3}'), $(.venv/bin/python --version)"

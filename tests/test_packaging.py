@@ -36,3 +36,13 @@ def test_classifiers_and_no_urls():
     assert any(c.startswith("Programming Language :: Python :: 3.") for c in classifiers)
     # No project URLs: nothing in this repository names a host it would publish to.
     assert "urls" not in PROJECT["project"]
+
+
+def test_a_plain_install_is_the_lean_job_client():
+    """`pip install .` gives what an RL job imports; lockd/agent/launcher dependencies are the `server` extra."""
+    base = {d.split(">")[0].split("=")[0].split(";")[0].strip() for d in PROJECT["project"]["dependencies"]}
+    assert base == {"grpcio", "protobuf", "tenacity", "structlog"}
+    server = " ".join(PROJECT["project"]["optional-dependencies"]["server"])
+    for dep in ("aetcd", "prometheus-client", "nvidia-ml-py", "grpcio-health-checking"):
+        assert dep in server
+    assert not any(p.startswith("chaos_tests") for p in PROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
