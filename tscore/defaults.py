@@ -23,6 +23,7 @@ ENV_JOB_ID = "TIMESLICE_JOB_ID"           # client: this job's id
 ENV_ETCD_ENDPOINTS = "TIMESLICE_ETCD_ENDPOINTS"
 ENV_PREFIX = "TIMESLICE_PREFIX"
 ENV_NODE_NAME = "TIMESLICE_NODE_NAME"     # nodeagent + client worker registration
+ENV_AGENT_SOCKET = "TIMESLICE_AGENT_SOCKET"   # client + nodeagent: the node-local channel (timeslice.channel)
 ENV_ETCD_USER = "TIMESLICE_ETCD_USER"
 ENV_ETCD_PASSWORD = "TIMESLICE_ETCD_PASSWORD"
 ENV_ETCD_PASSWORD_FILE = "TIMESLICE_ETCD_PASSWORD_FILE"   # a file holding it (per-node agent secrets)

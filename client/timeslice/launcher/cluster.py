@@ -253,9 +253,11 @@ class LocalCluster:
                 "--sim-dir", self.sim_dir, "--sim-capacity-bytes", str(s.sim_device_capacity_bytes),
                 "--sim-checkpoint-gbps", repr(s.sim_snapshot_bytes_per_s / 1e9),
                 "--sim-restore-gbps", repr(s.sim_restore_bytes_per_s / 1e9),
-                # The cooperative channel lives in the run dir; the agent acts only on the workers
-                # the jobs' own processes attested over it (nodeagent/attest.py).
-                "--channel-socket", str(self.run_dir / "agent.sock"), "--require-attestation"]
+                # The cooperative channel lives in the run dir (jobs find it through the state's
+                # agent_socket / $TIMESLICE_AGENT_SOCKET). Attestation is checked (an attested process
+                # is never acted on for another job) but not required here: a local cluster serves
+                # one user; deploy/ requires it (--require-attestation).
+                "--channel-socket", str(self.run_dir / "agent.sock")]
         child = Child("nodeagent", self.node, argv, str(self.run_dir / "nodeagent.log"),
                       env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(self.sim_dir) / "host")})
         child.info.update(metrics_port=mport, node=self.node, sim_dir=self.sim_dir,
