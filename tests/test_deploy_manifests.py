@@ -33,7 +33,8 @@ LOCKD_FLAGS = (
 )
 NODEAGENT_FLAGS = (
     "node", "etcd-endpoints", "prefix", "listen", "metrics-port", "metrics-host", "backend",
-    "etcd-ca", "etcd-cert", "etcd-key", "advertise", "state-dir",
+    "etcd-ca", "etcd-cert", "etcd-key", "advertise", "state-dir", "tls-cert", "tls-key", "tls-client-ca",
+    "channel-socket", "admin-token-file",
 )
 ALLOWED_TIMESLICE_ENV = frozenset(
     {getattr(defaults, n) for n in dir(defaults) if n.startswith("ENV_")}

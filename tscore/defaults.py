@@ -23,6 +23,7 @@ ENV_JOB_ID = "TIMESLICE_JOB_ID"           # client: this job's id
 ENV_ETCD_ENDPOINTS = "TIMESLICE_ETCD_ENDPOINTS"
 ENV_PREFIX = "TIMESLICE_PREFIX"
 ENV_NODE_NAME = "TIMESLICE_NODE_NAME"     # nodeagent + client worker registration
+ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"   # lockd, nodeagent, CLI: the admin bearer token (mode 0400/0600)
 ENV_AGENT_SOCKET = "TIMESLICE_AGENT_SOCKET"   # client + nodeagent: the node-local channel (timeslice.channel)
 ENV_ETCD_USER = "TIMESLICE_ETCD_USER"
 ENV_ETCD_PASSWORD = "TIMESLICE_ETCD_PASSWORD"
