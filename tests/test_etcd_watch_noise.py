@@ -64,5 +64,8 @@ async def test_reconnects_leave_no_pending_tasks_or_running_generators(etcd3, ke
         await asyncio.sleep(0.1)
     logging.getLogger("asyncio").removeHandler(debris)
     loop.set_exception_handler(None)
-    noise = seen_by_loop + debris.records
+    # What the issue saw (and the old code logs): tasks and generators left behind by reconnects.
+    # grpc.aio's own poller may log a transient "Exception in callback PollerCompletionQueue..."
+    # (EAGAIN on its wake-up pipe) on a loaded machine: not ours, not what this test is about.
+    noise = [m for m in seen_by_loop + debris.records if "PollerCompletionQueue" not in m]
     assert noise == [], f"asyncio debris after reconnects: {noise[:5]}"

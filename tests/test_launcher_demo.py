@@ -165,7 +165,7 @@ def test_up_endpoints_answer(cluster):
         assert "local" in [g.group_id for g in c.groups()]
 
 
-ROW = re.compile(r"^\s+(baseline|sliced-swap|sliced-elide)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+)%\s+(\S+)\s+(\S+)"
+ROW = re.compile(r"^\s+(baseline|sliced-swap|sliced-coop|sliced-elide)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+)%\s+(\S+)\s+(\S+)"
                  r"\s+(\S+)\s+(-|[\d.]+ MB)\s+(\d+)\s*$", re.MULTILINE)
 
 
@@ -183,15 +183,17 @@ def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
     assert png == out / "timeline.png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The printed figures parse.
     rows = {g[0]: g for g in ROW.findall(r.stdout)}
-    assert set(rows) == {"baseline", "sliced-swap", "sliced-elide"}, r.stdout
+    assert set(rows) == {"baseline", "sliced-swap", "sliced-coop", "sliced-elide"}, r.stdout
     for key, (_, wall, busy, duty, swaps, elided, restores, moved, overlaps) in rows.items():
         assert float(wall) > 0 and float(busy) > 0 and 0 < float(duty) <= 100
         assert overlaps == "0"
     swap, elide = rows["sliced-swap"], rows["sliced-elide"]
     assert int(swap[4]) > 0 and int(swap[6]) > 0 and float(swap[7].split()[0]) > 0, "real swaps happened"
     assert int(elide[5]) > 0, "the small jobs' swaps were elided"
+    coop = rows["sliced-coop"]
+    assert int(coop[4]) > 0 and int(coop[6]) > 0, "cooperative swaps happened (the jobs moved their own memory)"
     summary = json.loads((out / "summary.json").read_text())
-    assert [r_["key"] for r_ in summary["runs"]] == ["baseline", "sliced-swap", "sliced-elide"]
+    assert [r_["key"] for r_ in summary["runs"]] == ["baseline", "sliced-swap", "sliced-coop", "sliced-elide"]
 
     # From the jobs' own records: the time-sliced critical sections never overlap,
     # tokens grow in grant order, and every restored context verified.
@@ -227,8 +229,11 @@ def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     elsewhere = tmp_path / "elsewhere.env"
     elsewhere.write_text(f"LOG_DIR={tmp_path / 'no-runs'}\n")   # no local cluster: no token to find
+    # ... and no per-user pointer to it either (the CLI finds a running cluster from anywhere through it)
     r = subprocess.run([PY, "-m", "timeslice.cli", "--target", doc["target"], "group", "delete", "tok-g"],
-                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(elsewhere)})
+                       capture_output=True, text=True, timeout=60,
+                       env={**env, "TIMESLICE_LOCAL_ENV": str(elsewhere),
+                            "TIMESLICE_USER_STATE_DIR": str(tmp_path / "no-state")})
     assert r.returncode == 1 and "admin" in r.stderr, r.stdout + r.stderr
     r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
                        capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
