@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from agenthelpers import MiB, NODE, status, wait_agent
 from nodeagent.sim.device import SimDevice
 from tscore import records as R
@@ -65,104 +67,115 @@ async def wait_for(pred, timeout: float = 20.0, what: str = ""):
     raise AssertionError(f"never happened: {what}")
 
 
-async def test_cooperative_handover_offload_discard_and_parked_exit(etcd, key_prefix, keys, client, agents,
-                                                                    sim_dir, tmp_path):
-    dev = SimDevice(sim_dir, capacity_bytes=10 * MiB)
-    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
-    agent = agents()
-    jobs: list[Job] = []
-    try:
-        target = lockd.replicas[0].target
+class Stack:
+    """lockd (one replica) + the test's agent + group ``g`` over the node; job processes made by ``job``."""
+
+    def __init__(self, etcd, key_prefix, agents, sim_dir, tmp_path):
         from timeslice import OrchestratorClient
-        with OrchestratorClient(target=target, job_id="admin") as admin:
+        self.sim_dir = sim_dir
+        self.lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+        self.agent = agents()
+        self.target = self.lockd.replicas[0].target
+        self.jobs: list[Job] = []
+        with OrchestratorClient(target=self.target, job_id="admin") as admin:
             admin.create_group("g", nodes=[NODE])
-        a = Job(target, "coop-a", sim_dir, agent.socket)
-        jobs.append(a)
-        ga = a(f"acquire g {FOOTPRINT}")
-        assert ga["ok"] and not ga["restored"], ga
-        assert a("write weights 0badcafe")["ok"]
-        assert a("yield g")["ok"]
 
-        b = Job(target, "coop-b", sim_dir, agent.socket)
-        jobs.append(b)
-        gb = b(f"acquire g {FOOTPRINT}")
-        assert gb["ok"], gb
-        # A was paused through its channel: its offload region was copied, its discard region dropped.
-        st = await status(client, keys, NODE, "coop-a")
-        assert (st.state, st.outcome, st.bytes) == (R.SNAPSHOTTED, R.OK, WEIGHTS)
-        sa = a("swaps")
-        assert sa["paused"] == ["weights", "kv"] or sorted(sa["paused"]) == ["kv", "weights"]
-        assert sa["host_bytes"] == WEIGHTS           # the retained backup: offload regions only
-        # A stray device call outside a hold fails loudly (as a released page faults on a GPU).
-        stray = a("touch weights 1")
-        assert not stray["ok"] and "released" in stray["error"]
+    def job(self, name: str, **kw) -> Job:
+        j = Job(self.target, name, self.sim_dir, self.agent.socket, **kw)
+        self.jobs.append(j)
+        return j
 
-        assert b("yield g")["ok"]
-        ga2 = a(f"acquire g {FOOTPRINT}")
-        assert ga2["ok"] and ga2["restored"] and ga2["token"] > gb["token"], ga2
-        assert a("verify weights")["match"]           # bit-exact, including what A wrote
-        assert a("verify kv")["match"]                # recreated empty
-        assert a("yield g")["ok"]
-        gb2 = b(f"acquire g {FOOTPRINT}")
-        assert gb2["ok"] and gb2["restored"], gb2
-        assert b("verify weights")["match"]
-        assert b("yield g")["ok"]
-
-        # A is parked now. Kill it: nothing of it may stay behind, and B goes on.
-        assert (await status(client, keys, NODE, "coop-a")).state == R.SNAPSHOTTED
-        a.kill()
-
-        async def gone():
-            st = await status(client, keys, NODE, "coop-a")
-            return st is None or st.state == R.GONE
-        await wait_for(gone, 30, "the parked job's status cleared")
-        await wait_for(lambda: _async(a.pid not in dev.ledger.snapshot()[1]), 30, "its device bytes released")
-        gb3 = b(f"acquire g {FOOTPRINT}")
-        assert gb3["ok"] and b("verify weights")["match"]
-        assert b("yield g")["ok"]
-        assert b("quit")["ok"]
-    finally:
-        for j in jobs:
+    def stop(self) -> None:
+        for j in self.jobs:
             j.kill()
-        lockd.stop()
+        self.lockd.stop()
+
+
+@pytest.fixture
+def stack_of(etcd, key_prefix, agents, sim_dir, tmp_path):
+    made = []
+
+    def make(capacity: int) -> Stack:
+        SimDevice(sim_dir, capacity_bytes=capacity)
+        made.append(Stack(etcd, key_prefix, agents, sim_dir, tmp_path))
+        return made[-1]
+    yield make
+    for s in made:
+        s.stop()
+
+
+async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client, stack_of, sim_dir):
+    stack = stack_of(10 * MiB)
+    dev = SimDevice(sim_dir)
+    target, agent = stack.target, stack.agent
+    a = stack.job("coop-a")
+    ga = a(f"acquire g {FOOTPRINT}")
+    assert ga["ok"] and not ga["restored"], ga
+    assert a("write weights 0badcafe")["ok"]
+    assert a("yield g")["ok"]
+
+    b = stack.job("coop-b")
+    gb = b(f"acquire g {FOOTPRINT}")
+    assert gb["ok"], gb
+    # A was paused through its channel: its offload region was copied, its discard region dropped.
+    st = await status(client, keys, NODE, "coop-a")
+    assert (st.state, st.outcome, st.bytes) == (R.SNAPSHOTTED, R.OK, WEIGHTS)
+    sa = a("swaps")
+    assert sa["paused"] == ["weights", "kv"] or sorted(sa["paused"]) == ["kv", "weights"]
+    assert sa["host_bytes"] == WEIGHTS           # the retained backup: offload regions only
+    # A stray device call outside a hold fails loudly (as a released page faults on a GPU).
+    stray = a("touch weights 1")
+    assert not stray["ok"] and "released" in stray["error"]
+
+    assert b("yield g")["ok"]
+    ga2 = a(f"acquire g {FOOTPRINT}")
+    assert ga2["ok"] and ga2["restored"] and ga2["token"] > gb["token"], ga2
+    assert a("verify weights")["match"]           # bit-exact, including what A wrote
+    assert a("verify kv")["match"]                # recreated empty
+    assert a("yield g")["ok"]
+    gb2 = b(f"acquire g {FOOTPRINT}")
+    assert gb2["ok"] and gb2["restored"], gb2
+    assert b("verify weights")["match"]
+    assert b("yield g")["ok"]
+
+    # A is parked now. Kill it: nothing of it may stay behind, and B goes on.
+    assert (await status(client, keys, NODE, "coop-a")).state == R.SNAPSHOTTED
+    a.kill()
+
+    async def gone():
+        st = await status(client, keys, NODE, "coop-a")
+        return st is None or st.state == R.GONE
+    await wait_for(gone, 30, "the parked job's status cleared")
+    await wait_for(lambda: _async(a.pid not in dev.ledger.snapshot()[1]), 30, "its device bytes released")
+    gb3 = b(f"acquire g {FOOTPRINT}")
+    assert gb3["ok"] and b("verify weights")["match"]
+    assert b("yield g")["ok"]
+    assert b("quit")["ok"]
 
 
 async def _async(v):
     return v
 
 
-async def test_only_what_the_incoming_job_needs_is_released(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
+async def test_only_what_the_incoming_job_needs_is_released(keys, client, stack_of):
     """A holds 7 MiB (context, 4 MiB weights, 2 MiB discardable kv) of an 8 MiB device; B needs 2 MiB.
     The leader asks A to free only the shortfall: A drops its kv (nothing copied) and keeps its weights."""
-    SimDevice(sim_dir, capacity_bytes=8 * MiB)
-    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
-    agent = agents()
-    jobs: list[Job] = []
-    try:
-        target = lockd.replicas[0].target
-        from timeslice import OrchestratorClient
-        with OrchestratorClient(target=target, job_id="admin") as admin:
-            admin.create_group("g", nodes=[NODE])
-        a = Job(target, "sel-a", sim_dir, agent.socket)
-        b = Job(target, "sel-b", sim_dir, agent.socket, regions=f"weights:{MiB}:offload")
-        jobs += [a, b]
-        assert a(f"acquire g {FOOTPRINT}")["ok"] and a("yield g")["ok"]
-        # The leader decides from the agent's report: let it show all of A (its context too).
-        await wait_agent(client, keys, NODE, lambda v: v.job_device_bytes.get("sel-a") == FOOTPRINT)
-        gb = b(f"acquire g {2 * MiB}")
-        assert gb["ok"] and gb["bytes_moved"] == 0, gb          # a discard region moves nothing
-        assert a("swaps")["paused"] == ["kv"]
-        st = await status(client, keys, NODE, "sel-a")
-        assert (st.state, st.bytes, st.device_bytes) == (R.SNAPSHOTTED, 0, KV)
-        assert b("verify weights")["match"] and b("yield g")["ok"]
-        ga = a(f"acquire g {FOOTPRINT}")
-        assert ga["ok"] and ga["restored"], ga
-        assert a("verify weights")["match"] and a("verify kv")["match"]
-        assert a("yield g")["ok"]
-    finally:
-        for j in jobs:
-            j.kill()
-        lockd.stop()
+    stack = stack_of(8 * MiB)
+    a = stack.job("sel-a")
+    b = stack.job("sel-b", regions=f"weights:{MiB}:offload")
+    assert a(f"acquire g {FOOTPRINT}")["ok"] and a("yield g")["ok"]
+    # The leader decides from the agent's report: let it show all of A (its context too).
+    await wait_agent(client, keys, NODE, lambda v: v.job_device_bytes.get("sel-a") == FOOTPRINT)
+    gb = b(f"acquire g {2 * MiB}")
+    assert gb["ok"] and gb["bytes_moved"] == 0, gb          # a discard region moves nothing
+    assert a("swaps")["paused"] == ["kv"]
+    st = await status(client, keys, NODE, "sel-a")
+    assert (st.state, st.bytes, st.device_bytes) == (R.SNAPSHOTTED, 0, KV)
+    assert b("verify weights")["match"] and b("yield g")["ok"]
+    ga = a(f"acquire g {FOOTPRINT}")
+    assert ga["ok"] and ga["restored"], ga
+    assert a("verify weights")["match"] and a("verify kv")["match"]
+    assert a("yield g")["ok"]
 
 
 async def test_the_async_client_cooperates_too(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
