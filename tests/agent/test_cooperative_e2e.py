@@ -107,7 +107,6 @@ def stack_of(etcd, key_prefix, agents, sim_dir, tmp_path):
 async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client, stack_of, sim_dir):
     stack = stack_of(10 * MiB)
     dev = SimDevice(sim_dir)
-    target, agent = stack.target, stack.agent
     a = stack.job("coop-a")
     ga = a(f"acquire g {FOOTPRINT}")
     assert ga["ok"] and not ga["restored"], ga
