@@ -159,6 +159,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                                    reason=f"node agent on {node} is not alive")]
             continue
         view = NodeView.of(node, R.AgentValue.load(ns.agent.value))
+        if unfenced(view.agent, node, head_job, jobs):
+            # A job the agent still reports running here has no registration any more (its session
+            # went): it may still run kernels. Wait until the agent froze it (nodeagent/orphans.py:
+            # it then leaves the running jobs) or saw it exit; the Acquire's deadline bounds the wait.
+            pending = True
+            continue
         # Residents: other jobs with a device context on some GPU of this node, by GPU.
         residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
         b_snap = _status(ns, head_job) if b_where == "snapshotted" else None
@@ -212,6 +218,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     if waiting or pending:
         return actions
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
+
+
+def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState]) -> list[str]:
+    """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet."""
+    return sorted(j for j, b in agent.job_device_bytes.items()
+                  if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ()))
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],

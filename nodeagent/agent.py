@@ -28,6 +28,7 @@ from nodeagent.backends.base import Backend
 from nodeagent.backends.composite import CompositeBackend
 from nodeagent.backends.swapper import Swapper
 from nodeagent import attest
+from nodeagent import orphans as O
 from nodeagent.channel import ChannelServer
 from nodeagent.config import AgentConfig
 from nodeagent.discovery import local_registered_pids
@@ -75,6 +76,8 @@ class Agent:
                                      self._worker_left)
         self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
+        self.orphans = O.Orphans()                                     # sessions gone, processes on a GPU
+        self._last_regs: set[int] = set()
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
                                         cfg.freeze_parked, cfg.lock_timeout_ms)
@@ -166,6 +169,54 @@ class Agent:
         if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):
             return f"wrong session secret for job {job!r}"
         return None
+
+    async def fence(self) -> None:
+        """Freeze the on-device processes of jobs whose registrations vanished; thaw them when their
+        job registers them again (also a lock an agent restart forgot: a newly registered process
+        found locked with no op on it). See nodeagent/orphans.py. Device calls run in threads;
+        an unlock takes the job's op lock, so it never races an op."""
+        from nodeagent.backends.base import ProcState
+        regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
+                if self.trusted_pids(job, [pid])}
+        new = {pid: job for pid, job in regs.items() if pid not in self._last_regs}
+        self._last_regs = set(regs)
+        base = self.backend.base
+
+        def state(pid: int) -> str:
+            st = self.backend.get_state(pid)
+            if st is ProcState.GONE:
+                return O.GONE
+            on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
+            return O.ON_DEVICE if on else O.OFF_DEVICE
+
+        def decide():
+            step = self.orphans.step(regs, state)
+            for pid, job in new.items():      # locked, and not by us: a freeze an agent restart forgot
+                if pid not in step.thaw and self.backend.get_state(pid) is ProcState.LOCKED:
+                    step.thaw[pid] = job
+            return step
+
+        step = await asyncio.to_thread(decide)
+        frozen, thawed = {}, {}
+        for pid, job in step.freeze.items():
+            try:
+                await asyncio.to_thread(base.lock, pid, 2_000)
+                frozen[pid] = job
+                log.warning("orphan_frozen", job=job, pid=pid,
+                            why="its registrations vanished (session lost or closed) while it was on a GPU: "
+                                "it runs nothing there until its job registers it again")
+            except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
+                log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
+        for pid, job in step.thaw.items():
+            try:
+                async with self.runner.lock(job):
+                    if await asyncio.to_thread(base.get_state, pid) is ProcState.LOCKED:
+                        await asyncio.to_thread(base.unlock, pid)
+                thawed[pid] = job
+                log.info("orphan_thawed", job=job, pid=pid)
+            except Exception as e:  # noqa: BLE001
+                log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
+        self.orphans.record(frozen, thawed)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.

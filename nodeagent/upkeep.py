@@ -69,6 +69,12 @@ class Upkeep:
     async def refresh(self, force: bool = False) -> None:
         a = self.agent
         async with self.lock:
+            # First: a job whose session went while on a GPU is frozen *before* the report that
+            # drops it from the running jobs, which is what lets the leader grant past it.
+            try:
+                await a.fence()
+            except Exception as e:  # noqa: BLE001 - never stop reporting for it
+                log.error("fence_failed", error=str(e)[:300])
             pictures = await self.pictures()
             value = await self.agent_value(pictures)
             if force or self.force_put or differs(a.reporter.last_agent, value):

@@ -385,3 +385,17 @@ def test_a_snapshot_intent_says_how_much_room_is_needed():
     assert (a.job, a.op, a.need_bytes) == ("A", R.SNAPSHOT, 25 * GB)
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": NodeState(agent=agent(free=70 * GB))}, workers("A"), 0)
     assert a.need_bytes == 0
+
+
+def test_no_grant_past_a_job_that_lost_its_session_while_on_the_gpus():
+    """H held the group and its lease expired (its registrations went with it), but the agent still
+    reports it running: B, though it fits beside H, waits until the agent has frozen H (then H leaves
+    the agent's running jobs) or seen it exit."""
+    stale = {"n1": NodeState(agent=agent(free=60 * GB, jobs={"H": 10 * GB}))}
+    assert P.plan_group(group([("B", 9, 10 * GB)]), stale, {}, 0) == []
+    fenced = {"n1": NodeState(agent=agent(free=60 * GB, jobs={}))}
+    [g] = P.plan_group(group([("B", 9, 10 * GB)]), fenced, {}, 0)
+    assert isinstance(g, P.WriteGrant) and g.job == "B"
+    # A job that is still registered is a resident, not an unfenced one: elided as before.
+    [g] = P.plan_group(group([("B", 9, 10 * GB)]), stale, workers("H"), 0)
+    assert isinstance(g, P.WriteGrant) and g.elided

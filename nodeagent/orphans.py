@@ -1,0 +1,71 @@
+"""Exclusion enforced at the device: freeze the processes of a job that lost its session while on a GPU.
+
+A lease lock cannot stop a holder that was paused past its lease (a GC pause, a frozen
+VM, SIGSTOP) from running once it wakes: it still believes it holds the group, and the
+GPU checks no fencing token. When the next grant is elided (both jobs fit), nothing
+would stop the stale holder's kernels from running beside the new holder's.
+
+So the agent watches the jobs it has seen on its devices. When a job's registrations
+vanish (its session lease expired, or it closed its session) while its processes live
+on with a device context, the agent *freezes* them with the checkpoint backend's
+process lock (the driver's lock, ~0.5 ms: every CUDA call of the process waits; on the
+simulator, every device operation). A frozen process runs nothing on the GPU until its
+job registers it again (a new session: the client re-registers its workers), which
+thaws it, or until it exits. The leader does not grant past such a job until the
+agent's report shows it gone from the running jobs (frozen or exited): see
+``lockd.plan`` (``unfenced``).
+
+The decision is sans-IO (``Orphans.step``): registrations and process states in,
+pids to freeze and to thaw out. The agent applies them (``agent.fence``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+ON_DEVICE = "on_device"      # running with a device context: could run kernels
+OFF_DEVICE = "off_device"    # no context, checkpointed, paused or locked already
+GONE = "gone"
+
+
+@dataclass
+class Step:
+    freeze: dict[int, str] = field(default_factory=dict)     # pid -> job
+    thaw: dict[int, str] = field(default_factory=dict)
+    forgotten: list[int] = field(default_factory=list)
+
+
+class Orphans:
+    def __init__(self) -> None:
+        self.seen: dict[int, str] = {}       # pid -> job: registered and on a device, last time we looked
+        self.frozen: dict[int, str] = {}     # pid -> job whose session went while the pid was on a device
+
+    def step(self, registered: Mapping[int, str], state: Callable[[int], str]) -> Step:
+        """``registered``: pid -> job of the trusted registrations now; ``state(pid)``: ON_DEVICE,
+        OFF_DEVICE or GONE. Returns what to do; ``record`` must be told what was done."""
+        out = Step()
+        for pid, job in registered.items():
+            if self.frozen.get(pid) == job:
+                out.thaw[pid] = job          # its job is back (a new session re-registered it)
+        for pid, job in list(self.seen.items()):
+            if pid in registered:
+                continue
+            del self.seen[pid]               # its registration went: the session is gone
+            if state(pid) == ON_DEVICE:
+                out.freeze[pid] = job
+        for pid in list(self.frozen):
+            if pid not in out.thaw and state(pid) == GONE:
+                out.forgotten.append(pid)
+                del self.frozen[pid]
+        for pid, job in registered.items():
+            if pid not in out.thaw and state(pid) == ON_DEVICE:
+                self.seen[pid] = job
+        return out
+
+    def record(self, frozen: Mapping[int, str], thawed: Mapping[int, str]) -> None:
+        self.frozen.update(frozen)
+        for pid in thawed:
+            self.frozen.pop(pid, None)
+
+    def frozen_jobs(self) -> list[str]:
+        return sorted(set(self.frozen.values()))
