@@ -22,6 +22,9 @@ from tscore.ids import check_id
 from tscore.keys import Keys
 
 
+CLOSED_MARKER_TTL_S = 60            # how long CloseSession's marker outlives the session (see close)
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     default_ttl: int = 10
@@ -93,5 +96,10 @@ class Sessions:
             lease = await self.verify(job, secret)
         except SessionLost:
             return False
+        # A marker first, on a short lease of its own: the node agents then know the job's workers
+        # go deliberately and do not freeze its processes (nodeagent/orphans.py freezes only those of
+        # a session that *expired*, a holder paused past its lease). A plain put: a retry is harmless.
+        marker, _ttl = await self.client.grant_lease(CLOSED_MARKER_TTL_S)
+        await self.client.txn([], [ops.put(self.keys.closed(job), str(R.now_ms()).encode(), marker)])
         await self.client.revoke(lease)
         return True

@@ -170,6 +170,12 @@ class Agent:
             return f"wrong session secret for job {job!r}"
         return None
 
+    def _let_go(self, job: str) -> bool:
+        """True if ``job`` dropped its registrations itself: its session lives on, or CloseSession
+        left its marker. Only an expired session's on-device processes are frozen."""
+        return (self.jobs_mirror.get(self.keys.session(job)) is not None
+                or self.jobs_mirror.get(self.keys.closed(job)) is not None)
+
     async def fence(self) -> None:
         """Freeze the on-device processes of jobs whose registrations vanished; thaw them when their
         job registers them again (also a lock an agent restart forgot: a newly registered process
@@ -190,7 +196,7 @@ class Agent:
             return O.ON_DEVICE if on else O.OFF_DEVICE
 
         def decide():
-            step = self.orphans.step(regs, state)
+            step = self.orphans.step(regs, state, self._let_go)
             for pid, job in new.items():      # locked, and not by us: a freeze an agent restart forgot
                 if pid not in step.thaw and self.backend.get_state(pid) is ProcState.LOCKED:
                     step.thaw[pid] = job

@@ -6,7 +6,8 @@ GPU checks no fencing token. When the next grant is elided (both jobs fit), noth
 would stop the stale holder's kernels from running beside the new holder's.
 
 So the agent watches the jobs it has seen on its devices. When a job's registrations
-vanish (its session lease expired, or it closed its session) while its processes live
+vanish because its session lease *expired* (not a deliberate unregister or CloseSession,
+which leaves a marker first: ``Keys.closed``) while its processes live
 on with a device context, the agent *freezes* them with the checkpoint backend's
 process lock (the driver's lock, ~0.5 ms: every CUDA call of the process waits; on the
 simulator, every device operation). A frozen process runs nothing on the GPU until its
@@ -40,9 +41,12 @@ class Orphans:
         self.seen: dict[int, str] = {}       # pid -> job: registered and on a device, last time we looked
         self.frozen: dict[int, str] = {}     # pid -> job whose session went while the pid was on a device
 
-    def step(self, registered: Mapping[int, str], state: Callable[[int], str]) -> Step:
+    def step(self, registered: Mapping[int, str], state: Callable[[int], str],
+             deliberate: Callable[[str], bool] = lambda job: False) -> Step:
         """``registered``: pid -> job of the trusted registrations now; ``state(pid)``: ON_DEVICE,
-        OFF_DEVICE or GONE. Returns what to do; ``record`` must be told what was done."""
+        OFF_DEVICE or GONE; ``deliberate(job)``: the job let its registrations go itself (its
+        session is still there, or CloseSession left its marker): nothing to freeze.
+        Returns what to do; ``record`` must be told what was done."""
         out = Step()
         for pid, job in registered.items():
             if self.frozen.get(pid) == job:
@@ -50,8 +54,8 @@ class Orphans:
         for pid, job in list(self.seen.items()):
             if pid in registered:
                 continue
-            del self.seen[pid]               # its registration went: the session is gone
-            if state(pid) == ON_DEVICE:
+            del self.seen[pid]               # its registration went
+            if not deliberate(job) and state(pid) == ON_DEVICE:
                 out.freeze[pid] = job
         for pid in list(self.frozen):
             if pid not in out.thaw and state(pid) == GONE:

@@ -111,6 +111,11 @@ class Keys:
             raise ValueError(f"pid must be a positive integer, got {pid!r}")
         return self.workers(job) + f"{check_id('node', node)}/{pid}".encode()
 
+    def closed(self, job: str) -> bytes:
+        """Marker written by CloseSession just before it revokes the job's lease (leased for a minute):
+        tells node agents the registrations went deliberately, so they freeze nothing."""
+        return self.job(job) + b"closed"
+
     def revocations(self, job: str) -> bytes:
         return self.job(job) + b"revoked/"
 

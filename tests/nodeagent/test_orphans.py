@@ -26,3 +26,9 @@ def test_exited_processes_are_forgotten():
     o.record(o.step({}, states(p1=O.ON_DEVICE)).freeze, {})
     assert o.step({}, states()).forgotten == [1] and o.frozen_jobs() == []
     assert o.step({}, states()).freeze == {}           # a gone process is never frozen
+
+
+def test_a_deliberate_let_go_freezes_nothing():
+    o = O.Orphans()
+    o.step({1: "H"}, states(p1=O.ON_DEVICE))
+    assert o.step({}, states(p1=O.ON_DEVICE), deliberate=lambda job: job == "H").freeze == {}
