@@ -76,8 +76,8 @@ class Agent:
                                      self._worker_left)
         self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
-        self.orphans = O.Orphans()                                     # sessions gone, processes on a GPU
-        self._last_regs: set[int] = set()
+        self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
+        self.orphans = O.Orphans.load(self._orphans_path)             # sessions gone, processes on a GPU
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
                                         cfg.freeze_parked, cfg.lock_timeout_ms)
@@ -177,15 +177,13 @@ class Agent:
                 or self.jobs_mirror.get(self.keys.closed(job)) is not None)
 
     async def fence(self) -> None:
-        """Freeze the on-device processes of jobs whose registrations vanished; thaw them when their
-        job registers them again (also a lock an agent restart forgot: a newly registered process
-        found locked with no op on it). See nodeagent/orphans.py. Device calls run in threads;
-        an unlock takes the job's op lock, so it never races an op."""
+        """Freeze the on-device processes of jobs whose session expired; thaw them when their job
+        registers them again. See nodeagent/orphans.py. Device calls run in threads. A thaw waits
+        for no op: a job with an op in flight is thawed at a later refresh (the op's own status
+        write refreshes through here, holding the job's op lock)."""
         from nodeagent.backends.base import ProcState
         regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
                 if self.trusted_pids(job, [pid])}
-        new = {pid: job for pid, job in regs.items() if pid not in self._last_regs}
-        self._last_regs = set(regs)
         base = self.backend.base
 
         def state(pid: int) -> str:
@@ -195,34 +193,34 @@ class Agent:
             on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
             return O.ON_DEVICE if on else O.OFF_DEVICE
 
-        def decide():
+        def work() -> None:
             step = self.orphans.step(regs, state, self._let_go)
-            for pid, job in new.items():      # locked, and not by us: a freeze an agent restart forgot
-                if pid not in step.thaw and self.backend.get_state(pid) is ProcState.LOCKED:
-                    step.thaw[pid] = job
-            return step
+            frozen, thawed = {}, {}
+            for pid, job in step.freeze.items():
+                try:
+                    base.lock(pid, 2_000)
+                    frozen[pid] = job
+                    log.warning("orphan_frozen", job=job, pid=pid,
+                                why="its session expired while it was on a GPU: it runs nothing there until "
+                                    "its job registers it again")
+                except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
+                    log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
+            for pid, job in step.thaw.items():
+                if job in busy:
+                    continue                              # next refresh
+                try:
+                    if base.get_state(pid) is ProcState.LOCKED:
+                        base.unlock(pid)
+                    thawed[pid] = job
+                    log.info("orphan_thawed", job=job, pid=pid)
+                except Exception as e:  # noqa: BLE001
+                    log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
+            self.orphans.record(frozen, thawed)
+            if frozen or thawed or step.forgotten:
+                self.orphans.save(self._orphans_path)     # a restarted agent still knows whom it froze
 
-        step = await asyncio.to_thread(decide)
-        frozen, thawed = {}, {}
-        for pid, job in step.freeze.items():
-            try:
-                await asyncio.to_thread(base.lock, pid, 2_000)
-                frozen[pid] = job
-                log.warning("orphan_frozen", job=job, pid=pid,
-                            why="its registrations vanished (session lost or closed) while it was on a GPU: "
-                                "it runs nothing there until its job registers it again")
-            except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
-                log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
-        for pid, job in step.thaw.items():
-            try:
-                async with self.runner.lock(job):
-                    if await asyncio.to_thread(base.get_state, pid) is ProcState.LOCKED:
-                        await asyncio.to_thread(base.unlock, pid)
-                thawed[pid] = job
-                log.info("orphan_thawed", job=job, pid=pid)
-            except Exception as e:  # noqa: BLE001
-                log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
-        self.orphans.record(frozen, thawed)
+        busy = {job for job in set(regs.values()) if self.runner.busy(job) or self.driving(job)}
+        await asyncio.to_thread(work)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.

@@ -21,8 +21,11 @@ pids to freeze and to thaw out. The agent applies them (``agent.fence``).
 """
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ON_DEVICE = "on_device"      # running with a device context: could run kernels
 OFF_DEVICE = "off_device"    # no context, checkpointed, paused or locked already
@@ -73,3 +76,18 @@ class Orphans:
 
     def frozen_jobs(self) -> list[str]:
         return sorted(set(self.frozen.values()))
+
+    # -- durable across agent restarts (the frozen processes outlive the agent) --------------
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({str(p): j for p, j in self.frozen.items()}))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Orphans":
+        o = cls()
+        try:
+            o.frozen = {int(p): str(j) for p, j in json.loads(path.read_text()).items()}
+        except (FileNotFoundError, ValueError, AttributeError):
+            pass
+        return o
