@@ -39,9 +39,10 @@ def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):
             c, how = w.wait_for_waiter()[0], "waiting"
         info = w.kill_client(c)
         w.fault(f"SIGKILL job process while {how}; restart it under the same job id", **info)
-        restarted.append(w.spawn_client(max(8.0, w.remaining()), job=c.job))
-    # Time for the last one to wait out its predecessor's session and work a while.
-    time.sleep(2 * SESSION_TTL + 2)
+        restarted.append(w.spawn_client(max(14.0, w.remaining()), job=c.job))
+    # Time for the last one to wait out its predecessor's session and work a while (with room for
+    # a loaded 2-core CI machine: each restarted process also queues FIFO behind the others).
+    time.sleep(2 * SESSION_TTL + 8)
     report = w.finish()
     verdict(w, report)
     for c in restarted:
