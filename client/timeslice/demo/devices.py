@@ -62,7 +62,7 @@ class SimGpu:
         while time.monotonic() < deadline:
             i = self._next % len(blocks)
             off, n = blocks[i]
-            with self.dev.compute() as mem:                 # a "kernel" on device memory
+            with self._view() as mem:                       # a "kernel" on device memory
                 new = bytes(mem[off:off + n]).translate(_STEP)
                 mem[off:off + n] = new
             self.crcs[i] = zlib.crc32(new)
@@ -71,8 +71,12 @@ class SimGpu:
         return steps
 
     def verify(self) -> bool:
-        with self.dev.compute() as mem:
+        with self._view() as mem:
             return all(zlib.crc32(mem[off:off + n]) == self.crcs[i] for i, (off, n) in enumerate(self._blocks()))
+
+    def _view(self):
+        """The device memory, inside a device operation (blocks while the agent holds the process)."""
+        return self.dev.compute()
 
     def free(self) -> None:
         self.dev.free()
@@ -123,24 +127,8 @@ class SimCoopGpu(SimGpu):
             self.crcs = [zlib.crc32(mem[off:off + n]) for off, n in self._blocks()]
         self.allocated = True
 
-    def work(self, seconds: float) -> int:
-        deadline = time.monotonic() + seconds
-        blocks = list(self._blocks())
-        steps = 0
-        while time.monotonic() < deadline:
-            i = self._next % len(blocks)
-            off, n = blocks[i]
-            with self.memory.compute("weights") as mem:
-                new = bytes(mem[off:off + n]).translate(_STEP)
-                mem[off:off + n] = new
-            self.crcs[i] = zlib.crc32(new)
-            self._next += 1
-            steps += 1
-        return steps
-
-    def verify(self) -> bool:
-        with self.memory.compute("weights") as mem:
-            return all(zlib.crc32(mem[off:off + n]) == self.crcs[i] for i, (off, n) in enumerate(self._blocks()))
+    def _view(self):
+        return self.memory.compute("weights")
 
     def free(self) -> None:
         if self.memory is not None:
