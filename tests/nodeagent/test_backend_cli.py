@@ -55,7 +55,7 @@ def test_round_trip_through_the_tool(cli, spawn, tool, tmp_path, sim):
 
 def test_lock_timeout_is_recognised_from_the_tools_text(cli, spawn):
     w = spawn(4 * MiB)
-    w.send("hold 3000")
+    w.send("hold 15000")          # long enough for a slow CLI start on a loaded machine
     assert w.read() == "HOLDING"
     with pytest.raises(e.LockTimeout) as exc:
         cli.lock(w.pid, 100)
