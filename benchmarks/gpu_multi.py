@@ -52,6 +52,8 @@ import tempfile
 import threading
 import time
 
+from benchmarks.gpu_timeslice import load, wait_jobs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NODE = "gpu-node-0"
@@ -97,13 +99,6 @@ def job_cmd(a, job: str, mode: str, events: str, target: str = "", collective: i
             "--mem-gb", str(a.mem_gb), "--scratch-gb", str(a.scratch_gb), "--seed", str(1 + (job == "job-b")),
             "--collective", str(collective), "--nccl-safe", str(nccl_safe), "--hint-bytes", str(hint),
             "--phase-timeout", str(a.phase_timeout), "--release-cache", str(a.release_cache)]
-
-
-def load(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
@@ -235,13 +230,7 @@ def run_sliced(a, sampler, workdir: str, regime: str) -> dict:
                 procs.append(subprocess.Popen(cmd, env=env, stdout=errf, stderr=subprocess.STDOUT, cwd=ROOT))
                 if collective_a and job == "job-a":
                     time.sleep(a.gen_s / 2)                  # A holds first, so B's Acquire needs A moved
-            rcs = []
-            for p in procs:
-                try:
-                    rcs.append(p.wait(a.job_timeout))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    rcs.append("timeout")
+            rcs = wait_jobs(procs, a.job_timeout)
             events = load(ev)
             res = analyse(events, f"time-sliced, {regime}", sampler)
             res.update(swap_times(agent, events), job_exit_codes=rcs, hint_bytes_per_node=peak * a.gpus)

@@ -75,8 +75,23 @@ def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0, swap="checkpo
 
 
 def load(path):
+    """The JSON lines of ``path``; [] if the jobs wrote nothing (a crash before their first phase)."""
+    if not os.path.exists(path):
+        return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def wait_jobs(procs, timeout: float) -> list:
+    """Each job's exit code, or "timeout" (then killed) for one that outlives ``timeout`` s of waiting."""
+    rcs = []
+    for p in procs:
+        try:
+            rcs.append(p.wait(timeout))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            rcs.append("timeout")
+    return rcs
 
 
 def union_busy(intervals):
@@ -200,15 +215,10 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
                 errf = open(os.path.join(logdir, f"{j}.stderr"), "wb")
                 procs.append(subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache,
                                                       peak, swap), env=env, stdout=errf, stderr=subprocess.STDOUT))
-            rcs = []
-            for p in procs:
-                try:
-                    rcs.append(p.wait(a.job_timeout))
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    rcs.append("timeout")
-            res = analyse(load(out) if os.path.exists(out) else [], sampler, f"time-sliced, {regime}")
-            ready = [e for e in (load(out) if os.path.exists(out) else []) if e["ev"] == "ready"]
+            rcs = wait_jobs(procs, a.job_timeout)
+            events = load(out)
+            res = analyse(events, sampler, f"time-sliced, {regime}")
+            ready = [e for e in events if e["ev"] == "ready"]
             res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache),
                        peak_bytes_hint=peak, swap=swap,
                        register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready})
