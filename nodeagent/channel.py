@@ -32,6 +32,7 @@ import structlog
 
 from nodeagent.backends import procfs
 from timeslice import channel as C
+from tscore import records as R
 from tscore.errors import InvalidIdError
 from tscore.ids import check_id
 
@@ -123,8 +124,8 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
         raise C.ChannelError(f"hello needs at most {MAX_TAGS} tags (none: the process only attests it is the job's)")
     for t, p in tags.items():
         check_id("tag", t)
-        if p not in ("offload", "discard"):
-            raise C.ChannelError(f"tag {t!r}: policy must be offload or discard")
+        if p not in R.TAG_POLICIES:
+            raise C.ChannelError(f"tag {t!r}: policy must be one of {sorted(R.TAG_POLICIES)}")
     return job, secret, device, dict(tags)
 
 
