@@ -6,7 +6,7 @@
     @orchestrator.on_accelerators(group_id="trainer-group")
     def train(batch): ...
 
-See client.py (sync), aio.py (async), errors.py (exceptions), retry.py (failover rules).
+See aio.py (the client), client.py (its sync face), errors.py (exceptions), retry.py (failover rules).
 """
 from timeslice.aio import AsyncOrchestratorClient
 from timeslice.client import OrchestratorClient, TimeSliceOrchestratorClient
@@ -16,8 +16,10 @@ from timeslice.errors import (
     AuthError,
     CallCancelledError,
     ClientClosedError,
+    ClientForkedError,
     DeadlineError,
     GroupBusyError,
+    GroupRevokedError,
     InternalError,
     InvalidArgumentError,
     NotHolderError,
@@ -44,17 +46,18 @@ from timeslice.retry import RetryPolicy
 from tscore.version import __version__
 
 __all__ = [
-    "__version__",
     "AcquireTimeoutError",
     "AlreadyExistsError",
     "AsyncOrchestratorClient",
     "AuthError",
     "CallCancelledError",
     "ClientClosedError",
+    "ClientForkedError",
     "DeadlineError",
     "Grant",
     "Group",
     "GroupBusyError",
+    "GroupRevokedError",
     "GroupStatus",
     "InternalError",
     "InvalidArgumentError",
@@ -74,5 +77,6 @@ __all__ = [
     "UnavailableError",
     "UnknownGroupError",
     "Worker",
+    "__version__",
     "release_framework_cache",
 ]

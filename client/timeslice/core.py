@@ -1,11 +1,15 @@
-"""State and rules shared by the sync and the async client; no I/O here.
+"""The client's state and rules; no I/O here.
 
-``ClientCore`` holds what both drivers need: the resolved configuration, which
-target is current, the session (secret, lease) and whether it was lost, the
-grants this client holds, the user's hooks, and ``react``: the one place that
+``ClientCore`` holds the resolved configuration, which target is current, the
+session (secret, lease) and whether it was lost, the grants this client holds
+and those an admin revoked, the user's hooks, and ``react``: the one place that
 turns a failed attempt into "re-send", "that was success", "verify the
-session" or an exception, using retry.py's decision. The drivers (client.py,
-aio.py) only send requests, wait and sleep.
+session" or an exception, using retry.py's decision.
+
+One driver does the I/O: the asyncio client (aio.py, assembled from
+transport.py, session.py, holds.py, workers.py and admin.py). The sync
+``OrchestratorClient`` (client.py) is a face that runs that driver on a private
+event loop, so every rule here and there exists once.
 """
 from __future__ import annotations
 
@@ -47,16 +51,18 @@ class Session:
 
 
 class ClientCore:
-    """Everything but the I/O. Not thread-safe by itself: the sync driver locks ``_mu``."""
+    """Everything but the I/O. It runs on one event loop; ``_mu`` guards what other threads read."""
 
     def __init__(self, target: str | Sequence[str] | None, job_id: str | None, *, session_ttl: int,
                  timeout: float, on_session_lost: Callable[[E.SessionLostError], Any] | None,
-                 release_cache: bool, before_yield: Callable[[Grant], Any] | None,
+                 on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None, release_cache: bool, before_yield: Callable[[Grant], Any] | None,
                  after_acquire: Callable[[Grant], Any] | None, credentials: Any, retry: RetryPolicy | None):
         self.config = ClientConfig.build(target, job_id, session_ttl, timeout, retry)
         self.release_cache = release_cache
         self.before_yield, self.after_acquire = before_yield, after_acquire
         self._on_session_lost = on_session_lost
+        self._on_grant_revoked = on_grant_revoked
+        self._pid = os.getpid()             # the process the client belongs to (see _check_usable)
         self._credentials = credentials
         self._mu = threading.RLock()
         self._cur = 0                       # index of the current target
@@ -66,6 +72,9 @@ class ClientCore:
         self._closed = False
         self._closing = False
         self._held: dict[str, Grant] = {}
+        self._revoked: dict[str, Grant] = {}  # grants an admin ended by deleting their group, not yet told
+        self._holds: dict[str, Any] = {}      # on_accelerators scopes per group (holds.py)
+        self._withdraw: set[str] = set()      # groups whose failed acquire is still to take back (withdraw.py)
         self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
         self._attestation = None            # this process's attest-only channel (see attest_worker)
         # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
@@ -125,6 +134,11 @@ class ClientCore:
 
     # -- session state --------------------------------------------------------
     def _check_usable(self, call: Call | None = None) -> None:
+        if os.getpid() != self._pid:
+            # A forked child shares the parent's session secret and a copy of its channels:
+            # using them would act (and close the session) in the parent's name.
+            raise E.ClientForkedError(f"client of job {self.job_id!r} was made in process {self._pid}, "
+                                      f"not in this one ({os.getpid()})")
         if self._closed:
             raise E.ClientClosedError(f"client of job {self.job_id!r} is closed")
         if self._lost is not None and (call is None or call in SESSION_CALLS):
@@ -143,6 +157,7 @@ class ClientCore:
             self._lost = err
             lost_groups = sorted(self._held)
             self._held.clear()
+            self._revoked.clear()
             cb = self._on_session_lost
         log.warning("session_lost", job=self.job_id, lease=self.lease_id, groups=lost_groups, reason=str(err))
         return cb
@@ -195,44 +210,15 @@ class ClientCore:
         sent[:] = [time.monotonic()]
         return pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=self.config.session_ttl)
 
+    def _yield_req(self, group_id: str, token: int) -> pb.YieldRequest:
+        return pb.YieldRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id, token=token)
+
     def _ref(self) -> pb.SessionRef:
         return pb.SessionRef(job_id=self.job_id, session_secret=self._secret())
 
     def _secret(self) -> str:
         s = self._session
         return s.secret if s else ""
-
-    def attest_worker(self, node: str):
-        """Open (once) this process's channel to ``node``'s agent, proving the process is this job's;
-        the pid the agent sees (its pid namespace), or None if no agent listens here.
-
-        The node agent acts only on pids a job attested (``--require-attestation``), so a
-        job can never have another job's process snapshotted by registering its pid.
-        """
-        import os as _os
-        from timeslice.channel import ChannelError
-        from timeslice.config import node_name
-        from timeslice.cooperative import Attestation, CooperativeWorker
-        mine = [w for w in self._cooperative if w.node == node]
-        if mine:
-            return mine[0].pid                # a cooperative channel attests already
-        if node != node_name() and not _os.environ.get("TIMESLICE_AGENT_SOCKET"):
-            return None                       # another node's agent: not reachable from here
-        if self._attestation is None:
-            w = CooperativeWorker(self.job_id, self._secret, Attestation(), node, connect_timeout=2.0)
-            try:
-                w.start()
-            except ChannelError as e:
-                log.warning("worker_not_attested", job=self.job_id, node=node, error=str(e)[:200],
-                            hint="the node agent acts only on attested workers when it requires attestation")
-                return None
-            self._attestation = w
-        return self._attestation.pid
-
-    def _close_attestation(self) -> None:
-        w, self._attestation = self._attestation, None
-        if w is not None:
-            w.close()
 
     def _worker_req(self, pid: int | None, node: str | None, device_bytes: int,
                     swap: str = "", gpus=(), endpoint: str = "", tags=None,
@@ -247,18 +233,40 @@ class ClientCore:
         return req, w
 
     @staticmethod
-    def _create_req(group_id: str, nodes) -> pb.CreateGroupRequest:
+    def _create_req(group_id: str, nodes, isolation: str = "") -> pb.CreateGroupRequest:
         try:
             specs = node_specs(nodes)
         except (ValueError, TypeError) as e:
             raise E.InvalidArgumentError(str(e)) from None
-        return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs])
+        return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs], isolation=isolation)
 
+    # -- holds ----------------------------------------------------------------
     def _grant_held(self, grant: Grant) -> None:
         with self._mu:
             self._held[grant.group_id] = grant
+            self._revoked.pop(grant.group_id, None)     # a new grant supersedes an old revocation
+
+    def check_held(self, group_id: str) -> Grant:
+        """The grant this client holds on ``group_id``; no I/O. Raises ``SessionLostError`` if the
+        session is gone, ``GroupRevokedError`` if an admin deleted the group under the hold (learnt
+        from a keepalive), ``NotHolderError`` if the client does not hold it. A job may call it
+        between steps of a long GPU phase."""
+        self._check_usable(Call.YIELD)
+        with self._mu:
+            held = self._held.get(group_id)
+            if held is None and group_id in self._revoked:
+                raise self._revoked_error(self._revoked[group_id])
+        if held is None:
+            raise E.NotHolderError(f"not_holder: job {self.job_id!r} holds no grant of {group_id!r} in this client",
+                                   reason="not_holder")
+        return held
 
     def _token_for(self, group_id: str, token: int | None) -> tuple[int, Grant | None]:
+        with self._mu:
+            revoked = self._revoked.get(group_id)
+            if revoked is not None and token in (None, revoked.token):
+                del self._revoked[group_id]             # told once, by this call's error
+                raise self._revoked_error(revoked)
         held = self._held.get(group_id)
         if token is None:
             if held is None:
@@ -273,6 +281,36 @@ class ClientCore:
             g = self._held.get(group_id)
             if g is not None and g.token == token:
                 del self._held[group_id]
+
+    # -- revocations (lockd/revocations.py) -------------------------------------
+    # A KeepAlive reply lists the groups an admin deleted while this job was queued on
+    # them, until the job's Yield of the deleted entry's token acknowledges it. The list
+    # carries names, not tokens, and an entry stays listed until acknowledged; so a
+    # listing is a hint that is confirmed by reading the group's status before a grant
+    # is dropped (a notice left from an earlier wait must not end a newer grant).
+    def _revocation_suspects(self, groups) -> list[Grant]:
+        """The grants held on groups a KeepAlive reply listed as deleted."""
+        with self._mu:
+            return [self._held[g] for g in groups if g in self._held]
+
+    def _still_holds(self, grant: Grant, holder_job: str | None, holder_token: int | None) -> bool:
+        """Whether the group's current head (None: no group, or nobody) is this very grant."""
+        return holder_job == self.job_id and holder_token == grant.token
+
+    def _revoke(self, grant: Grant) -> E.GroupRevokedError | None:
+        """Drop ``grant`` (if still held) and remember it, so later calls on it say what happened."""
+        with self._mu:
+            if self._held.get(grant.group_id) != grant:
+                return None
+            del self._held[grant.group_id]
+            self._revoked[grant.group_id] = grant
+        log.warning("grant_revoked", job=self.job_id, group=grant.group_id, token=grant.token)
+        return self._revoked_error(grant)
+
+    def _revoked_error(self, grant: Grant) -> E.GroupRevokedError:
+        return E.GroupRevokedError(
+            f"group_deleted: an admin deleted group {grant.group_id!r} while job {self.job_id!r} held it "
+            f"(token {grant.token})", code="ABORTED", reason="group_deleted", grant=grant)
 
     @staticmethod
     def _deadline(timeout: float | None) -> float | None:

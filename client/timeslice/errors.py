@@ -142,10 +142,32 @@ class CallCancelledError(TimesliceClientError):
     code = "CANCELLED"
 
 
+class GroupRevokedError(TimesliceClientError):
+    """An admin deleted a group while this job held it: the hold ended then (see lockd/revocations.py).
+
+    Not a session loss: the job's session and its other holds live on."""
+
+    code = "ABORTED"
+    hint = ("whatever ran on the group's devices after the deletion ran without the lock; "
+            "stop that phase, then acquire the group again once it exists")
+
+    def __init__(self, message: str = "", *, grant=None, group_id: str | None = None, **kw):
+        super().__init__(message, **kw)
+        self.grant = grant
+        self.group_id = group_id or (grant.group_id if grant is not None else None)
+
+
 class ClientClosedError(TimesliceClientError):
     """The client was used after close()."""
 
     hint = "make a new client"
+
+
+class ClientForkedError(ClientClosedError):
+    """The client was made in a parent process and used in a child after fork()."""
+
+    hint = ("a client's session, channels and event loop belong to the process that made it; "
+            "make a new client in the child")
 
 
 class InternalError(TimesliceClientError):
@@ -165,6 +187,7 @@ _TABLE: dict[tuple[str, str | None], type[TimesliceClientError]] = {
     ("FAILED_PRECONDITION", "not_queued"): NotHolderError,
     ("FAILED_PRECONDITION", "stale_token"): StaleTokenError,
     ("FAILED_PRECONDITION", None): PreconditionError,
+    ("ABORTED", "group_deleted"): GroupRevokedError,
     ("ABORTED", None): SessionLostError,
     ("UNAUTHENTICATED", None): AuthError,
     ("NOT_FOUND", None): UnknownGroupError,

@@ -87,10 +87,11 @@ class NodeSpec(_Dict):
 class Group(_Dict):
     group_id: str
     nodes: tuple[NodeSpec, ...] = ()
+    isolation: str = ""          # the group's policy for parked cooperative workers ("": the default)
 
     @classmethod
     def from_pb(cls, g: pb.Group) -> Group:
-        return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes))
+        return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes), g.isolation)
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,10 @@ def group(lockd, uid, clients):
 
 def crash(c: OrchestratorClient) -> None:
     """As SIGKILL would leave it: no more keepalives, nothing closed, the lease left to expire."""
-    c._ka_stop.set()
-    c._closing = True        # its later close() at teardown must not count as anything
+    async def stop(core):
+        core._closing = True     # its later close() at teardown must not count as anything
+        core._stop_keepalive()
+    c._loop.call(stop(c._core))
 
 
 def test_job_restarted_under_the_same_id_keeps_its_new_session(lockd, group, uid, clients):

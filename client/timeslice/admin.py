@@ -1,0 +1,94 @@
+"""Admin and status calls: groups, status, create/delete a group, jobs, and the live watch.
+
+CreateGroup and DeleteGroup carry the admin credential (auth.py); the others
+only read. None of them needs the job's session.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from tsproto import lockd_pb2 as pb
+
+from timeslice import errors as E
+from timeslice.core import ALREADY_APPLIED
+from timeslice.model import Group, GroupStatus, JobInfo
+from timeslice.retry import Call, CallState, TryAgain
+from timeslice.transport import Transport
+
+
+class Admin(Transport):
+    async def groups(self) -> list[Group]:
+        """Every group, with its nodes."""
+        r = await self._invoke(Call.LIST_GROUPS, pb.ListGroupsRequest, deadline=self._deadline(self.config.timeout))
+        return [Group.from_pb(g) for g in r.groups]
+
+    async def status(self, group_id: str) -> GroupStatus:
+        """The group's holder, grant, waiters in order, and per-node residency."""
+        r = await self._invoke(Call.GROUP_STATUS, lambda: pb.GroupRef(group_id=group_id),
+                               deadline=self._deadline(self.config.timeout))
+        return GroupStatus.from_pb(r)
+
+    async def create_group(self, group_id: str, nodes=None, *, isolation: str = "") -> Group:
+        """Create ``group_id`` over ``nodes`` ("node", "node:0,1", (node, [gpus]) or NodeSpec).
+        ``isolation``: the group's policy for parked cooperative workers (lockd lists the
+        values it knows; "" is the default). Re-creating it with the same settings is a no-op."""
+        req = self._create_req(group_id, nodes, isolation)
+        r = await self._invoke(Call.CREATE_GROUP, lambda: req, deadline=self._deadline(self.config.timeout))
+        return Group.from_pb(r)
+
+    async def delete_group(self, group_id: str, force: bool = False) -> bool:
+        """Delete ``group_id``; refused while jobs are queued unless ``force`` (their holds end,
+        and each is told: see ``on_grant_revoked``)."""
+        r = await self._invoke(Call.DELETE_GROUP, lambda: pb.DeleteGroupRequest(group_id=group_id, force=force),
+                               deadline=self._deadline(self.config.timeout))
+        return True if r is ALREADY_APPLIED else r.deleted
+
+    async def jobs(self) -> list[JobInfo]:
+        """Jobs with a live session."""
+        r = await self._invoke(Call.LIST_JOBS, pb.ListJobsRequest, deadline=self._deadline(self.config.timeout))
+        return [JobInfo.from_pb(j) for j in r.jobs]
+
+    async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
+        """Iterate over the group's status now and after every change, until the caller stops
+        (or ``timeout`` seconds pass). Replicas that fail are left for the next one; the
+        stream restarts there with a full picture, and unchanged pictures are not repeated."""
+        deadline = self._deadline(timeout)
+        last: GroupStatus | None = None
+        while True:
+            holder: dict[str, Any] = {}
+
+            async def open_stream(stub, idx, req, t, holder=holder):
+                call = stub.WatchGroup(req, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+                holder.update(call=call, idx=idx)
+                first = await call.read()
+                if first is grpc.aio.EOF:
+                    raise TryAgain("UNAVAILABLE", "watch stream ended")
+                return first
+
+            try:
+                first = await self._invoke(Call.WATCH_GROUP, lambda: pb.GroupRef(group_id=group_id),
+                                           deadline=deadline, cap=0, attempt=open_stream)
+            except E.DeadlineError:
+                return
+            call, idx = holder["call"], holder["idx"]
+            try:
+                msg = first
+                while msg is not grpc.aio.EOF:
+                    status = GroupStatus.from_pb(msg)
+                    if status != last:
+                        last = status
+                        yield status
+                    msg = await call.read()
+            except grpc.RpcError as e:
+                code = e.code().name if e.code() is not None else "UNKNOWN"
+                if code in ("DEADLINE_EXCEEDED", "CANCELLED"):
+                    return
+                try:
+                    self.react(CallState(Call.WATCH_GROUP), idx, code, e.details() or "")
+                except TryAgain:
+                    continue
+            finally:
+                call.cancel()

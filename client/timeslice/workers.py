@@ -1,0 +1,137 @@
+"""The job's worker processes: register them with lockd, attest them to the node agent, cooperate.
+
+A node agent acts only on processes a job registered, and (``--require-attestation``)
+only on those that proved, over its node-local channel, that they are the job's:
+the agent trusts the pid the kernel gives it, never one a caller names. So
+``register_worker`` opens (once per process) an attest-only channel, and
+``cooperate`` opens the channel a cooperative worker serves pause/resume on
+(``timeslice.cooperative``, its own daemon thread, the same for both faces).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+from timeslice.logs import get_logger
+from timeslice.model import Worker
+from timeslice.retry import Call
+from timeslice.session import Sessions
+
+log = get_logger("timeslice.client")
+
+
+class Workers(Sessions):
+    async def register_worker(self, pid: int | None = None, node: str | None = None, device_bytes: int = 0, *,
+                              swap: str = "", gpus=(), endpoint: str = "", tags=None,
+                              collective: bool = False) -> Worker:
+        """Tell the node agents that process ``pid`` (default: this one) on ``node``
+        (default: $TIMESLICE_NODE_NAME, else the host name) holds this job's device memory.
+
+        ``swap`` says how the agent moves it: "checkpoint" (default, CUDA checkpoint of the
+        whole process), "cooperative" (the process pauses itself; see ``timeslice.cooperative``),
+        "vllm"/"sglang" (the server's HTTP API at ``endpoint``). ``gpus``: the node's GPU indexes
+        it uses. ``tags``: region -> "offload"|"discard". ``collective``: it uses CUDA IPC/NCCL p2p,
+        so its context must never be checkpointed."""
+        await self._ensure_session()
+        if swap != "cooperative":
+            from timeslice.config import node_name
+            seen = await self._blocking(self.attest_worker, node or node_name())
+            if pid is None and seen:
+                pid = seen                    # the pid as the agent sees it (pid namespaces differ)
+        req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
+
+        def build():
+            req.session_secret = self._secret()
+            return req
+        await self._invoke(Call.REGISTER_WORKER, build, deadline=self._deadline(self.config.timeout))
+        log.info("worker_registered", job=self.job_id, node=w.node, pid=w.pid)
+        return w
+
+    async def unregister_worker(self, pid: int | None = None, node: str | None = None) -> Worker:
+        """Withdraw a worker registered with ``register_worker``."""
+        await self._ensure_session()
+        req, w = self._worker_req(pid, node, 0)
+
+        def build():
+            req.session_secret = self._secret()
+            return req
+        await self._invoke(Call.UNREGISTER_WORKER, build, deadline=self._deadline(self.config.timeout))
+        return w
+
+    def attest_worker(self, node: str):
+        """Open (once) this process's channel to ``node``'s agent, proving the process is this job's;
+        the pid the agent sees (its pid namespace), or None if no agent listens here. Blocking.
+
+        The node agent acts only on pids a job attested (``--require-attestation``), so a
+        job can never have another job's process snapshotted by registering its pid.
+        """
+        from timeslice.channel import ChannelError
+        from timeslice.config import node_name
+        from timeslice.cooperative import Attestation, CooperativeWorker
+        mine = [w for w in self._cooperative if w.node == node]
+        if mine:
+            return mine[0].pid                # a cooperative channel attests already
+        if node != node_name() and not os.environ.get("TIMESLICE_AGENT_SOCKET"):
+            return None                       # another node's agent: not reachable from here
+        if self._attestation is None:
+            w = CooperativeWorker(self.job_id, self._secret, Attestation(), node, connect_timeout=2.0)
+            try:
+                w.start()
+            except ChannelError as e:
+                log.warning("worker_not_attested", job=self.job_id, node=node, error=str(e)[:200],
+                            hint="the node agent acts only on attested workers when it requires attestation")
+                return None
+            self._attestation = w
+        return self._attestation.pid
+
+    def _close_attestation(self) -> None:
+        w, self._attestation = self._attestation, None
+        if w is not None:
+            w.close()
+
+    async def cooperate(self, memory, *, node: str | None = None, socket_path: str | None = None,
+                        gpus: Sequence[int] = (), prepin: bool = True):
+        """Make this process a *cooperative* worker: it moves its own device memory when asked.
+
+        Opens the node-local channel to the node agent (which learns this
+        process's pid from the kernel), registers the worker with
+        ``swap="cooperative"`` and the memory's tags, and serves the agent's
+        pause/resume requests on a daemon thread. ``prepin`` pays the one-time
+        cost of allocating the retained pinned host backup now (call this while
+        the job holds a group, before its loop), not during the first swap; it
+        runs on the calling thread of the sync client, on a worker thread of the async one.
+        Returns the ``CooperativeWorker``; ``close()`` closes it too.
+        """
+        from timeslice.config import node_name
+        from timeslice.cooperative import CooperativeWorker
+        await self._ensure_session()
+        node = node or node_name()
+        await self._blocking(self._close_attestation)   # one channel per process: the cooperative one attests too
+        w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
+        pid = await self._blocking(w.connect)
+        try:
+            await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
+                                       swap="cooperative", gpus=gpus, tags=dict(memory.tags))
+            w.start()
+            if prepin and hasattr(memory, "prepin"):
+                t0 = time.monotonic()
+                await self._blocking(memory.prepin)
+                w.announce()
+                log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
+                         elapsed_s=round(time.monotonic() - t0, 3))
+        except BaseException:
+            w.close()
+            raise
+        with self._mu:
+            self._cooperative.append(w)
+        return w
+
+    async def _close_workers(self) -> None:
+        """At close: the cooperative channels first (the agent lifts a freeze on a worker that
+        leaves), then the attestation."""
+        with self._mu:
+            workers, self._cooperative = self._cooperative, []
+        for w in workers:
+            await self._blocking(w.close)
+        await self._blocking(self._close_attestation)
