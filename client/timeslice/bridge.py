@@ -15,7 +15,6 @@ hanging.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import os
 import threading
@@ -30,12 +29,17 @@ _WAKE = 0.5          # s; how often a waiting caller checks that the loop thread
 _WIND_DOWN = 2.0     # s; how long an interrupted caller lets its cancelled coroutine finish
 
 
-async def _as_caller(caller: CallerThread, coro: Coroutine[Any, Any, T]) -> T:
+async def _as_caller(caller: CallerThread, coro: Coroutine[Any, Any, Any]) -> None:
     CALLER.set(caller)            # this task (and what it starts) hands user code to the caller
     try:
-        return await coro
-    finally:
-        caller.finish()
+        value = await coro
+    except Exception as e:  # noqa: BLE001 - handed to the caller, which raises it
+        caller.finish((False, e))
+    except BaseException:
+        caller.finish(None)       # cancelled
+        raise
+    else:
+        caller.finish((True, value))
 
 
 class LoopThread:
@@ -93,19 +97,17 @@ class LoopThread:
         try:
             while caller.serve_one(_WAKE):
                 if not self._alive():
-                    break
+                    raise E.ClientClosedError("the client was closed while the call ran")
         except BaseException:
             cf.cancel()                   # the task sees CancelledError where it waits
             self._wind_down(caller)
             raise
-        while True:                       # the result is set just after the coroutine finished
-            try:
-                return cf.result(timeout=_WAKE)
-            except concurrent.futures.CancelledError:
-                raise E.ClientClosedError("the client was closed while the call ran") from None
-            except concurrent.futures.TimeoutError:
-                if not self._alive():
-                    raise E.ClientClosedError("the client was closed while the call ran") from None
+        if caller.outcome is None:
+            raise E.ClientClosedError("the client was closed while the call ran")
+        ok, value = caller.outcome
+        if ok:
+            return value
+        raise value
 
     def _alive(self) -> bool:
         t = self._thread

@@ -51,7 +51,9 @@ MOVED = object()
 class CallerThread:
     """Lets a coroutine on the loop run a function on the thread that waits for the coroutine.
 
-    The waiting thread calls ``serve``; the coroutine calls ``await run(fn, ...)``.
+    The waiting thread calls ``serve_one`` until it returns False, then reads ``outcome``;
+    the coroutine calls ``await run(fn, ...)``, and its wrapper ``finish(outcome)`` at the end.
+    The outcome travels through the same queue, so the waiting thread wakes once per call.
     """
 
     _DONE = object()
@@ -59,6 +61,8 @@ class CallerThread:
     def __init__(self) -> None:
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self.abandoned = False
+        #: (True, result) or (False, exception); None: the coroutine was cancelled.
+        self.outcome: tuple[bool, Any] | None = None
 
     async def run(self, fn: Callable, *args: Any) -> Any:
         if self.abandoned:
@@ -68,7 +72,8 @@ class CallerThread:
         self._q.put((fn, args, fut, loop))
         return await fut
 
-    def finish(self) -> None:
+    def finish(self, outcome: tuple[bool, Any] | None) -> None:
+        self.outcome = outcome
         self._q.put(self._DONE)
 
     def serve_one(self, timeout: float) -> bool:
