@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     c.add_argument("name")
     c.add_argument("--node", action="append", default=[], metavar="NODE[:GPU,GPU]", type=_node_spec,
                    help="a node of the group, optionally with GPU indices; repeat for more nodes")
+    c.add_argument("--isolation", choices=isolation_choices(), default=NO_ISOLATION,
+                   help="how far a parked job is moved off the group's devices (lockd's policies; "
+                        f"{NO_ISOLATION!r}: cooperative workers keep their CUDA context)")
     c.set_defaults(func=cmd_group_create)
     d = gsub.add_parser("delete", parents=[common], help="delete a group")
     d.add_argument("name")
@@ -46,6 +49,21 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     j = sub.add_parser("jobs", parents=[common], help="jobs with a live session")
     j.set_defaults(func=cmd_jobs)
+
+
+#: How the CLI spells the default isolation policy (records.ISOLATION_NONE, the empty string).
+NO_ISOLATION = "none"
+
+
+def isolation_choices() -> list[str]:
+    """The group isolation policies lockd knows (records.ISOLATIONS, read here, never copied)."""
+    from tscore import records as R
+    return sorted(v or NO_ISOLATION for v in R.ISOLATIONS)
+
+
+def _isolation(choice: str) -> str:
+    from tscore import records as R
+    return R.ISOLATION_NONE if choice == NO_ISOLATION and NO_ISOLATION not in R.ISOLATIONS else choice
 
 
 def _node_spec(text: str) -> NodeSpec:
@@ -74,7 +92,7 @@ def cmd_groups(args) -> int:
 
 def cmd_group_create(args) -> int:
     with admin_client(args) as c:
-        g = c.create_group(args.name, args.node)
+        g = c.create_group(args.name, args.node, isolation=_isolation(args.isolation))
         try:
             alive = {n.node for n in c.status(g.group_id).node_status if n.agent_alive}
         except TimesliceClientError:          # deleted in between: nothing to warn about
@@ -85,8 +103,9 @@ def cmd_group_create(args) -> int:
                 for n in lonely]
     for w in warnings:
         print(f"timeslice: warning: {w}", file=sys.stderr, flush=True)
+    iso = f", isolation: {g.isolation}" if g.isolation else ""
     emit(args, {**g.to_dict(), "warnings": warnings},
-         lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'})")
+         lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'}{iso})")
     return 0
 
 

@@ -128,3 +128,20 @@ def test_console_script_is_installed():
         pytest.skip("console script not installed in this environment")
     r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "status" in r.stdout and "watch" in r.stdout
+
+
+def test_group_create_takes_an_isolation_policy(lockd, uid, clients, capsys, monkeypatch):
+    g = f"iso-{uid}"
+    rc, out, err = main(lockd, capsys, "group", "create", g, "--node", "n1", "--isolation", "full", "--json")
+    assert rc == 0, err
+    assert json.loads(out)["isolation"] == "full"
+    c = clients(OrchestratorClient(lockd.targets, job_id=f"iso-{uid}"))
+    assert c.create_group(g, ["n1"], isolation="full").isolation == "full"      # the same settings: a no-op
+    rc, out, err = main(lockd, capsys, "group", "create", f"{g}-d", "--node", "n1")
+    assert rc == 0 and "isolation" not in out                                  # the default: none
+    assert cli.main(["group", "create", g, "--isolation", "no-such-policy"]) == 2
+    # The choices are lockd's list, read when the parser is built (a policy added there shows up).
+    from tscore import records as R
+    monkeypatch.setattr(R, "ISOLATIONS", R.ISOLATIONS | {"strict"})
+    args = cli.build_parser().parse_args(["group", "create", g, "--isolation", "strict"])
+    assert args.isolation == "strict"
