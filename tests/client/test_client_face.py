@@ -1,0 +1,150 @@
+"""The sync face over the async client (client.py, bridge.py): which thread runs what, Ctrl-C in a
+blocked call, close() under a blocked call, and a client used in a child after fork()."""
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+import threading
+import time
+import types
+
+import pytest
+from timeslice import ClientClosedError, ClientForkedError, OrchestratorClient, SessionLostError
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def admin(lockd, uid, clients):
+    return clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
+
+
+@pytest.fixture
+def group(admin, uid):
+    g = f"g-{uid}"
+    admin.create_group(g, ["node-x"])
+    return g
+
+
+def test_hooks_and_the_cache_release_run_on_the_calling_thread(lockd, group, uid, clients, monkeypatch):
+    seen = []
+
+    class Cuda:
+        def is_initialized(self):
+            return True
+
+        def synchronize(self):
+            seen.append(("synchronize", threading.current_thread()))
+
+        def empty_cache(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=Cuda()))
+    c = clients(OrchestratorClient(lockd.targets, job_id=f"hk-{uid}",
+                                   after_acquire=lambda g: seen.append(("after", threading.current_thread())),
+                                   before_yield=lambda g: seen.append(("before", threading.current_thread()))))
+
+    def phase():
+        with c.on_accelerators(group):
+            pass
+    worker = threading.Thread(target=phase, name="the-caller")
+    worker.start()
+    worker.join(30)
+    assert [k for k, _ in seen] == ["after", "before", "synchronize"]
+    assert all(t is worker for _, t in seen), seen
+
+
+def test_session_loss_callback_from_the_keepalive_may_call_the_client(etcd, lockd, group, uid, clients):
+    """Not on the loop thread: a callback that calls the client must not deadlock it."""
+    got = {}
+    done = threading.Event()
+
+    def on_lost(err):
+        got["thread"] = threading.current_thread().name
+        got["holder"] = c.status(group).holder         # a call from inside the callback
+        c.reset_session()
+        done.set()
+    c = clients(OrchestratorClient(lockd.targets, job_id=f"cb-{uid}", session_ttl=3, on_session_lost=on_lost))
+    c.acquire(group)
+    etcd.revoke_lease(c.lease_id)
+    assert done.wait(15), got
+    assert got["holder"] is None and not got["thread"].startswith("timeslice-client")
+    assert not c.session_lost                        # reset from the callback
+    assert c.acquire(group).job_id == c.job_id
+    c.yield_(group)
+
+
+def test_ctrl_c_in_a_blocked_acquire_gives_up_the_place(lockd, admin, group, uid, clients):
+    holder = clients(OrchestratorClient(lockd.targets, job_id=f"kh-{uid}"))
+    waiter = clients(OrchestratorClient(lockd.targets, job_id=f"kw-{uid}"))
+    holder.acquire(group)
+
+    def interrupt_when_queued():
+        wait_for(lambda: admin.status(group).waiters, what="the waiter queued")
+        _thread.interrupt_main()                     # as Ctrl-C would, in the thread blocked in acquire
+    threading.Thread(target=interrupt_when_queued, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        waiter.acquire(group)
+    wait_for(lambda: not admin.status(group).waiters, what="the cancelled acquire left the queue")
+    assert not waiter.session_lost and waiter.held == {}
+    holder.yield_(group)
+    assert waiter.acquire(group, timeout=10).job_id == waiter.job_id   # the client is fine afterwards
+    waiter.yield_(group)
+
+
+def test_close_ends_a_call_blocked_in_another_thread(lockd, admin, group, uid, clients):
+    holder = clients(OrchestratorClient(lockd.targets, job_id=f"ch-{uid}"))
+    waiter = OrchestratorClient(lockd.targets, job_id=f"cw-{uid}")
+    holder.acquire(group)
+    out = {}
+
+    def wait():
+        try:
+            waiter.acquire(group)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            out["err"] = e
+    t = threading.Thread(target=wait)
+    t.start()
+    wait_for(lambda: admin.status(group).waiters, what="the waiter queued")
+    waiter.close()
+    t.join(15)
+    assert isinstance(out.get("err"), (ClientClosedError, SessionLostError)), out
+    assert admin.status(group).waiters == ()
+    holder.yield_(group)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_client_used_in_a_forked_child_raises_and_leaves_the_parent_alone(lockd, group, uid, clients):
+    c = clients(OrchestratorClient(lockd.targets, job_id=f"fk-{uid}"))
+    grant = c.acquire(group)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                     # the child: report, never return into pytest
+        code = 0
+        try:
+            os.close(r)
+            try:
+                c.status(group)
+                code = 10                            # used the parent's client: wrong
+            except ClientForkedError:
+                code = 1
+            c.close()                                # must not close the parent's session
+            os.write(w, b"%d" % code)
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        verdict = f.read()
+    os.waitpid(pid, 0)
+    assert verdict == b"1", verdict
+    time.sleep(2 * c.config.keepalive_period)
+    assert not c.session_lost and c.status(group).holder.job_id == c.job_id
+    assert c.yield_(group).token == grant.token
