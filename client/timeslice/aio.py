@@ -93,7 +93,7 @@ class AsyncOrchestratorClient(Holds, Workers, Admin):
             await self._close_session(s, timeout)
         with self._mu:
             self._closed = True
-            self._held.clear()
+            self._grants.clear()
         for call, task in self._dangling:
             call.cancel()
             task.cancel()

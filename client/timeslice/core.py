@@ -1,8 +1,8 @@
 """The client's state and rules; no I/O here.
 
 ``ClientCore`` holds the resolved configuration, which target is current, the
-session (secret, lease) and whether it was lost, the grants this client holds
-and those an admin revoked, the user's hooks, and ``react``: the one place that
+session (secret, lease) and whether it was lost, the book of grants this
+client holds (grants.py), the user's hooks, and ``react``: the one place that
 turns a failed attempt into "re-send", "that was success", "verify the
 session" or an exception, using retry.py's decision.
 
@@ -25,6 +25,7 @@ from tsproto import lockd_pb2 as pb
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
+from timeslice.grants import Grants
 from timeslice.logs import get_logger
 from timeslice.model import Grant, Worker, node_specs
 from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
@@ -55,8 +56,8 @@ class ClientCore:
 
     def __init__(self, target: str | Sequence[str] | None, job_id: str | None, *, session_ttl: int,
                  timeout: float, on_session_lost: Callable[[E.SessionLostError], Any] | None,
-                 on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None, release_cache: bool, before_yield: Callable[[Grant], Any] | None,
-                 after_acquire: Callable[[Grant], Any] | None, credentials: Any, retry: RetryPolicy | None):
+                 on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None, release_cache: bool,
+                 before_yield: Callable[[Grant], Any] | None, after_acquire: Callable[[Grant], Any] | None, credentials: Any, retry: RetryPolicy | None):
         self.config = ClientConfig.build(target, job_id, session_ttl, timeout, retry)
         self.release_cache = release_cache
         self.before_yield, self.after_acquire = before_yield, after_acquire
@@ -71,8 +72,7 @@ class ClientCore:
         self._lost: E.SessionLostError | None = None
         self._closed = False
         self._closing = False
-        self._held: dict[str, Grant] = {}
-        self._revoked: dict[str, Grant] = {}  # grants an admin ended by deleting their group, not yet told
+        self._grants = Grants(self.config.job_id)
         self._holds: dict[str, Any] = {}      # on_accelerators scopes per group (holds.py)
         self._withdraw: set[str] = set()      # groups whose failed acquire is still to take back (withdraw.py)
         self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
@@ -114,8 +114,7 @@ class ClientCore:
     @property
     def held(self) -> dict[str, Grant]:
         """Groups this client holds now (by its own acquire/yield calls), with their grants."""
-        with self._mu:
-            return dict(self._held)
+        return self._grants.snapshot()
 
     @property
     def closed(self) -> bool:
@@ -155,9 +154,7 @@ class ClientCore:
             if self._lost is not None or self._closing or self._closed or (session is not None and session is not self._session):
                 return None
             self._lost = err
-            lost_groups = sorted(self._held)
-            self._held.clear()
-            self._revoked.clear()
+            lost_groups = self._grants.clear()
             cb = self._on_session_lost
         log.warning("session_lost", job=self.job_id, lease=self.lease_id, groups=lost_groups, reason=str(err))
         return cb
@@ -240,77 +237,13 @@ class ClientCore:
             raise E.InvalidArgumentError(str(e)) from None
         return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs], isolation=isolation)
 
-    # -- holds ----------------------------------------------------------------
-    def _grant_held(self, grant: Grant) -> None:
-        with self._mu:
-            self._held[grant.group_id] = grant
-            self._revoked.pop(grant.group_id, None)     # a new grant supersedes an old revocation
-
     def check_held(self, group_id: str) -> Grant:
         """The grant this client holds on ``group_id``; no I/O. Raises ``SessionLostError`` if the
         session is gone, ``GroupRevokedError`` if an admin deleted the group under the hold (learnt
         from a keepalive), ``NotHolderError`` if the client does not hold it. A job may call it
         between steps of a long GPU phase."""
         self._check_usable(Call.YIELD)
-        with self._mu:
-            held = self._held.get(group_id)
-            if held is None and group_id in self._revoked:
-                raise self._revoked_error(self._revoked[group_id])
-        if held is None:
-            raise E.NotHolderError(f"not_holder: job {self.job_id!r} holds no grant of {group_id!r} in this client",
-                                   reason="not_holder")
-        return held
-
-    def _token_for(self, group_id: str, token: int | None) -> tuple[int, Grant | None]:
-        with self._mu:
-            revoked = self._revoked.get(group_id)
-            if revoked is not None and token in (None, revoked.token):
-                del self._revoked[group_id]             # told once, by this call's error
-                raise self._revoked_error(revoked)
-        held = self._held.get(group_id)
-        if token is None:
-            if held is None:
-                raise E.NotHolderError(
-                    f"not_holder: job {self.job_id!r} holds no grant of {group_id!r} in this client",
-                    reason="not_holder")
-            return held.token, held
-        return int(token), held if held is not None and held.token == token else None
-
-    def _forget(self, group_id: str, token: int) -> None:
-        with self._mu:
-            g = self._held.get(group_id)
-            if g is not None and g.token == token:
-                del self._held[group_id]
-
-    # -- revocations (lockd/revocations.py) -------------------------------------
-    # A KeepAlive reply lists the groups an admin deleted while this job was queued on
-    # them, until the job's Yield of the deleted entry's token acknowledges it. The list
-    # carries names, not tokens, and an entry stays listed until acknowledged; so a
-    # listing is a hint that is confirmed by reading the group's status before a grant
-    # is dropped (a notice left from an earlier wait must not end a newer grant).
-    def _revocation_suspects(self, groups) -> list[Grant]:
-        """The grants held on groups a KeepAlive reply listed as deleted."""
-        with self._mu:
-            return [self._held[g] for g in groups if g in self._held]
-
-    def _still_holds(self, grant: Grant, holder_job: str | None, holder_token: int | None) -> bool:
-        """Whether the group's current head (None: no group, or nobody) is this very grant."""
-        return holder_job == self.job_id and holder_token == grant.token
-
-    def _revoke(self, grant: Grant) -> E.GroupRevokedError | None:
-        """Drop ``grant`` (if still held) and remember it, so later calls on it say what happened."""
-        with self._mu:
-            if self._held.get(grant.group_id) != grant:
-                return None
-            del self._held[grant.group_id]
-            self._revoked[grant.group_id] = grant
-        log.warning("grant_revoked", job=self.job_id, group=grant.group_id, token=grant.token)
-        return self._revoked_error(grant)
-
-    def _revoked_error(self, grant: Grant) -> E.GroupRevokedError:
-        return E.GroupRevokedError(
-            f"group_deleted: an admin deleted group {grant.group_id!r} while job {self.job_id!r} held it "
-            f"(token {grant.token})", code="ABORTED", reason="group_deleted", grant=grant)
+        return self._grants.check(group_id)
 
     @staticmethod
     def _deadline(timeout: float | None) -> float | None:

@@ -81,7 +81,7 @@ class Holds(Sessions):
         finally:
             self._drop_left(left)
         grant = Grant.from_pb(reply)
-        self._grant_held(grant)
+        self._grants.add(grant)
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
                  waited_ms=round(grant.waited_ms, 3), restored=grant.restored)
         if self.after_acquire is not None:
@@ -168,7 +168,7 @@ class Holds(Sessions):
         admin revoked by deleting its group raises ``GroupRevokedError``.
         """
         self._check_usable(Call.YIELD)
-        tok, held = self._token_for(group_id, token)
+        tok, held = self._grants.token_for(group_id, token)
         if held is not None and self.before_yield is not None:
             await self._user(self.before_yield, held, name="before_yield")
         if self.release_cache:
@@ -178,9 +178,9 @@ class Holds(Sessions):
             reply = await self._invoke(Call.YIELD, lambda: self._yield_req(group_id, tok),
                                        deadline=self._deadline(self.config.timeout))
         except (E.NotHolderError, E.StaleTokenError, E.GroupRevokedError):
-            self._forget(group_id, tok)
+            self._grants.forget(group_id, tok)
             raise
-        self._forget(group_id, tok)
+        self._grants.forget(group_id, tok)
         if reply is ALREADY_APPLIED:
             out = Released(group_id, tok, True, False)
         else:
@@ -212,11 +212,11 @@ class Holds(Sessions):
     async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int) -> Grant:
         hold = self._holds.setdefault(group_id, _Hold())
         async with hold.mutex:
-            if hold.depth == 0 or group_id not in self._held:
+            if hold.depth == 0 or group_id not in self._grants:
                 await self.acquire(group_id, timeout, hint)
                 hold.depth = 0
             hold.depth += 1
-            return self._held[group_id]
+            return self._grants.check(group_id)
 
     async def _scope_exit_async(self, group_id: str) -> None:
         hold = self._holds.setdefault(group_id, _Hold())
@@ -224,5 +224,5 @@ class Holds(Sessions):
             hold.depth = max(0, hold.depth - 1)
             if hold.depth == 0:
                 self._check_usable(Call.YIELD)
-                if group_id in self._held or group_id in self._revoked:
+                if group_id in self._grants or self._grants.ends_in_error(group_id):
                     await self.yield_(group_id)         # a revoked hold raises GroupRevokedError

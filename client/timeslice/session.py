@@ -14,7 +14,7 @@ restarted job's OpenSession may wait a whole TTL for its predecessor's session
 to expire.
 
 A KeepAlive reply also lists the groups an admin deleted under the job
-(``revoked_groups``, see lockd/revocations.py and core.py): a grant held on one
+(``revoked_groups``, see lockd/revocations.py and grants.py): a grant held on one
 is confirmed gone with a status read, dropped, acknowledged to lockd, and
 reported through ``on_grant_revoked`` and a ``grant_revoked`` log event, within
 one keepalive period of the deletion.
@@ -114,7 +114,7 @@ class Sessions(Transport):
     def _heard(self, reply) -> None:
         """Look into a KeepAlive reply's revoked groups (off the keepalive's path: a slow status
         read or user callback must never delay the next renewal)."""
-        for grant in self._revocation_suspects(getattr(reply, "revoked_groups", ())):
+        for grant in self._grants.suspects(getattr(reply, "revoked_groups", ())):
             key = (grant.group_id, grant.token)
             if key not in self._notices:
                 t = asyncio.create_task(self._check_revoked(grant), name=f"timeslice-revoked-{grant.group_id}")
@@ -128,14 +128,14 @@ class Sessions(Transport):
                                     deadline=self._deadline(self.config.timeout))
             status = GroupStatus.from_pb(st)
             head = status.holder
-            if self._still_holds(grant, head.job_id if head else None, head.token if head else None):
+            if self._grants.still_holds(grant, head.job_id if head else None, head.token if head else None):
                 return                                  # a notice left from an earlier wait on the group
         except E.UnknownGroupError:
             pass                                        # deleted and not re-created
         except E.TimesliceClientError as e:
             log.warning("revocation_check_failed", job=self.job_id, group=grant.group_id, error=str(e))
             return                                      # the next keepalive lists it again
-        err = self._revoke(grant)
+        err = self._grants.revoke(grant)
         if err is None:
             return                                      # yielded (or lost) meanwhile
         await self._acknowledge_revoked(grant)
@@ -162,8 +162,7 @@ class Sessions(Transport):
             await self._close_session(s)
         with self._mu:
             self._session, self._lost = None, None
-            self._held.clear()
-            self._revoked.clear()
+            self._grants.clear()
         self._holds.clear()
         self._withdraw.clear()
 
