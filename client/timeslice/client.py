@@ -193,7 +193,8 @@ class OrchestratorClient:
             while (status := self._loop.call(step())) is not _END:
                 yield status
         finally:                          # the caller stopped early (or failed): end the stream
-            if self._loop.started() and not self._loop.stopped and not self._loop.forked():
+            loop = self._loop
+            if loop.started() and not loop.stopped and not loop.forked() and not loop.in_loop_thread():
                 with contextlib.suppress(E.TimesliceClientError):
                     self._loop.call(stream.aclose())
 

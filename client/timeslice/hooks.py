@@ -1,5 +1,6 @@
-"""Hooks around a hold: release the framework's cached device memory before a
-yield, and run the user's ``before_yield`` / ``after_acquire`` callables.
+"""The hook around a yield: release the framework's cached device memory.
+
+(The user's ``before_yield`` / ``after_acquire`` hooks run where transport.py says.)
 
 Every byte a framework keeps cached on the GPU is a byte the node agent must
 copy out when the job is snapshotted. PyTorch's caching allocator keeps freed
@@ -11,8 +12,6 @@ created by accident.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from timeslice.logs import get_logger
 
@@ -39,9 +38,3 @@ def release_framework_cache() -> bool:
         log.warning("cache_release_failed", error=str(e))
         return False
 
-
-def run_hook(name: str, hook: Callable[[Any], Any] | None, arg: Any) -> Any:
-    """Call a user hook; its exception propagates (the user asked for it to run)."""
-    if hook is None:
-        return None
-    return hook(arg)

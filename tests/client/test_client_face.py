@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -148,3 +149,17 @@ def test_a_client_used_in_a_forked_child_raises_and_leaves_the_parent_alone(lock
     time.sleep(2 * c.config.keepalive_period)
     assert not c.session_lost and c.status(group).holder.job_id == c.job_id
     assert c.yield_(group).token == grant.token
+
+
+def test_a_client_left_open_closes_its_session_at_interpreter_exit(lockd, admin, group, uid):
+    """No close(): at exit the loop thread still closes the session (its holds go at once, not a
+    TTL later), and the interpreter does not hang on the thread."""
+    script = ("import sys; from timeslice import OrchestratorClient\n"
+              "c = OrchestratorClient(sys.argv[1].split(','), job_id=sys.argv[2], session_ttl=120)\n"
+              "c.acquire(sys.argv[3]); print('holding', flush=True)\n")
+    r = subprocess.run([sys.executable, "-c", script, ",".join(lockd.targets), f"ex-{uid}", group],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "holding" in r.stdout, r.stderr
+    # Gone well before its 120 s TTL (the replicas' views follow etcd within moments).
+    wait_for(lambda: admin.status(group).holder is None, what="the hold released at exit")
+    assert f"ex-{uid}" not in [j.job_id for j in admin.jobs()]
