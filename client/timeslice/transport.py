@@ -178,10 +178,21 @@ class Transport(ClientCore):
                     raise TryAgain(code, e.details() or "") from None
                 return out
 
-        retrying = tenacity.AsyncRetrying(wait=self.config.retry.wait(), stop=self.config.retry.stop(deadline),
-                                          retry=retry_on_try_again(), reraise=True)
         try:
-            return await retrying(once)
+            try:
+                return await once()          # the common case: one attempt, no retry machinery
+            except TryAgain as e:
+                first: TryAgain | None = e
+
+            async def again():
+                nonlocal first
+                if first is not None:        # tenacity counts the failed first attempt, then waits
+                    e, first = first, None
+                    raise e
+                return await once()
+            retrying = tenacity.AsyncRetrying(wait=self.config.retry.wait(), stop=self.config.retry.stop(deadline),
+                                              retry=retry_on_try_again(), reraise=True)
+            return await retrying(again)
         except TryAgain as last:
             err = self.exhausted(st, last)
         except E.TimesliceClientError as e:
