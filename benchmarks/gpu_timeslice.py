@@ -31,9 +31,9 @@ import tempfile
 import threading
 import time
 
-from tscore.testing.agent import AgentProcess
-from tscore.testing.etcd import EtcdCluster
-from tscore.testing.lockd import LockdCluster
+from timeslice.testing.agent import AgentProcess
+from timeslice.testing.etcd import EtcdCluster
+from timeslice.testing.lockd import LockdCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = "gpu-node-0"

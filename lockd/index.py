@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from aetcd import rpc
 
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
-from tscore.records import GrantValue, GroupSpec
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
+from timeslice.common.records import GrantValue, GroupSpec
 
 KV = rpc.KeyValue
 

@@ -24,21 +24,21 @@ from typing import Callable
 
 from aetcd import rpc
 
-from lockd.attempts import AttemptFence
-from lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
-from lockd import handoff as H
-from lockd.index import StateIndex
-from lockd.plan import Policy
-from lockd.waiters import Waiters
-from tscore import records as R
-from tscore.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.election import Leadership
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.queue import FifoQueue
-from tscore.ids import check_id
-from tscore.keys import Keys
+from timeslice.lockd.attempts import AttemptFence
+from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
+from timeslice.lockd import handoff as H
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.waiters import Waiters
+from timeslice.common import records as R
+from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.queue import FifoQueue
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from lockd.index import JobState
-from tscore import records as R
+from timeslice.lockd.index import JobState
+from timeslice.common import records as R
 
 
 @dataclass

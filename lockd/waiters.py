@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
 
 
 class Waiters:

@@ -11,10 +11,10 @@ from importlib import metadata
 
 import structlog
 
-from nodeagent.backends.base import Backend
-from nodeagent.backends.errors import BackendError
-from nodeagent.hostmem import HostMemory
-from tscore import records as R
+from timeslice.nodeagent.backends.base import Backend
+from timeslice.nodeagent.backends.errors import BackendError
+from timeslice.nodeagent.hostmem import HostMemory
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.inventory")
 
@@ -37,7 +37,7 @@ class Inventory:
         if self.backend.name != "sim" or dev is None:
             return None
         capacity = dev.ledger.layout()[0]
-        from nodeagent.sim.device import device_id
+        from timeslice.nodeagent.sim.device import device_id
         return [{"index": g, "uuid": device_id(g), "total_bytes": capacity, "free_bytes": free}
                 for g, free in enumerate(dev.free_per_gpu())]
 
@@ -45,7 +45,7 @@ class Inventory:
         if not self._nvml_tried:
             self._nvml_tried = True
             try:
-                from nodeagent.backends.nvml import Nvml
+                from timeslice.nodeagent.backends.nvml import Nvml
                 self._nvml = Nvml.open()
             except BackendError as e:
                 log.info("nvml_unavailable", error=str(e))

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import structlog
 
-from nodeagent import picture as P
-from nodeagent.backends import ops
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.backends.errors import AdmissionRefused, SizeUnknown
-from nodeagent.hostmem import HostMemory, admit_restore
-from nodeagent.intents import moved_bytes, outcome_of
-from nodeagent.metrics import Metrics
-from tscore import records as R
+from timeslice.nodeagent import picture as P
+from timeslice.nodeagent.backends import ops
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.backends.errors import AdmissionRefused, SizeUnknown
+from timeslice.nodeagent.hostmem import HostMemory, admit_restore
+from timeslice.nodeagent.intents import moved_bytes, outcome_of
+from timeslice.nodeagent.metrics import Metrics
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.runner")
 

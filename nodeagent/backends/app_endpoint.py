@@ -37,17 +37,17 @@ from urllib.parse import urlencode
 import structlog
 import tenacity
 
-from nodeagent.backends import procfs
-from nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
-from nodeagent.backends.base import DeviceMeter
-from nodeagent.backends.errors import BackendError, ProcessGone
-from nodeagent.backends.swapper import (
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
+from timeslice.nodeagent.backends.base import DeviceMeter
+from timeslice.nodeagent.backends.errors import BackendError, ProcessGone
+from timeslice.nodeagent.backends.swapper import (
     Swapper,
     SwapRefused,
     SwapReport,
     SwapState,
 )
-from tscore import records as R
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.backends.app_endpoint")
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import Backend, DeviceBytes, ProcState
-from nodeagent.backends.swapper import SwapState, Swapper
-from tscore import records as R
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
+from timeslice.nodeagent.backends.swapper import SwapState, Swapper
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.backends.composite")
 

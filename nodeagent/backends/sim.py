@@ -26,9 +26,9 @@ import time
 
 import structlog
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
 log = structlog.get_logger("nodeagent.backends.sim")
 

@@ -28,9 +28,9 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from nodeagent.backends.errors import IllegalState
-from nodeagent.sim.client import SimDeviceClient
-from nodeagent.sim.device import device_id
+from timeslice.nodeagent.backends.errors import IllegalState
+from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.device import device_id
 
 ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
 DEFAULT_COOP_GBPS = 50.0

@@ -19,8 +19,8 @@ import tenacity
 from aetcd import Client as _AetcdClient
 from aetcd import rpc
 
-from tscore.errors import ConfigError, EtcdUnavailable
-from tscore.etcd.errmap import map_error
+from timeslice.common.errors import ConfigError, EtcdUnavailable
+from timeslice.common.etcd.errmap import map_error
 
 # Client-side HTTP/2 keepalive finds a dead or paused member, so pick_first moves
 # on to the next endpoint. etcd rejects pings more often than every 5 s by default.

@@ -14,10 +14,10 @@ from typing import Callable
 
 import structlog
 
-from tscore.errors import EtcdError, SessionClosed, SessionLost
-from tscore.etcd.backoff import Backoff
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.timing import SessionTiming
+from timeslice.common.errors import EtcdError, SessionClosed, SessionLost
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.timing import SessionTiming
 
 log = structlog.get_logger("tscore.session")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tscore.errors import ConfigError
+from timeslice.common.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import grpc
 import structlog
 from aetcd import rpc
 
-from tscore.errors import WatchCompacted
-from tscore.etcd.backoff import Backoff
-from tscore.etcd.client import EtcdClient
-from tscore.keys import prefix_range_end
+from timeslice.common.errors import WatchCompacted
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.keys import prefix_range_end
 
 log = structlog.get_logger("tscore.watch")
 

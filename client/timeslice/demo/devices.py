@@ -30,7 +30,7 @@ class SimGpu:
     kind = "sim"
 
     def __init__(self, sim_dir: str, nbytes: int, seed: int):
-        from nodeagent.sim.client import SimDeviceClient
+        from timeslice.nodeagent.sim.client import SimDeviceClient
         self.dev = SimDeviceClient.open(sim_dir)     # registers this process on the device
         self.nbytes = int(nbytes)
         self.hint_bytes = self.nbytes                # what the job will hold: device_bytes_hint
@@ -119,7 +119,7 @@ class SimCoopGpu(SimGpu):
             yield off, min(BLOCK, n - off)
 
     def allocate(self) -> None:
-        from nodeagent.sim.coop import SimCooperativeMemory
+        from timeslice.nodeagent.sim.coop import SimCooperativeMemory
         self.memory = SimCooperativeMemory({"weights": (self.nbytes - self.CONTEXT, "offload")}, self.sim_dir,
                                            seed=self.seed, context_bytes=self.CONTEXT)
         self.dev = self.memory.dev

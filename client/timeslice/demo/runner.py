@@ -213,7 +213,7 @@ class Demo:
         # them (a real GPU frees a process's memory when it exits); the jobs of
         # this run are gone, so their leftovers go.
         try:
-            from nodeagent.sim.device import SimDevice
+            from timeslice.nodeagent.sim.device import SimDevice
             SimDevice(self.cluster["sim"]["dir"]).reap()
         except OSError:
             pass
