@@ -72,7 +72,7 @@ class Session:
         return self.error is None and not self._closed
 
     async def _keepalive(self) -> None:
-        interval = self.timing.keepalive_interval
+        interval = self.timing.interval
         # One renewal may not use up the renew deadline: while etcd elects a new raft
         # leader a keepalive hangs; cut it short and try again (jittered, sooner than
         # the interval), so the lease is renewed about as soon as etcd can do it.
