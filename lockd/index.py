@@ -8,6 +8,7 @@ incrementally from each watch batch and rebuilt on a reflector reset.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from aetcd import rpc
 
@@ -15,7 +16,7 @@ from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 from timeslice.common.records import GrantValue, GroupSpec
 
-KV = rpc.KeyValue
+KV: TypeAlias = rpc.KeyValue   # aetcd ships no type information: Any, named for the reader
 
 
 @dataclass

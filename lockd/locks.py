@@ -169,7 +169,7 @@ class Locks:
             # leader, hand the group straight to the next job in the same transaction.
             lead = self.leadership() if handoff else None
             nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
-            if nxt is not None:
+            if lead is not None and nxt is not None:
                 op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt)
                 success.append(op)
             else:
@@ -199,7 +199,8 @@ class Locks:
         await self._require_group(group)
         gs = self.index.groups.get(group)
         kv = gs.queue.get(job) if gs else None
-        if kv is not None and kv.create_revision == token and not self._granted(gs.grant, job, token):
+        if (gs is not None and kv is not None and kv.create_revision == token
+                and not self._granted(gs.grant, job, token)):
             # The mirror may not show a grant made a moment ago: ask etcd itself.
             r = await self.client.range(ops.range_req(self.keys.grant(group)))
             if not r.kvs or not self._granted(r.kvs[0], job, token):

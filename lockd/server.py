@@ -50,7 +50,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if config.tls_cert:
+    if config.tls_cert and config.tls_key is not None:     # config: cert and key come together
         creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))])
         port = server.add_secure_port(config.listen, creds)
     else:

@@ -41,8 +41,8 @@ class Waiters:
     def on_batch(self, events: list[WatchEvent], reset: bool) -> None:
         if reset:
             for s in self._w.values():
-                for ev in s:
-                    ev.set()
+                for waiter in s:
+                    waiter.set()
             return
         for ev in events:
             try:

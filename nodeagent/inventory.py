@@ -8,6 +8,7 @@ backend's own free-memory figure otherwise. Blocking; call through a thread.
 from __future__ import annotations
 
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -15,6 +16,9 @@ from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.errors import BackendError
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.common import records as R
+
+if TYPE_CHECKING:   # for the annotation only: the module is imported on first use (_nvml_gpus)
+    from timeslice.nodeagent.backends.nvml import Nvml
 
 log = structlog.get_logger("nodeagent.inventory")
 
@@ -29,7 +33,7 @@ def version() -> str:
 class Inventory:
     def __init__(self, backend: Backend, host: HostMemory):
         self.backend, self.host = backend, host
-        self._nvml = None
+        self._nvml: Nvml | None = None
         self._nvml_tried = False
 
     def _sim_gpus(self) -> list[dict] | None:

@@ -60,7 +60,7 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
     pbg.add_NodeAgentServicer_to_server(
         NodeAgentServicer(agent, operations or Operations(agent), authority), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
-    if cfg is not None and cfg.tls_cert:
+    if cfg is not None and cfg.tls_cert and cfg.tls_key is not None:     # config: cert and key come together
         creds = grpc.ssl_server_credentials(
             [(_read(cfg.tls_key), _read(cfg.tls_cert))],
             root_certificates=_read(cfg.tls_client_ca) if cfg.tls_client_ca else None,

@@ -55,6 +55,12 @@ VERIFY_POLL_S = 0.01          # how often the meter is read while waiting for me
 STATE_TIMEOUT_S = 2.0         # state() is a quick look, not a swap
 
 
+def _last_reading(rs: tenacity.RetryCallState) -> int | None:
+    """On giving up, the last meter reading (not an error: the caller compares it)."""
+    assert rs.outcome is not None       # the callback runs after an attempt, so there is one
+    return rs.outcome.result()
+
+
 class SwapNotVerified(SwapRefused):
     """The server answered, but the meter did not see its device memory move."""
 
@@ -88,7 +94,7 @@ class AppEndpointSwapper(Swapper):
             retry=tenacity.retry_if_result(lambda b: b is not None and not want(b)),
             wait=tenacity.wait_fixed(VERIFY_POLL_S),
             stop=lambda rs: time.monotonic() >= deadline,
-            retry_error_callback=lambda rs: rs.outcome.result())
+            retry_error_callback=_last_reading)
         return retrying(self._held)
 
     # -- the Swapper interface --------------------------------------------------------

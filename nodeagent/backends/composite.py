@@ -103,7 +103,8 @@ class CompositeBackend(Backend):
             regions = {}
             for p in pids:
                 sw = self.resolve(p)
-                if sw is not None and hasattr(sw, "tags") and sw.state() is SwapState.RUNNING:
+                if (sw is not None and hasattr(sw, "tags") and hasattr(sw, "region_bytes")
+                        and sw.state() is SwapState.RUNNING):
                     regions[p] = (sw.tags(), sw.region_bytes())
             ctx.tags = choose_tags(regions, 0 if isolation == R.ISOLATION_FULL else need_bytes)
         with self._mu:

@@ -54,10 +54,10 @@ class SimCooperativeMemory:
         self._host: dict[str, bytearray] = {}               # retained host backups (offload regions)
         self._sha: dict[str, str] = {}
         rng = random.Random(seed)
-        for t, n in self._size.items():
-            self._dev[t] = bytearray(rng.randbytes(n))
+        fresh = {t: bytearray(rng.randbytes(n)) for t, n in self._size.items()}
+        self._dev.update(fresh)
         self._account()
-        for t, buf in self._dev.items():
+        for t, buf in fresh.items():
             self._sha[t] = hashlib.sha256(buf).hexdigest()
 
     # -- what the channel asks -------------------------------------------------------
