@@ -178,7 +178,8 @@ class Agent:
 
     async def fence(self) -> None:
         """Freeze the on-device processes of jobs whose session expired; thaw them when their job
-        registers them again. See nodeagent/orphans.py. Device calls run in threads. A thaw waits
+        registers them again; thaw a job frozen by a freeze intent that leaves on purpose (it
+        unregistered, or closed its session). See nodeagent/orphans.py. Device calls run in threads. A thaw waits
         for no op: a job with an op in flight is thawed at a later refresh (the op's own status
         write refreshes through here, holding the job's op lock)."""
         from nodeagent.backends.base import ProcState
@@ -193,7 +194,20 @@ class Agent:
             on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
             return O.ON_DEVICE if on else O.OFF_DEVICE
 
+        held = {st.job: st.pids for st in self.jobs.statuses() if I.frozen_by_intent(st)}
+        listed = {pid: job for pid, (job, _) in self.jobs.local_workers().items()}
+        leaving = {p: j for p, j in O.Orphans.leaving(held, listed, self._let_go).items()
+                   if p not in self.orphans.frozen}
+
         def work() -> None:
+            for pid, job in leaving.items():
+                if job not in busy and base.get_state(pid) is ProcState.LOCKED:
+                    try:
+                        base.unlock(pid)
+                        log.info("frozen_job_left", job=job, pid=pid, why="unregistered or session closed: "
+                                 "its exit must not wait on the lock")
+                    except Exception as e:  # noqa: BLE001 - gone meanwhile
+                        log.info("frozen_job_left_unlock_failed", job=job, pid=pid, error=str(e)[:300])
             step = self.orphans.step(regs, state, self._let_go)
             frozen, thawed = {}, {}
             for pid, job in step.freeze.items():
