@@ -13,7 +13,7 @@ The swap for head job B (token t), per node of the group, GPU by GPU
      a job that holds a group on those devices is never snapshotted: B waits;
   2. B snapshotted on the node → restore intent for B; wait;
   3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
-     B frozen (by an earlier strict handoff) → thaw intent for B; wait;
+     B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
   4. every node settled → grant {B, t, epoch}.
 A failed or refused step, a dead agent, or an agent silent past the swap
 timeout fails B's Acquire with the reason; the group moves on to the next job.
@@ -218,12 +218,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # Strict: those left beside B run nothing until they acquire again; B waits for the agent.
             actions += [_intent(ns, node, j, R.FREEZE, token) for j in freeze]
             pending = True
-            continue
         elided |= any(g & set(b_gpus) for g in residents.values())
         if b_where == "snapshotted":
             actions.append(_intent(ns, node, head_job, R.RESTORE, token))
             pending = True
         elif S.is_frozen(ns, head_job):
+            # At once, beside the freezes: nobody holds the group until the grant, which waits for both.
             actions.append(_intent(ns, node, head_job, R.THAW, token))
             pending = True
     actions = [a for a in actions if a is not None]

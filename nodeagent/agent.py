@@ -399,13 +399,18 @@ class Agent:
                     outcome=d.outcome, state=pic.state, reason=d.reason)
             return
         await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
-        if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
+        # A freeze or thaw moves nothing and takes a few ms: no in-progress report (an agent that dies
+        # mid-way runs the unanswered intent again; a lock or unlock done already is "already"), and
+        # no refreshed agent key with the answer (the device figures do not change). Each saves a
+        # write in the elided handoff of a strict group, which waits for these answers.
+        moves = intent.op in (R.SNAPSHOT, R.RESTORE)
+        if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
-        rev = await self._answer(intent, st)
+        rev = await self._answer(intent, st, refresh=moves)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))

@@ -66,15 +66,19 @@ def test_a_frozen_job_is_thawed_before_its_next_grant_in_any_group():
         P.WriteGrant("A", 12, 112, restored=False, elided=False, bytes_moved=0)]
 
 
-def test_the_head_is_thawed_only_once_the_others_are_frozen():
+def test_the_head_is_thawed_beside_the_freezes_and_granted_once_both_are_answered():
     jobs = two_jobs()
     ns = NodeState(agent=agent4([60 * GB], {"A": {"gpu0": 10 * GB}, "B": {"gpu0": 10 * GB}},
                                 {"A": 10 * GB, "B": 10 * GB}), statuses={"B": status("B", R.FROZEN)})
     assert P.plan_group(strict([("B", 9, 10 * GB)]), {"n1": ns}, jobs, 0) == [
-        P.WriteIntent("n1", "A", R.FREEZE, 9, 0)]
-    ns.statuses["A"] = status("A", R.FROZEN)
+        P.WriteIntent("n1", "A", R.FREEZE, 9, 0), P.WriteIntent("n1", "B", R.THAW, 9, 0)]
+    ns.intents["A"] = intent("A", R.FREEZE, 9, mod=20)
+    ns.intents["B"] = intent("B", R.THAW, 9, mod=21)
+    ns.statuses["A"] = status("A", R.FROZEN, R.OK, intent_rev=20, token=9)
+    assert P.plan_group(strict([("B", 9, 10 * GB)]), {"n1": ns}, jobs, 0) == []     # B's thaw unanswered
+    ns.statuses["B"] = status("B", R.RUNNING, R.OK, intent_rev=21, token=9)
     assert P.plan_group(strict([("B", 9, 10 * GB)]), {"n1": ns}, jobs, 0) == [
-        P.WriteIntent("n1", "B", R.THAW, 9, 0)]
+        P.WriteGrant("B", 9, 109, restored=False, elided=True, bytes_moved=0)]
 
 
 def test_a_holder_of_another_group_on_those_gpus_is_never_frozen():
