@@ -140,6 +140,7 @@ class SessionValue(Record):
     secret_sha256: str
     opened_ms: int = 0
     replica: str = ""
+    peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
 
 
 @dataclass
