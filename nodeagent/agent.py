@@ -27,7 +27,7 @@ from nodeagent.backends import pick_backend
 from nodeagent.backends.base import Backend
 from nodeagent.backends.composite import CompositeBackend
 from nodeagent.backends.swapper import Swapper
-from nodeagent import attest
+from nodeagent import attest, fencing
 from nodeagent import orphans as O
 from nodeagent.channel import ChannelServer
 from nodeagent.config import AgentConfig
@@ -171,70 +171,12 @@ class Agent:
         return None
 
     def _let_go(self, job: str) -> bool:
-        """True if ``job`` dropped its registrations itself: its session lives on, or CloseSession
-        left its marker. Only an expired session's on-device processes are frozen."""
-        return (self.jobs_mirror.get(self.keys.session(job)) is not None
-                or self.jobs_mirror.get(self.keys.closed(job)) is not None)
+        return fencing.let_go(self, job)
 
     async def fence(self) -> None:
-        """Freeze the on-device processes of jobs whose session expired; thaw them when their job
-        registers them again; thaw a job frozen by a freeze intent that leaves on purpose (it
-        unregistered, or closed its session). See nodeagent/orphans.py. Device calls run in threads. A thaw waits
-        for no op: a job with an op in flight is thawed at a later refresh (the op's own status
-        write refreshes through here, holding the job's op lock)."""
-        from nodeagent.backends.base import ProcState
-        regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
-                if self.trusted_pids(job, [pid])}
-        base = self.backend.base
-
-        def state(pid: int) -> str:
-            st = self.backend.get_state(pid)
-            if st is ProcState.GONE:
-                return O.GONE
-            on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
-            return O.ON_DEVICE if on else O.OFF_DEVICE
-
-        held = {st.job: st.pids for st in self.jobs.statuses() if I.frozen_by_intent(st)}
-        listed = {pid: job for pid, (job, _) in self.jobs.local_workers().items()}
-        leaving = {p: j for p, j in O.Orphans.leaving(held, listed, self._let_go).items()
-                   if p not in self.orphans.frozen}
-
-        def work() -> None:
-            for pid, job in leaving.items():
-                if job not in busy and base.get_state(pid) is ProcState.LOCKED:
-                    try:
-                        base.unlock(pid)
-                        log.info("frozen_job_left", job=job, pid=pid, why="unregistered or session closed: "
-                                 "its exit must not wait on the lock")
-                    except Exception as e:  # noqa: BLE001 - gone meanwhile
-                        log.info("frozen_job_left_unlock_failed", job=job, pid=pid, error=str(e)[:300])
-            step = self.orphans.step(regs, state, self._let_go)
-            frozen, thawed = {}, {}
-            for pid, job in step.freeze.items():
-                try:
-                    base.lock(pid, 2_000)
-                    frozen[pid] = job
-                    log.warning("orphan_frozen", job=job, pid=pid,
-                                why="its session expired while it was on a GPU: it runs nothing there until "
-                                    "its job registers it again")
-                except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
-                    log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
-            for pid, job in step.thaw.items():
-                if job in busy:
-                    continue                              # next refresh
-                try:
-                    if base.get_state(pid) is ProcState.LOCKED:
-                        base.unlock(pid)
-                    thawed[pid] = job
-                    log.info("orphan_thawed", job=job, pid=pid)
-                except Exception as e:  # noqa: BLE001
-                    log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
-            self.orphans.record(frozen, thawed)
-            if frozen or thawed or step.forgotten:
-                self.orphans.save(self._orphans_path)     # a restarted agent still knows whom it froze
-
-        busy = {job for job in set(regs.values()) if self.runner.busy(job) or self.driving(job)}
-        await asyncio.to_thread(work)
+        """Freeze and thaw at the device the processes of jobs that lost or left their sessions
+        (nodeagent/fencing.py)."""
+        await fencing.fence(self)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
