@@ -33,17 +33,16 @@ import sys
 import tempfile
 import time
 
-from timeslice.auth import metadata_for
-from tsproto import lockd_pb2 as pb
-
 from benchmarks import common as C
 from benchmarks.handoff import one_handoff
-from nodeagent.sim.device import SimDevice
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
-from tscore.keys import Keys
-from tscore.testing.agent import AgentProcess, SimWorker
+from timeslice.auth import metadata_for
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.keys import Keys
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.testing.agent import AgentProcess, SimWorker
 
 NODE = "bench-node"
 MiB = 1 << 20

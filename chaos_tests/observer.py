@@ -23,7 +23,7 @@ import threading
 
 from chaos_tests.crossgroup import PARKED
 from chaos_tests.history import HistoryRecorder
-from tscore.etcd import EtcdClient, EtcdConfig, Watch, ops
+from timeslice.common.etcd import EtcdClient, EtcdConfig, Watch, ops
 
 
 class GrantObserver:

@@ -20,7 +20,7 @@ def identity(context) -> str:
     """The caller of a grpc.aio ``context``, as above ("" if gRPC cannot tell)."""
     try:
         auth = context.auth_context() or {}
-    except Exception:  # noqa: BLE001 - no auth context on this transport
+    except Exception:
         auth = {}
     cn = auth.get("x509_common_name") or []
     if cn:
@@ -28,7 +28,7 @@ def identity(context) -> str:
         return ("tls:" + (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)))[:MAX_PEER_CHARS]
     try:
         return address(context.peer() or "")
-    except Exception:  # noqa: BLE001
+    except Exception:
         return ""
 
 

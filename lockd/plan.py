@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from lockd.index import GroupState, JobState, NodeState
-from lockd import strict as S
-from lockd.placement import NodeView, is_protected, need_per_gpu
-from tscore import records as R
+from timeslice.lockd.index import GroupState, JobState, NodeState
+from timeslice.lockd import strict as S
+from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
+from timeslice.common import records as R
 
 
 @dataclass(frozen=True)

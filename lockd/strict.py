@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from lockd.index import NodeState
-from lockd.placement import NodeView, is_protected
-from tscore import records as R
+from timeslice.common import records as R
+from timeslice.lockd.index import NodeState
+from timeslice.lockd.placement import NodeView, is_protected
 
 
 def _status(ns: NodeState | None, job: str) -> R.StatusValue | None:

@@ -17,9 +17,9 @@ from functools import partial
 
 import structlog
 
-from nodeagent import intents as I
-from nodeagent import orphans as O
-from nodeagent.backends.base import ProcState
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent.backends.base import ProcState
 
 log = structlog.get_logger("nodeagent.fencing")
 
@@ -58,7 +58,7 @@ async def fence(agent) -> None:
                     base.unlock(pid)
                     log.info("frozen_job_left", job=job, pid=pid, why="unregistered or session closed: "
                              "its exit must not wait on the lock")
-                except Exception as e:  # noqa: BLE001 - gone meanwhile
+                except Exception as e:
                     log.info("frozen_job_left_unlock_failed", job=job, pid=pid, error=str(e)[:300])
         step = agent.orphans.step(regs, state, partial(let_go, agent))
         frozen, thawed = {}, {}
@@ -69,7 +69,7 @@ async def fence(agent) -> None:
                 log.warning("orphan_frozen", job=job, pid=pid,
                             why="its session expired while it was on a GPU: it runs nothing there until "
                                 "its job registers it again")
-            except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
+            except Exception as e:
                 log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
         for pid, job in step.thaw.items():
             if job in busy:
@@ -79,7 +79,7 @@ async def fence(agent) -> None:
                     base.unlock(pid)
                 thawed[pid] = job
                 log.info("orphan_thawed", job=job, pid=pid)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
         agent.orphans.record(frozen, thawed)
         if frozen or thawed or step.forgotten:

@@ -26,9 +26,16 @@ from collections.abc import Sequence
 
 import structlog
 
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.backends.ops import (DEFAULT_LOCK_TIMEOUT_MS, JobResult, Outcome, PidResult, _failure,
-                                    _parallel, _per_pid)
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.backends.ops import (
+    DEFAULT_LOCK_TIMEOUT_MS,
+    JobResult,
+    Outcome,
+    PidResult,
+    _failure,
+    _parallel,
+    _per_pid,
+)
 
 log = structlog.get_logger("nodeagent.backends.freezing")
 
@@ -71,7 +78,7 @@ def _each(op: str, backend: Backend, pids: Sequence[int], start: ProcState, targ
                              error_code="FAILED_PRECONDITION")
         try:
             act(pid)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes this pid's report
+        except Exception as exc:
             return _failure(backend, pid, before, exc, t)
         return PidResult(pid, Outcome.DONE, before, target, elapsed_ms=(time.monotonic() - t) * 1000)
 

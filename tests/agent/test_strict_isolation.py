@@ -11,13 +11,13 @@ import time
 from contextlib import asynccontextmanager
 
 import pytest
+from agenthelpers import NODE, MiB, get, status, wait_agent
 
-from agenthelpers import MiB, NODE, get, status, wait_agent
-from nodeagent.sim.device import SimDevice
-from tscore import records as R
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.common import records as R
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
+from timeslice.testing.lockd import LockdCluster, admin_channel
 
 JOB = 3 * MiB          # two fit on the 10 MiB device: every handoff here is elided
 
@@ -107,7 +107,7 @@ async def test_a_yielded_job_is_frozen_before_an_elided_grant_and_thawed_before_
 
 async def test_without_the_policy_an_elided_handoff_freezes_nothing(world, client, keys, sim_dir):
     dev = SimDevice(sim_dir)
-    async with world(R.ISOLATION_NONE) as (jobs, lockd, agent):
+    async with world(R.ISOLATION_NONE) as (jobs, _lockd, agent):
         wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
         ga = await jobs.acquire("A")
         await jobs.yield_("A", ga.token)
@@ -122,7 +122,7 @@ async def test_without_the_policy_an_elided_handoff_freezes_nothing(world, clien
 async def test_a_frozen_job_that_closes_its_session_is_thawed_to_exit_and_leaves_nothing(world, client, keys,
                                                                                         sim_dir):
     dev = SimDevice(sim_dir)
-    async with world(R.ISOLATION_STRICT) as (jobs, lockd, agent):
+    async with world(R.ISOLATION_STRICT) as (jobs, _lockd, agent):
         wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
         ga = await jobs.acquire("A")
         await jobs.yield_("A", ga.token)
@@ -139,7 +139,7 @@ async def test_a_frozen_job_that_closes_its_session_is_thawed_to_exit_and_leaves
 
 async def test_a_frozen_job_that_dies_leaves_nothing(world, client, keys, etcd, sim_dir):
     dev = SimDevice(sim_dir)
-    async with world(R.ISOLATION_STRICT) as (jobs, lockd, agent):
+    async with world(R.ISOLATION_STRICT) as (jobs, _lockd, _agent):
         wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
         ga = await jobs.acquire("A")
         await jobs.yield_("A", ga.token)
@@ -169,7 +169,7 @@ async def _nothing_left(client, keys, dev, pid: int, job: str) -> None:
 
 async def test_a_freeze_outlives_an_agent_restart(world, client, keys, sim_dir):
     dev = SimDevice(sim_dir)
-    async with world(R.ISOLATION_STRICT) as (jobs, lockd, agent):
+    async with world(R.ISOLATION_STRICT) as (jobs, _lockd, agent):
         wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
         ga = await jobs.acquire("A")
         await jobs.yield_("A", ga.token)

@@ -1,10 +1,9 @@
 """Strict groups in the planner (issue #15): on an elided handoff the jobs left on the group's GPUs
 are frozen before the grant, and a frozen job is thawed before its own next grant. Sans-IO."""
-from lockd import plan as P
-from lockd.index import JobState, NodeState
-from tscore import records as R
-
 from tests.lockd.test_plan import GB, agent4, group_gpus, intent, kv, status, worker_on
+from timeslice.common import records as R
+from timeslice.lockd import plan as P
+from timeslice.lockd.index import JobState, NodeState
 
 
 def strict(queue, gpus=(0,)):

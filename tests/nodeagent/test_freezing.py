@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import queue
 
-from nodeagent import orphans as O
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.freezing import freeze_processes, thaw_processes
-from nodeagent.backends.ops import Outcome, snapshot_processes
-from nodeagent.picture import job_state, take
-from tscore import records as R
 from simhelpers import MiB, wait_until
+
+from timeslice.common import records as R
+from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.freezing import freeze_processes, thaw_processes
+from timeslice.nodeagent.backends.ops import Outcome, snapshot_processes
+from timeslice.nodeagent.picture import job_state, take
 
 
 def test_a_frozen_process_runs_nothing_until_thawed_and_keeps_its_bytes(sim, spawn):

@@ -12,14 +12,14 @@ import grpc
 import pytest
 from aetcd import rpc
 
-from lockd.peers import address
-from lockd.sessions import SessionLimits
 from tests.security.conftest import rpc_error
-from tscore.errors import ConfigError
-from tscore.etcd import EtcdClient, EtcdConfig, ops
-from tscore.testing.lockd import LockdCluster
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.common.errors import ConfigError
+from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.lockd.peers import address
+from timeslice.lockd.sessions import SessionLimits
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
+from timeslice.testing.lockd import LockdCluster
 
 
 async def _state(etcd, prefix: str) -> dict:
@@ -119,7 +119,7 @@ async def test_live_sessions_are_bounded_in_total(etcd, lockd_with):
 def test_session_limit_flags_are_validated():
     with pytest.raises(ConfigError, match="--max-sessions must be >= 1"):
         SessionLimits(max_sessions=0)
-    with pytest.raises(ConfigError, match="--max-sessions-per-peer must be in 1..--max-sessions"):
+    with pytest.raises(ConfigError, match=r"--max-sessions-per-peer must be in 1\.\.--max-sessions"):
         SessionLimits(max_sessions=10, max_per_peer=11)
     with pytest.raises(ConfigError, match="--max-sessions-per-peer"):
         SessionLimits(max_per_peer=0)
