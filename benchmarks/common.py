@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 import grpc
 from timeslice.auth import metadata_for
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
-from tscore.testing.etcd import EtcdCluster
-from tscore.testing.lockd import LockdCluster
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.testing.etcd import EtcdCluster
+from timeslice.testing.lockd import LockdCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")

@@ -33,8 +33,8 @@ import sys
 
 from benchmarks import common as C
 from benchmarks.handoff import GroupObserver
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
 
 TARGET_GPS = 500
 

@@ -50,8 +50,8 @@ import threading
 import time
 
 import grpc
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 from chaos_tests.history import FencedResource, HistoryRecorder
 
@@ -201,7 +201,7 @@ class Client:
     # -- the simulated GPU (only with --sim-bytes) -------------------------------
     def setup_device(self) -> None:
         """Register this process on the node's simulated device; the arena comes with the first grant."""
-        from nodeagent.sim.client import SimDeviceClient
+        from timeslice.nodeagent.sim.client import SimDeviceClient
 
         self.dev = SimDeviceClient.open(self.a.sim_dir)
 

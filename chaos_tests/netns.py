@@ -24,8 +24,8 @@ import subprocess
 import sys
 import time
 
-from tscore.testing.lockd import LockdProcess
-from tscore.testing.procs import track
+from timeslice.testing.lockd import LockdProcess
+from timeslice.testing.procs import track
 
 
 class NetnsUnavailable(Exception):
@@ -109,7 +109,7 @@ class NetnsLockdProcess(LockdProcess):
         return f"{self.ns.ns_ip}:{self.fixed_port}"
 
     def start(self, timeout: float = 30.0) -> NetnsLockdProcess:
-        argv = self.ns.exec_argv([sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
+        argv = self.ns.exec_argv([sys.executable, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
                                   "--prefix", self.prefix, "--metrics-port", "-1",
                                   "--replica-id", self.replica_id, *self.extra])
         log = open(self.log_path, "ab")

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 import grpc
 from timeslice.auth import metadata_for
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
 from chaos_tests.history import HistoryRecorder, load_history
-from tscore.testing.lockd import LockdCluster, LockdProcess
-from tscore.testing.ports import free_port
-from tscore.testing.procs import signal_tree
+from timeslice.testing.lockd import LockdCluster, LockdProcess
+from timeslice.testing.ports import free_port
+from timeslice.testing.procs import signal_tree
 
 LEASE_TTL, RENEW_DEADLINE, RETRY_PERIOD = 2, 1.5, 0.5
 LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEADLINE),

@@ -5,22 +5,22 @@ import asyncio
 
 import structlog
 
-from lockd.config import LockdConfig
-from lockd.groups import Groups
-from lockd.index import StateIndex
-from lockd.leader import LeaderLoop
-from lockd.locks import Locks
-from lockd.metrics import Metrics
-from lockd.sessions import Sessions
-from lockd.waiters import Waiters
-from lockd.workers import Workers
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.election import Leadership
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
+from timeslice.lockd.config import LockdConfig
+from timeslice.lockd.groups import Groups
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.leader import LeaderLoop
+from timeslice.lockd.locks import Locks
+from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.waiters import Waiters
+from timeslice.lockd.workers import Workers
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
 
 log = structlog.get_logger("lockd.replica")
 
@@ -36,7 +36,8 @@ class Replica:
         self.metrics.queue_depth.live_groups = lambda: list(self.index.groups)
         self.reflector = Reflector(self.client, self.keys.root())
         self.waiters = Waiters(self.keys)
-        self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions)
+        self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions,
+                                 seen=lambda rev: self.reflector.wait_revision(rev, timeout=5))
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)

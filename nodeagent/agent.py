@@ -22,33 +22,33 @@ from pathlib import Path
 
 import structlog
 
-from nodeagent import intents as I
-from nodeagent.backends import pick_backend
-from nodeagent.backends.base import Backend
-from nodeagent.backends.composite import CompositeBackend
-from nodeagent.backends.swapper import Swapper
-from nodeagent import attest
-from nodeagent import orphans as O
-from nodeagent.channel import ChannelServer
-from nodeagent.config import AgentConfig
-from nodeagent.discovery import local_registered_pids
-from nodeagent.hostmem import HostMemory
-from nodeagent.inventory import Inventory
-from nodeagent.jobs import LocalJobs
-from nodeagent.metrics import Metrics
-from nodeagent.nodelock import NodeLock
-from nodeagent.protected import protected_reason
-from nodeagent.reporter import Reporter
-from nodeagent.runner import Runner
-from nodeagent.tokens import TokenBook
-from nodeagent.upkeep import Upkeep
-from tscore import records as R
-from tscore.errors import ConfigError, TimesliceError
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.session import Session
-from tscore.keys import Keys
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends import pick_backend
+from timeslice.nodeagent.backends.base import Backend
+from timeslice.nodeagent.backends.composite import CompositeBackend
+from timeslice.nodeagent.backends.swapper import Swapper
+from timeslice.nodeagent import attest, fencing
+from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent.channel import ChannelServer
+from timeslice.nodeagent.config import AgentConfig
+from timeslice.nodeagent.discovery import local_registered_pids
+from timeslice.nodeagent.hostmem import HostMemory
+from timeslice.nodeagent.inventory import Inventory
+from timeslice.nodeagent.jobs import LocalJobs
+from timeslice.nodeagent.metrics import Metrics
+from timeslice.nodeagent.nodelock import NodeLock
+from timeslice.nodeagent.protected import protected_reason
+from timeslice.nodeagent.reporter import Reporter
+from timeslice.nodeagent.runner import Runner
+from timeslice.nodeagent.tokens import TokenBook
+from timeslice.nodeagent.upkeep import Upkeep
+from timeslice.common import records as R
+from timeslice.common.errors import ConfigError, TimesliceError
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.session import Session
+from timeslice.common.keys import Keys
 from timeslice.channel import default_socket_path
 
 log = structlog.get_logger("nodeagent.agent")
@@ -58,7 +58,7 @@ def make_backend(cfg: AgentConfig) -> Backend:
     opts: dict = {"sim_dir": cfg.sim_dir, "capacity_bytes": cfg.sim_capacity_bytes,
                   "checkpoint_gbps": cfg.sim_checkpoint_gbps, "restore_gbps": cfg.sim_restore_gbps}
     if cfg.backend_name != "sim":
-        from nodeagent.backends.records import SnapshotRecords
+        from timeslice.nodeagent.backends.records import SnapshotRecords
         opts["records"] = SnapshotRecords(cfg.state_dir)
     return pick_backend(cfg.backend_name, **opts)
 
@@ -171,56 +171,12 @@ class Agent:
         return None
 
     def _let_go(self, job: str) -> bool:
-        """True if ``job`` dropped its registrations itself: its session lives on, or CloseSession
-        left its marker. Only an expired session's on-device processes are frozen."""
-        return (self.jobs_mirror.get(self.keys.session(job)) is not None
-                or self.jobs_mirror.get(self.keys.closed(job)) is not None)
+        return fencing.let_go(self, job)
 
     async def fence(self) -> None:
-        """Freeze the on-device processes of jobs whose session expired; thaw them when their job
-        registers them again. See nodeagent/orphans.py. Device calls run in threads. A thaw waits
-        for no op: a job with an op in flight is thawed at a later refresh (the op's own status
-        write refreshes through here, holding the job's op lock)."""
-        from nodeagent.backends.base import ProcState
-        regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
-                if self.trusted_pids(job, [pid])}
-        base = self.backend.base
-
-        def state(pid: int) -> str:
-            st = self.backend.get_state(pid)
-            if st is ProcState.GONE:
-                return O.GONE
-            on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
-            return O.ON_DEVICE if on else O.OFF_DEVICE
-
-        def work() -> None:
-            step = self.orphans.step(regs, state, self._let_go)
-            frozen, thawed = {}, {}
-            for pid, job in step.freeze.items():
-                try:
-                    base.lock(pid, 2_000)
-                    frozen[pid] = job
-                    log.warning("orphan_frozen", job=job, pid=pid,
-                                why="its session expired while it was on a GPU: it runs nothing there until "
-                                    "its job registers it again")
-                except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
-                    log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
-            for pid, job in step.thaw.items():
-                if job in busy:
-                    continue                              # next refresh
-                try:
-                    if base.get_state(pid) is ProcState.LOCKED:
-                        base.unlock(pid)
-                    thawed[pid] = job
-                    log.info("orphan_thawed", job=job, pid=pid)
-                except Exception as e:  # noqa: BLE001
-                    log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
-            self.orphans.record(frozen, thawed)
-            if frozen or thawed or step.forgotten:
-                self.orphans.save(self._orphans_path)     # a restarted agent still knows whom it froze
-
-        busy = {job for job in set(regs.values()) if self.runner.busy(job) or self.driving(job)}
-        await asyncio.to_thread(work)
+        """Freeze and thaw at the device the processes of jobs that lost or left their sessions
+        (nodeagent/fencing.py)."""
+        await fencing.fence(self)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
@@ -234,7 +190,7 @@ class Agent:
         base = self.backend.base
 
         def unfreeze() -> None:
-            from nodeagent.backends.base import ProcState
+            from timeslice.nodeagent.backends.base import ProcState
             if base.get_state(info.pid) is ProcState.LOCKED:
                 base.unlock(info.pid)
                 log.info("cooperative_unfrozen", pid=info.pid, job=info.job, reason="channel closed")
@@ -263,10 +219,10 @@ class Agent:
         if hit is not None and hit[:2] == (job, kind):
             return hit[2]
         if kind == R.SWAP_COOPERATIVE:
-            from nodeagent.backends.cooperative import CooperativeSwapper
+            from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
             sw: Swapper = CooperativeSwapper(self.channel, pid, job)
         else:
-            from nodeagent.backends.app_endpoint import make_app_swapper
+            from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
             sw = make_app_swapper(reg[1], self.backend.base)
         self._swappers[pid] = (job, kind, sw)
         return sw
@@ -385,13 +341,18 @@ class Agent:
                     outcome=d.outcome, state=pic.state, reason=d.reason)
             return
         await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
-        if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
+        # A freeze or thaw moves nothing and takes a few ms: no in-progress report (an agent that dies
+        # mid-way runs the unanswered intent again; a lock or unlock done already is "already"), and
+        # no refreshed agent key with the answer (the device figures do not change). Each saves a
+        # write in the elided handoff of a strict group, which waits for these answers.
+        moves = intent.op in (R.SNAPSHOT, R.RESTORE)
+        if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
-        rev = await self._answer(intent, st)
+        rev = await self._answer(intent, st, refresh=moves)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))

@@ -12,9 +12,9 @@ import textwrap
 import aetcd
 import pytest
 
-from tscore.testing import etcd as etcd_mod
-from tscore.testing.etcd import EtcdCluster, EtcdHarnessError
-from tscore.testing.procs import pid_alive
+from timeslice.testing import etcd as etcd_mod
+from timeslice.testing.etcd import EtcdCluster, EtcdHarnessError
+from timeslice.testing.procs import pid_alive
 
 
 def _grant_lease(cluster: EtcdCluster, ttl: int = 60) -> int:
@@ -116,7 +116,7 @@ def test_stop_leaves_no_process_and_no_dir():
 def test_exit_without_stop_kills_members(tmp_path):
     # A test process that dies without tearing down must not leak etcd.
     script = textwrap.dedent("""
-        from tscore.testing.etcd import EtcdCluster
+        from timeslice.testing.etcd import EtcdCluster
         c = EtcdCluster(size=1).start()
         print(c.members[0].pid, flush=True)
         raise SystemExit(3)

@@ -32,7 +32,7 @@ from timeslice.launcher import settings as L
 from timeslice.launcher.procs import same_process
 from timeslice.launcher.state import find_running
 
-from tscore.testing.ctl import etcdctl_run, http_json
+from timeslice.testing.ctl import etcdctl_run, http_json
 
 PY = sys.executable
 

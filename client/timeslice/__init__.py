@@ -10,6 +10,7 @@ See aio.py (the client), client.py (its sync face), errors.py (exceptions), retr
 """
 from timeslice.aio import AsyncOrchestratorClient
 from timeslice.client import OrchestratorClient, TimeSliceOrchestratorClient
+from timeslice.common.version import __version__
 from timeslice.errors import (
     AcquireTimeoutError,
     AlreadyExistsError,
@@ -43,7 +44,6 @@ from timeslice.model import (
     Worker,
 )
 from timeslice.retry import RetryPolicy
-from tscore.version import __version__
 
 __all__ = [
     "AcquireTimeoutError",

@@ -6,15 +6,15 @@ only read. None of them needs the job's session.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import grpc
-from tsproto import lockd_pb2 as pb
 
 from timeslice import errors as E
 from timeslice.core import ALREADY_APPLIED
 from timeslice.model import Group, GroupStatus, JobInfo
+from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call, CallState, TryAgain
 from timeslice.transport import Transport
 
@@ -51,7 +51,7 @@ class Admin(Transport):
         r = await self._invoke(Call.LIST_JOBS, pb.ListJobsRequest, deadline=self._deadline(self.config.timeout))
         return [JobInfo.from_pb(j) for j in r.jobs]
 
-    async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncIterator[GroupStatus]:
+    async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncGenerator[GroupStatus, None]:
         """Iterate over the group's status now and after every change, until the caller stops
         (or ``timeout`` seconds pass). Replicas that fail are left for the next one; the
         stream restarts there with a full picture, and unchanged pictures are not repeated."""

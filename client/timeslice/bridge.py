@@ -33,7 +33,7 @@ async def _as_caller(caller: CallerThread, coro: Coroutine[Any, Any, Any]) -> No
     CALLER.set(caller)            # this task (and what it starts) hands user code to the caller
     try:
         value = await coro
-    except Exception as e:  # noqa: BLE001 - handed to the caller, which raises it
+    except Exception as e:
         caller.finish((False, e))
     except BaseException:
         caller.finish(None)       # cancelled

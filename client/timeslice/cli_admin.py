@@ -57,12 +57,12 @@ NO_ISOLATION = "none"
 
 def isolation_choices() -> list[str]:
     """The group isolation policies lockd knows (records.ISOLATIONS, read here, never copied)."""
-    from tscore import records as R
+    from timeslice.common import records as R
     return sorted(v or NO_ISOLATION for v in R.ISOLATIONS)
 
 
 def _isolation(choice: str) -> str:
-    from tscore import records as R
+    from timeslice.common import records as R
     return R.ISOLATION_NONE if choice == NO_ISOLATION and NO_ISOLATION not in R.ISOLATIONS else choice
 
 
@@ -80,7 +80,7 @@ def cmd_groups(args) -> int:
         for g in groups:
             try:
                 statuses[g.group_id] = c.status(g.group_id)
-            except Exception:  # noqa: BLE001 - deleted in between: shown as unknown
+            except Exception:
                 pass
     data = [{**g.to_dict(), "holder": statuses[g.group_id].holder.job_id
              if g.group_id in statuses and statuses[g.group_id].holder else None,
@@ -134,7 +134,7 @@ def cmd_watch(args) -> int:
             try:
                 for st in c.watch(args.group):
                     updates.put(("status", st))
-            except BaseException as e:       # noqa: BLE001 - handed to the main thread
+            except BaseException as e:
                 updates.put(("error", e))
             else:
                 updates.put(("end", None))

@@ -19,16 +19,18 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-from tsproto import lockd_pb2 as pb
+from typing import TYPE_CHECKING, Any
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
 from timeslice.grants import Grants
 from timeslice.logs import get_logger
 from timeslice.model import Grant, Worker, node_specs
+from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
+
+if TYPE_CHECKING:
+    from timeslice.cooperative import CooperativeWorker
 
 log = get_logger("timeslice.client")
 
@@ -75,8 +77,8 @@ class ClientCore:
         self._grants = Grants(self.config.job_id)
         self._holds: dict[str, Any] = {}      # on_accelerators scopes per group (holds.py)
         self._withdraw: set[str] = set()      # groups whose failed acquire is still to take back (withdraw.py)
-        self._cooperative: list = []        # CooperativeWorker channels opened by cooperate()
-        self._attestation = None            # this process's attest-only channel (see attest_worker)
+        self._cooperative: list[CooperativeWorker] = []  # channels opened by cooperate()
+        self._attestation: CooperativeWorker | None = None  # this process's attest-only channel (workers.py)
         # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
         # job's attempts by it, so a late, stale one never replaces a newer one.
         self._seq = itertools.count(1)

@@ -22,8 +22,6 @@ import asyncio
 import time
 
 import grpc
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice import withdraw as W
@@ -31,6 +29,8 @@ from timeslice.core import ALREADY_APPLIED
 from timeslice.hooks import release_framework_cache
 from timeslice.logs import get_logger
 from timeslice.model import Grant, Released
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.retry import Call, CallState
 from timeslice.scope import AcceleratorScope
 from timeslice.session import Sessions

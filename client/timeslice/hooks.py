@@ -34,7 +34,7 @@ def release_framework_cache() -> bool:
         cuda.synchronize()
         cuda.empty_cache()
         return True
-    except Exception as e:  # noqa: BLE001 - best effort by design
+    except Exception as e:
         log.warning("cache_release_failed", error=str(e))
         return False
 

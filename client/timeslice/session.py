@@ -24,12 +24,11 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tsproto import lockd_pb2 as pb
-
 from timeslice import errors as E
 from timeslice.core import Session
 from timeslice.logs import get_logger
 from timeslice.model import Grant, GroupStatus
+from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call
 from timeslice.transport import CALLER, Transport
 
@@ -119,7 +118,12 @@ class Sessions(Transport):
             if key not in self._notices:
                 t = asyncio.create_task(self._check_revoked(grant), name=f"timeslice-revoked-{grant.group_id}")
                 self._notices[key] = t
-                t.add_done_callback(lambda _t, key=key: self._notices.pop(key, None))
+                t.add_done_callback(self._notice_done)
+
+    def _notice_done(self, task: asyncio.Task) -> None:
+        for key, t in list(self._notices.items()):
+            if t is task:
+                del self._notices[key]
 
     async def _check_revoked(self, grant: Grant) -> None:
         CALLER.set(None)

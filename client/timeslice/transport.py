@@ -27,13 +27,13 @@ from typing import Any
 
 import grpc
 import tenacity
-from tsproto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice.auth import metadata_for
 from timeslice.config import CHANNEL_OPTIONS
 from timeslice.core import ClientCore, Session
 from timeslice.logs import get_logger
+from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.retry import (
     Action,
     Call,
@@ -87,7 +87,7 @@ class CallerThread:
         fn, args, fut, loop = item
         try:
             ok, value = True, fn(*args)
-        except Exception as e:  # noqa: BLE001 - handed to the coroutine, which raises it
+        except Exception as e:
             ok, value = False, e
         loop.call_soon_threadsafe(_settle, fut, ok, value)
         return True

@@ -2,9 +2,9 @@
 import grpc
 import pytest
 
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 
 class Job:

@@ -11,7 +11,7 @@ import subprocess
 
 ETCD_BIN_ENV = "TIMESLICE_ETCD_BIN"
 ETCDCTL_BIN_ENV = "TIMESLICE_ETCDCTL_BIN"
-from tscore.netutil import http_json  # noqa: E402,F401 - re-exported for the harness
+from timeslice.common.netutil import http_json  # noqa: E402,F401 - re-exported for the harness
 
 
 class EtcdHarnessError(RuntimeError):

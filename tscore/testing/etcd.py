@@ -22,9 +22,9 @@ import shutil
 import tempfile
 import time
 
-from tscore.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
-from tscore.testing.member import EtcdMember
-from tscore.testing.ports import free_port
+from timeslice.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
+from timeslice.testing.member import EtcdMember
+from timeslice.testing.ports import free_port
 
 _live: list["EtcdCluster"] = []  # started and not yet stopped; see live_clusters()
 

@@ -1,6 +1,6 @@
 """Real lockd replicas as processes, for tests, chaos scenarios and benchmarks.
 
-Each replica is ``python -m lockd.cli serve`` on a free loopback port (it
+Each replica is ``python -m timeslice.lockd.cli serve`` on a free loopback port (it
 prints ``LOCKD_READY port=N``), logging JSON to its own file. Replicas can be
 stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and resumed
 (see tscore/testing/server.py).
@@ -17,9 +17,9 @@ import time
 
 import grpc
 
-from tscore.auth import ENV_ADMIN_TOKEN
-from tscore.testing.procs import terminate
-from tscore.testing.server import ServerProcess
+from timeslice.common.auth import ENV_ADMIN_TOKEN
+from timeslice.testing.procs import terminate
+from timeslice.testing.server import ServerProcess
 
 
 class LockdProcess(ServerProcess):
@@ -37,7 +37,7 @@ class LockdProcess(ServerProcess):
         return f"lockd {self.replica_id}"
 
     def argv(self) -> list[str]:
-        return [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
+        return [sys.executable, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
                 "--prefix", self.prefix, "--listen", "127.0.0.1:0", "--metrics-port", "-1",
                 "--replica-id", self.replica_id, *self.extra]
 

@@ -9,8 +9,8 @@ import os
 import signal
 import subprocess
 
-from tscore.testing import procs
-from tscore.testing.ctl import (ETCD_BIN_ENV, EtcdHarnessError, PortCollision, clean_env,
+from timeslice.testing import procs
+from timeslice.testing.ctl import (ETCD_BIN_ENV, EtcdHarnessError, PortCollision, clean_env,
                                 find_binary, http_json)
 
 

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import time
 
-from tscore.logs import parse_ready
-from tscore.testing.procs import signal_tree, terminate, track, untrack
+from timeslice.common.logs import parse_ready
+from timeslice.testing.procs import signal_tree, terminate, track, untrack
 
 
 class ServerProcess:

@@ -30,8 +30,8 @@ from pathlib import Path
 from timeslice.launcher import state as S
 from timeslice.launcher.procs import Child, ChildFailed, read_ready_line
 from timeslice.launcher.settings import Settings
-from tscore.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE, TOKEN_FILE_NAME, write_token_file
-from tscore.keys import prefix_range_end
+from timeslice.common.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE, TOKEN_FILE_NAME, write_token_file
+from timeslice.common.keys import prefix_range_end
 
 DEFAULT_GROUP = "local"
 ETCD_BIN_ENV = "TIMESLICE_ETCD_BIN"
@@ -42,7 +42,7 @@ class LaunchError(RuntimeError):
 
 
 def free_port() -> int:
-    from tscore.netutil import free_port as _free
+    from timeslice.common.netutil import free_port as _free
     return _free()
 
 
@@ -64,7 +64,7 @@ def _etcd_env() -> dict[str, str]:
 
 
 def _http(port: int, path: str, body: dict | None = None, timeout: float = 1.0) -> dict | None:
-    from tscore.netutil import http_json
+    from timeslice.common.netutil import http_json
     return http_json(port, path, None if body is None else json.dumps(body).encode(), timeout)
 
 
@@ -207,7 +207,7 @@ class LocalCluster:
             port = s.lockd_port + i if s.lockd_port else 0
             mport = s.lockd_metrics_port + i if s.lockd_metrics_port else free_port()
             rid = f"r{i}"
-            argv = [self.python, "-m", "lockd.cli", "serve", "--etcd-endpoints", eps, "--prefix", s.prefix,
+            argv = [self.python, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", eps, "--prefix", s.prefix,
                     "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport), "--metrics-host", "127.0.0.1",
                     "--replica-id", rid]
             child = Child("lockd", rid, argv, str(self.run_dir / f"lockd-{rid}.log"), env=env)
@@ -246,7 +246,7 @@ class LocalCluster:
         self.sim_dir = self._pick_sim_dir()
         port = s.nodeagent_port or 0
         mport = s.nodeagent_metrics_port or free_port()
-        argv = [self.python, "-m", "nodeagent.cli", "serve", "--node", self.node, "--etcd-endpoints", eps,
+        argv = [self.python, "-m", "timeslice.nodeagent.cli", "serve", "--node", self.node, "--etcd-endpoints", eps,
                 "--prefix", s.prefix, "--listen", f"127.0.0.1:{port}", "--metrics-port", str(mport),
                 "--metrics-host", "127.0.0.1",
                 "--backend", s.backend, "--state-dir", str(self.run_dir / "nodeagent-state"),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tscore.logs import parse_ready
+from timeslice.common.logs import parse_ready
 
 
 def start_time(pid: int) -> int | None:
