@@ -136,7 +136,8 @@ def test_demo_json_is_one_object(env, up, tmp_path):
     assert doc["ok"] is True and doc["summary"] and Path(doc["timeline"]).exists()
 
 
-@pytest.mark.parametrize("program", ["timeslice.cli", "timeslice.lockd.cli", "timeslice.nodeagent.cli"])
-def test_version_on_every_command(program):
-    r = subprocess.run([PY, "-m", program, "--version"], capture_output=True, text=True, timeout=60, check=False)
-    assert r.returncode == 0 and r.stdout.split() == [program.split(".")[0], __version__]
+@pytest.mark.parametrize("module, program", [("timeslice.cli", "timeslice"), ("timeslice.lockd.cli", "lockd"),
+                                             ("timeslice.nodeagent.cli", "nodeagent")])
+def test_version_on_every_command(module, program):
+    r = subprocess.run([PY, "-m", module, "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout.split() == [program, __version__]
