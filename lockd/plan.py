@@ -101,19 +101,20 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     ``holding(job)`` gives the specs of the groups a job holds now (its grants): such a job is
     never snapshotted on those groups' devices (it is running there); the head waits instead."""
     head = group.head()
-    grant = R.GrantValue.load(group.grant.value) if group.grant else None
-    head_job, head_kv = head if head else (None, None)
-    if grant is not None and (head_kv is None or grant.job != head_job
-                              or grant.token != head_kv.create_revision):
+    gkv = group.grant
+    grant = R.GrantValue.load(gkv.value) if gkv else None
+    if gkv is not None and grant is not None and (head is None or grant.job != head[0]
+                                                  or grant.token != head[1].create_revision):
         # The holder yielded or died; its grant must go before anyone else's comes.
-        return [DropGrant(group.grant.value, grant.job)]
-    if head_kv is None or grant is not None:
+        return [DropGrant(gkv.value, grant.job)]
+    if head is None or grant is not None:
         return []                                         # idle, or the head already holds
+    head_job, head_kv = head
     token, lease = head_kv.create_revision, head_kv.lease
     hint = R.QueueValue.load(head_kv.value).device_bytes_hint
     spec = R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec()
 
-    actions: list[Action] = []
+    actions: list[Action | None] = []                   # None: an intent already written as is
     # pending: some node still needs a snapshot or restore (even if its intent is
     # already written); the grant comes only when no node does.
     waiting = pending = restored = elided = False
@@ -161,8 +162,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                 return [FailWaiter(head_job, token, lease, node=node,
                                    reason=f"node agent on {node} is not alive")]
             continue
-        view = NodeView.of(node, R.AgentValue.load(ns.agent.value))
-        if unfenced(view.agent, node, head_job, jobs, ns):
+        agent = R.AgentValue.load(ns.agent.value)
+        view = NodeView.of(node, agent)
+        if unfenced(agent, node, head_job, jobs, ns):
             # A job the agent still reports running here has no registration any more (its session
             # went): it may still run kernels. Wait until the agent froze it (nodeagent/orphans.py:
             # it then leaves the running jobs) or saw it exit; the Acquire's deadline bounds the wait.
@@ -226,9 +228,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # At once, beside the freezes: nobody holds the group until the grant, which waits for both.
             actions.append(_intent(ns, node, head_job, R.THAW, token))
             pending = True
-    actions = [a for a in actions if a is not None]
     if waiting or pending:
-        return actions
+        return [a for a in actions if a is not None]
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 

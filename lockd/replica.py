@@ -66,7 +66,8 @@ class Replica:
         if self.leader.leadership is not None:
             return self.leader.leadership
         head = self.index.leader_candidate()
-        return Leadership(head.key, head.create_revision, None) if head else None
+        # Another replica's leadership, seen through the mirror: only its guard() is used (no session).
+        return Leadership(head.key, head.create_revision, None) if head else None  # type: ignore[arg-type]
 
     def _direct_grant(self, group: str, g) -> None:
         sched = self.leader.scheduler

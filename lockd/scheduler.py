@@ -150,10 +150,10 @@ class Scheduler:
         k, epoch = self.keys, self.lead.epoch
         if isinstance(a, P.WriteGrant):
             qkey, gkey = k.queue_entry(group, a.job), k.grant(group)
-            val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+            grant_val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
             resp = await self.lead.txn(
                 [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0)],
-                [ops.put(gkey, val.dump(), a.lease)])   # the grant dies with the holder's session
+                [ops.put(gkey, grant_val.dump(), a.lease)])   # the grant dies with the holder's session
             if resp.succeeded:
                 self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)
             return resp.header.revision if resp.succeeded else 0
@@ -161,9 +161,9 @@ class Scheduler:
             key = k.intent(a.node, a.job)
             gs = self.index.groups.get(group)
             spec = R.GroupSpec.load(gs.spec.value) if gs is not None and gs.spec is not None else None
-            val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms(),
+            intent_val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms(),
                                 isolation=spec.isolation if spec else R.ISOLATION_NONE, need_bytes=a.need_bytes)
-            resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, val.dump())])
+            resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, intent_val.dump())])
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))
                 log.info("intent", group=group, job=a.job, node=a.node, op=a.op, token=a.token, epoch=epoch)
@@ -173,9 +173,9 @@ class Scheduler:
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.FailWaiter):
             qkey = k.queue_entry(group, a.job)
-            val = R.FailureValue(a.token, a.reason, a.node, R.now_ms())
+            failure_val = R.FailureValue(a.token, a.reason, a.node, R.now_ms())
             resp = await self.lead.txn([ops.create_rev(qkey, "==", a.token)],
-                                       [ops.put(k.failure(group, a.job), val.dump(), a.lease), ops.delete(qkey)])
+                                       [ops.put(k.failure(group, a.job), failure_val.dump(), a.lease), ops.delete(qkey)])
             if resp.succeeded:
                 self.metrics.swap_failures.inc()
                 log.warning("swap_failed", group=group, job=a.job, token=a.token, epoch=epoch, reason=a.reason)

@@ -89,7 +89,7 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.session.lease_id,
+        self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
                                  self.renew_session)
         self.endpoint = ""
         self.stopping = False
@@ -141,15 +141,21 @@ class Agent:
         await self.client.close()
         self.nodelock.release()
 
+    def live_session(self) -> Session:
+        """The agent's etcd session (opened by start(); replaced by renew_session())."""
+        if self.session is None:
+            raise RuntimeError("the agent has not started")
+        return self.session
+
     async def renew_session(self, failed_lease: int | None = None) -> None:
         """Replace a lost lease (etcd unreachable past the TTL, or said so by a write)."""
         async with self._session_lock:
-            s = self.session
+            s = self.live_session()
             if (s.lease_id != failed_lease) if failed_lease is not None else s.alive:
                 return                          # renewed already, or nothing wrong
             s.orphan()
-            self.session = await Session(self.client, self.cfg.session).open()
-            log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{self.session.lease_id:x}")
+            self.session = new = await Session(self.client, self.cfg.session).open()
+            log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{new.lease_id:x}")
             self.upkeep.force_put = True        # the liveness key must move to the new lease
             self.upkeep.soon.set()
 
@@ -223,6 +229,7 @@ class Agent:
             sw: Swapper = CooperativeSwapper(self.channel, pid, job)
         else:
             from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
+            assert reg is not None                        # only a registration names an app endpoint
             sw = make_app_swapper(reg[1], self.backend.base)
         self._swappers[pid] = (job, kind, sw)
         return sw
@@ -349,6 +356,7 @@ class Agent:
         if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
+        assert intent.value is not None                   # decide() runs only a readable intent
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)

@@ -7,7 +7,6 @@ reader during a rolling upgrade.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -69,14 +68,22 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@functools.cache
-def _field_names(cls) -> frozenset[str]:
-    return frozenset(f.name for f in dataclasses.fields(cls))
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 class Record:
+    """Base of the stored values; every subclass is a dataclass."""
+
     def dump(self) -> bytes:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":")).encode()
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def load(cls: type[T], raw: bytes | str) -> T:

@@ -153,6 +153,8 @@ def cmd_watch(args) -> int:
             if kind == "status":
                 n, last = n + 1, value
             frames += 1
+            if last is None:
+                continue
             if args.json:
                 print(json.dumps(to_jsonable(last), sort_keys=True), flush=True)   # JSON Lines, changes only
             else:

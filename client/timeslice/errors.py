@@ -19,7 +19,8 @@ from timeslice.common.errors import TimesliceError
 class TimesliceClientError(TimesliceError):
     """Root of every error the timeslice client raises."""
 
-    code: str | None = None
+    #: the gRPC status name of the reply that caused it; None for an error raised locally
+    code: str | None = None  # type: ignore[assignment]  # the servers' errors always carry one
     #: What a caller should do about it; appended to the message.
     hint = ""
 

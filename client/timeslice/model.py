@@ -15,7 +15,7 @@ from timeslice.proto import lockd_pb2 as pb
 
 class _Dict:
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)  # type: ignore[arg-type]
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,14 @@ from timeslice.model import Group, GroupStatus, JobInfo
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    rows = [[str(c) for c in r] for r in rows]
+    cells = [[str(c) for c in r] for r in rows]
     widths = [len(h) for h in headers]
-    for r in rows:
+    for r in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, r)]
-    fmt = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-    return "\n".join([fmt(headers), *(fmt(r) for r in rows)])
+
+    def fmt(r: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    return "\n".join([fmt(headers), *(fmt(r) for r in cells)])
 
 
 def human_bytes(n: int) -> str:

@@ -65,9 +65,8 @@ class AcceleratorScope:
         self.grant = self.client._scope_enter(self.group_id, self.timeout, self.device_bytes_hint)
         return self.grant
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        self.client._scope_exit(self.group_id)
-        return False
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.client._scope_exit(self.group_id)      # an exception in the block propagates
 
     async def __aenter__(self):
         self.grant = await self.client._scope_enter_async(self.group_id, self.timeout, self.device_bytes_hint)
