@@ -24,13 +24,8 @@ import time
 from pathlib import Path
 
 from timeslice.launcher import state as S
-from timeslice.launcher.cluster import (
-    DEFAULT_GROUP,
-    LaunchError,
-    LocalCluster,
-    Progress,
-    _size,
-)
+from timeslice.launcher.cluster import DEFAULT_GROUP, LaunchError, LocalCluster
+from timeslice.launcher.progress import Progress, size_text
 from timeslice.launcher.settings import Settings, SettingsError, flag_name, load
 
 _ALIASES = {"LOCKD_REPLICAS": ["--replicas"]}
@@ -89,7 +84,7 @@ def summary(c: LocalCluster, took: float) -> str:
                  + f"; nodeagent 127.0.0.1:{c.agent.info.get('metrics_port')}")
     agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{c.agent.info.get('port')}, backend {c.backend}"
     if c.backend == "sim":
-        agent += f" = SIMULATED device, {_size(c.settings.sim_device_capacity_bytes)}"
+        agent += f" = SIMULATED device, {size_text(c.settings.sim_device_capacity_bytes)}"
     lines.append(agent)
     if c.group:
         lines.append(f"  group      {c.group!r} over node {c.node!r}")
