@@ -33,6 +33,7 @@ from tsproto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
 from chaos_tests.history import HistoryRecorder, load_history
+from timeslice.launcher import pids
 from tscore.testing.lockd import LockdCluster, LockdProcess
 from tscore.testing.ports import free_port
 from tscore.testing.procs import signal_tree
@@ -98,9 +99,9 @@ class World:
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
                                   extra=LOCKD_FLAGS + (lockd_flags or []))
         # Fixed ports, so a restarted replica comes back where the clients look for it.
-        self._addrs = [f"127.0.0.1:{free_port()}" for _ in self.lockd.replicas]
-        for r, addr in zip(self.lockd.replicas, self._addrs):
-            r.extra = [*r.extra, "--listen", addr]
+        for r in self.lockd.replicas:
+            r.listen_port = free_port()
+        self._addrs = [f"{r.host}:{r.listen_port}" for r in self.lockd.replicas]
         self.rec = HistoryRecorder(self.history_dir, name="test")
         self.clients: list[ClientProc] = []
         self.faults: list[Fault] = []
@@ -118,7 +119,7 @@ class World:
     def replace_replica(self, i: int, proc: LockdProcess) -> None:
         """Run replica ``i`` as ``proc`` (e.g. inside a network namespace), before ``start``."""
         self.lockd.replicas[i] = proc
-        self._addrs[i] = proc.target
+        self._addrs[i] = f"{proc.host}:{proc.listen_port}"
 
     def start(self, order: list[int] | None = None, duration: float = 20.0) -> World:
         for i in order or range(len(self.lockd.replicas)):
@@ -254,11 +255,7 @@ class World:
 
     @staticmethod
     def _paused(rep: LockdProcess) -> bool:
-        try:
-            with open(f"/proc/{rep.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "T"
-        except OSError:
-            return False
+        return pids.state(rep.pid) == "T"
 
     # -- clients ----------------------------------------------------------------------
     def last_event(self, c: ClientProc) -> dict | None:

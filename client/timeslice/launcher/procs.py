@@ -57,10 +57,14 @@ class Child:
                                    "argv": self.argv}) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                         stderr=subprocess.STDOUT, env=self.spawn_env(), start_new_session=True)
         self.pid = self.proc.pid
         self.started = start_time(self.pid)
         return self
+
+    def spawn_env(self) -> dict[str, str] | None:
+        """The child's environment (None: ours)."""
+        return self.env
 
     def alive(self) -> bool:
         if self.proc is not None:
