@@ -1,15 +1,14 @@
-"""What every benchmark shares: the stack under test, a raw-stub job client, statistics,
-process accounting, machine facts, tables and result files.
+"""What every benchmark shares: the stack under test, statistics, process accounting,
+machine facts, tables and result files.
 
-The job client talks to lockd through the generated gRPC stubs only (no client
-library), so the overhead a benchmark measures is the RPC itself and nothing
-else. It does the minimal failover a production client needs: on UNAVAILABLE
-it re-sends the same call to the next replica (Acquire and Yield-with-token are
-idempotent, see proto/tsproto/lockd.proto).
+The stack is the test harness's etcd and lockd (the launcher's processes, with the
+harness's kill/pause for the failover benchmark). The job client is the raw-stub
+one the chaos clients use too (``tscore.testing.rawjob``: the generated gRPC stubs
+only, no client library, so the overhead a benchmark measures is the RPC itself;
+on UNAVAILABLE it re-sends the same call to the next replica).
 """
 from __future__ import annotations
 
-import asyncio
 import datetime as _dt
 import json
 import os
@@ -19,17 +18,18 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import grpc
 from timeslice.auth import metadata_for
 from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient, EtcdConfig
 from tscore.testing.etcd import EtcdCluster
 from tscore.testing.lockd import LockdCluster
+from tscore.testing.rawjob import Channels, GiveUp, RawJob
+
+__all__ = ["Channels", "GiveUp", "Job", "Stack", "create_group"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -252,118 +252,9 @@ class Stack:
         return int(r.count), int(r.header.revision)
 
 
-# --- raw-stub job client with failover ----------------------------------------
+# --- the raw-stub job client (tscore/testing/rawjob.py, shared with the chaos clients) ----
 
-class Channels:
-    """grpc.aio channels to lockd targets, ``per_target`` connections each (shared by jobs)."""
-
-    def __init__(self, per_target: int = 1):
-        self.per_target = per_target
-        self._ch: dict[tuple[str, int], tuple[grpc.aio.Channel, pbg.LockdStub]] = {}
-
-    def stub(self, target: str, slot: int = 0) -> pbg.LockdStub:
-        key = (target, slot % self.per_target)
-        got = self._ch.get(key)
-        if got is None:
-            ch = grpc.aio.insecure_channel(target, options=[("grpc.initial_reconnect_backoff_ms", 50),
-                                                            ("grpc.max_reconnect_backoff_ms", 200)])
-            got = self._ch[key] = (ch, pbg.LockdStub(ch))
-        return got[1]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c, _ in self._ch.values()), return_exceptions=True)
-        self._ch.clear()
-
-
-class GiveUp(RuntimeError):
-    pass
-
-
-@dataclass
-class Job:
-    """One job's session and its calls, with failover over ``targets`` starting at ``home``."""
-
-    job_id: str
-    targets: list[str]
-    channels: Channels
-    home: int = 0
-    slot: int = 0
-    secret: str = ""
-    failovers: int = 0
-    resends: list = field(default_factory=list)   # (method, code) of each re-sent call
-
-    def __post_init__(self) -> None:
-        self._i = self.home % len(self.targets)
-
-    @property
-    def target(self) -> str:
-        return self.targets[self._i]
-
-    async def _call(self, method: str, req, deadline: float | None, retry: bool = True):
-        """One logical call; on UNAVAILABLE re-send it to the next replica until ``deadline``."""
-        delay = 0.02
-        while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                raise GiveUp(f"{self.job_id}: {method} not answered before its deadline")
-            try:
-                return await getattr(self.channels.stub(self.target, self.slot), method)(req, timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                # UNAVAILABLE: replica down or cannot reach etcd. CANCELLED as an RPC
-                # error (not asyncio.CancelledError) comes from the server: a replica
-                # shutting down cancels the calls still running after its grace period.
-                if not retry or e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    raise
-                self.resends.append((method, e.code().name))
-                self.failovers += 1
-                self._i = (self._i + 1) % len(self.targets)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.2)
-
-    async def open(self, ttl: int = 0, timeout: float = 30.0) -> None:
-        # OpenSession is not idempotent (ALREADY_EXISTS on a lost reply), so it is
-        # not re-sent: benchmarks open sessions before any fault.
-        r = await self._call("OpenSession", pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=ttl),
-                             time.monotonic() + timeout, retry=False)
-        self.secret = r.session_secret
-
-    async def keepalive(self, timeout: float = 5.0) -> int:
-        r = await self._call("KeepAlive", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
-                             time.monotonic() + timeout)
-        return r.ttl_seconds
-
-    async def keepalive_loop(self, period: float) -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await self.keepalive()
-            except (grpc.aio.AioRpcError, GiveUp):
-                pass
-
-    async def close(self) -> None:
-        try:
-            await self._call("CloseSession", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
-                             time.monotonic() + 5, retry=False)
-        except grpc.aio.AioRpcError:
-            pass
-
-    async def acquire(self, group: str, timeout: float = 60.0) -> pb.AcquireReply:
-        req = pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret, group_id=group)
-        return await self._call("Acquire", req, time.monotonic() + timeout)
-
-    async def yield_(self, group: str, token: int, timeout: float = 30.0) -> bool:
-        """Release; True if this call released it, False if a re-sent Yield found it already done."""
-        req = pb.YieldRequest(job_id=self.job_id, session_secret=self.secret, group_id=group, token=token)
-        resent = len(self.resends)
-        try:
-            r = await self._call("Yield", req, time.monotonic() + timeout)
-            return r.released
-        except grpc.aio.AioRpcError as e:
-            # A re-sent Yield that finds the job no longer queued: the first one was applied.
-            if (len(self.resends) > resent and e.code() == grpc.StatusCode.FAILED_PRECONDITION
-                    and "not_queued" in (e.details() or "")):
-                return False
-            raise
+Job = RawJob
 
 
 async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench-node",)) -> None:

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 
 import grpc
 from timeslice.auth import metadata_for
+from timeslice.launcher import pids
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
 from chaos_tests.history import HistoryRecorder, load_history
-from timeslice.launcher import pids
 from tscore.testing.lockd import LockdCluster, LockdProcess
 from tscore.testing.ports import free_port
 from tscore.testing.procs import signal_tree

@@ -18,6 +18,7 @@ import sys
 import threading
 
 from timeslice.launcher.servers import NodeAgent
+
 from tscore.testing.lockd import shared_admin_token
 from tscore.testing.procs import track, untrack
 from tscore.testing.server import ServerProcess
@@ -85,7 +86,7 @@ class SimWorker:
             raise EOFError(f"worker {self.pid} exited rc={self.proc.wait()}: {self.proc.stderr.read()}")
         return line
 
-    def ready(self, timeout: float = 15.0) -> "SimWorker":
+    def ready(self, timeout: float = 15.0) -> SimWorker:
         tag, pid, sha = self.read(timeout).split()
         assert tag == "READY" and int(pid) == self.pid, (tag, pid)
         self.expected = sha

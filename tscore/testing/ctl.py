@@ -7,6 +7,7 @@ import subprocess
 
 from timeslice.launcher.etcd import ETCD_BIN_ENV, PortTaken
 from timeslice.launcher.etcd import etcd_env as clean_env
+
 from tscore.netutil import http_json
 
 __all__ = ["ETCDCTL_BIN_ENV", "ETCD_BIN_ENV", "EtcdHarnessError", "PortCollision", "clean_env", "etcdctl_run",
@@ -44,7 +45,7 @@ def etcdctl_run(endpoints: list[str], args: list[str], timeout: float) -> str:
             "--dial-timeout=2s", f"--command-timeout={timeout}s", *args]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 5,
-                              env=clean_env(ETCDCTL_API="3"))
+                              env=clean_env(ETCDCTL_API="3"), check=False)
     except subprocess.TimeoutExpired as e:
         raise EtcdHarnessError(f"etcdctl {' '.join(args)} timed out") from e
     if done.returncode != 0:

@@ -27,14 +27,15 @@ import tempfile
 import time
 
 from timeslice.launcher.etcd import initial_cluster, start_members
+
 from tscore.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
 from tscore.testing.member import EtcdMember
 from tscore.testing.ports import free_port
 
-_live: list["EtcdCluster"] = []  # started and not yet stopped; see live_clusters()
+_live: list[EtcdCluster] = []  # started and not yet stopped; see live_clusters()
 
 
-def live_clusters() -> list["EtcdCluster"]:
+def live_clusters() -> list[EtcdCluster]:
     """Clusters started in this process and not stopped yet (for failure log dumps)."""
     return list(_live)
 
@@ -66,7 +67,7 @@ class EtcdCluster:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
         """Start every member and wait until the cluster serves; retries port collisions."""
         start_members(self._create_members, lambda _ms: self.wait_healthy(timeout),
                       lambda _ms: self.stop(grace=0), attempts=5)
@@ -100,7 +101,7 @@ class EtcdCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> "EtcdCluster":
+    def __enter__(self) -> EtcdCluster:  # noqa: PYI034 - start() returns self
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -202,4 +203,4 @@ def _stop_leftovers() -> None:
         cluster.stop(grace=0)
 
 
-__all__ = ["EtcdCluster", "EtcdMember", "EtcdHarnessError", "PortCollision", "live_clusters"]
+__all__ = ["EtcdCluster", "EtcdHarnessError", "EtcdMember", "PortCollision", "live_clusters"]

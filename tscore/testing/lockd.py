@@ -13,8 +13,8 @@ import tempfile
 import time
 
 import grpc
-
 from timeslice.launcher.servers import LockdReplica, read_leader
+
 from tscore.auth import ENV_ADMIN_TOKEN
 from tscore.testing.procs import terminate
 from tscore.testing.server import ServerProcess
@@ -52,7 +52,7 @@ class LockdCluster:
         self.replicas = [LockdProcess(etcd_endpoints, prefix, f"r{i}", self.logdir, extra or [])
                          for i in range(n)]
 
-    def start(self) -> "LockdCluster":
+    def start(self) -> LockdCluster:
         for r in self.replicas:
             r.start()
         return self
@@ -62,7 +62,7 @@ class LockdCluster:
             r.resume() if r.alive() else None
         terminate([r.proc for r in self.replicas if r.proc is not None], 10.0)
 
-    def __enter__(self) -> "LockdCluster":
+    def __enter__(self) -> LockdCluster:  # noqa: PYI034 - start() returns self
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -11,8 +11,14 @@ import os
 import signal
 
 from timeslice.launcher import etcd as launcher
+
 from tscore.testing import procs
-from tscore.testing.ctl import ETCD_BIN_ENV, EtcdHarnessError, PortCollision, find_binary
+from tscore.testing.ctl import (
+    ETCD_BIN_ENV,
+    EtcdHarnessError,
+    PortCollision,
+    find_binary,
+)
 
 
 class EtcdMember(launcher.EtcdMember):

@@ -23,7 +23,6 @@ from tscore.testing.etcd import EtcdCluster, live_clusters
 from tscore.testing.lockd import shared_admin_token
 from tscore.testing.procs import ProcReaper
 
-
 shared_admin_token()        # lockd/agents the tests start and the tests' own clients share it
 
 

@@ -14,6 +14,7 @@ import signal
 import time
 
 from timeslice.launcher.procs import log_events
+
 from tscore.testing.procs import terminate, track, untrack
 
 

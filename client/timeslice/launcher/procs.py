@@ -144,14 +144,13 @@ def stop_all(children: list[Child], grace: float) -> None:
 def log_events(path: str, offset: int = 0) -> Iterator[dict]:
     """The JSON events of a server's log, from ``offset`` on (other lines are skipped)."""
     try:
-        f = open(path, "rb")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            lines = f.readlines()
     except FileNotFoundError:
         return
-    with f:
-        f.seek(offset)
-        for line in f:
-            if not line.startswith(b"{"):
-                continue
+    for line in lines:
+        if line.startswith(b"{"):
             try:
                 yield json.loads(line)
             except ValueError:

@@ -12,11 +12,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from timeslice.launcher.etcd import EtcdMember, find_etcd, initial_cluster, start_members
+from timeslice.launcher.etcd import (
+    EtcdMember,
+    find_etcd,
+    initial_cluster,
+    start_members,
+)
 from timeslice.launcher.procs import ChildFailed
 from timeslice.launcher.progress import clip, size_text
 from timeslice.launcher.servers import LockdReplica, NodeAgent, read_leader
-from tscore.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE, TOKEN_FILE_NAME, write_token_file
+from tscore.auth import (
+    ENV_ADMIN_TOKEN,
+    ENV_ADMIN_TOKEN_FILE,
+    TOKEN_FILE_NAME,
+    write_token_file,
+)
 from tscore.netutil import free_port
 
 if TYPE_CHECKING:
