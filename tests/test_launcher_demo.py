@@ -100,6 +100,41 @@ def test_up_flags_cover_every_key():
         assert hasattr(a, f"cfg_{key}")
 
 
+def test_launcher_modules_import_no_cycle():
+    """One concept per module and no module that needs its own importer (state.py once imported
+    cluster.py, which imports state.py): function-level imports count too, type-only ones do not."""
+    import ast
+    folder = Path(L.__file__).parent
+    names = {p.stem for p in folder.glob("*.py")} - {"__init__"}
+
+    def imports(node: ast.AST):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
+                continue
+            if isinstance(child, ast.ImportFrom):
+                yield child.module or "", [a.name for a in child.names]
+            elif isinstance(child, ast.Import):
+                yield from ((a.name, []) for a in child.names)
+            yield from imports(child)
+
+    deps: dict[str, set[str]] = {}
+    for name in names:
+        found = set()
+        for mod, what in imports(ast.parse((folder / f"{name}.py").read_text())):
+            if mod.startswith("timeslice.launcher."):
+                found.add(mod.split(".")[2])
+            elif mod == "timeslice.launcher":
+                found |= set(what) & names
+        deps[name] = found - {name}
+    assert deps["state"] and deps["cluster"], "the walk found no imports: it is broken"
+
+    def reaches(a: str, b: str, seen: set[str]) -> bool:
+        return any(d == b or (d not in seen and reaches(d, b, seen | {d})) for d in deps.get(a, ()))
+
+    cycles = sorted(n for n in names if reaches(n, n, {n}))
+    assert cycles == [], f"launcher modules in an import cycle: {cycles} ({ {n: deps[n] for n in cycles} })"
+
+
 def test_analysis_helpers():
     ph = [{"job": "a", "t_start": 0.0, "t_end": 1.0, "gpu": True, "type": "phase"},
           {"job": "b", "t_start": 1.0, "t_end": 2.0, "gpu": True, "type": "phase"},

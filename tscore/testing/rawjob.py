@@ -36,11 +36,14 @@ import tenacity
 from tsproto import lockd_pb2 as pb
 from tsproto import lockd_pb2_grpc as pbg
 
+from tscore.etcd.backoff import Backoff
+
 SC = grpc.StatusCode
 RETRYABLE = (SC.UNAVAILABLE, SC.DEADLINE_EXCEEDED, SC.CANCELLED)
 LOST = (SC.ABORTED, SC.UNAUTHENTICATED)
-#: Between re-sends: 20 ms doubling to 200 ms, with up to 20 ms of jitter so jobs do not move in step.
-BACKOFF = tenacity.wait_exponential(multiplier=0.02, max=0.2) + tenacity.wait_random(0, 0.02)
+#: Between re-sends: up to 20 ms doubling to 200 ms, full jitter (as tscore.etcd.backoff), so jobs
+#: do not move in step.
+BACKOFF_S = (0.02, 0.2)
 
 
 class GiveUp(RuntimeError):
@@ -49,12 +52,6 @@ class GiveUp(RuntimeError):
 
 class SessionLost(GiveUp):
     """lockd says the job's session is gone (ABORTED / UNAUTHENTICATED)."""
-
-
-def _backoff(n: int) -> float:
-    state = tenacity.RetryCallState(None, None, (), {})
-    state.attempt_number = n
-    return BACKOFF(state)
 
 
 class Channels:
@@ -128,7 +125,8 @@ class RawJob:
         deadline = time.monotonic() + timeout
         retrying = tenacity.AsyncRetrying(
             retry=tenacity.retry_if_exception(lambda e: isinstance(e, grpc.aio.AioRpcError) and e.code() in RETRYABLE),
-            stop=lambda _s: time.monotonic() >= deadline, wait=BACKOFF, reraise=False)
+            stop=lambda _s: time.monotonic() >= deadline, reraise=False,
+            wait=tenacity.wait_random_exponential(multiplier=BACKOFF_S[0], max=BACKOFF_S[1]))
         try:
             async for attempt in retrying:
                 with attempt:
@@ -165,7 +163,7 @@ class RawJob:
         else:
             r = await tenacity.AsyncRetrying(
                 retry=tenacity.retry_if_exception_type((grpc.aio.AioRpcError, GiveUp)),
-                stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(0.3), reraise=True,
+                stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(0.3) + tenacity.wait_random(0, 0.1), reraise=True,
                 before_sleep=lambda s: self.log(f"open session: {s.outcome.exception()}"[:300]))(
                 self.call, "OpenSession", req, 2 * len(self.targets) * (self.rpc_timeout or 1.0))
         self.secret, self.lease, self.lost = r.session_secret, r.lease_id, ""
@@ -209,7 +207,7 @@ class RawJob:
             return await self.stub.Acquire(req, timeout=timeout)
         deadline = time.monotonic() + timeout
         calls: dict[asyncio.Future, int] = {}
-        failures = 0
+        backoff = Backoff(*BACKOFF_S)
         try:
             while True:
                 if self.lost:
@@ -240,8 +238,7 @@ class RawJob:
                         self._failed(idx, "Acquire", e)
                         if e.code() not in RETRYABLE:
                             raise
-                        failures += 1
-                        await asyncio.sleep(_backoff(failures))
+                        await asyncio.sleep(backoff.next())
         except BaseException:
             # The attempt failed: withdraw every copy of it.
             for call in calls:
