@@ -260,18 +260,18 @@ def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
     here = tmp_path / "here.env"
     here.write_text(f"LOG_DIR={cluster['logs']}\n")        # where `timeslice up` keeps its runs
     r = subprocess.run([PY, "-m", "timeslice.cli", "group", "create", "tok-g", "--node", doc["node"]],
-                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+                       capture_output=True, text=True, timeout=60, check=False, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
     assert r.returncode == 0, r.stdout + r.stderr
     elsewhere = tmp_path / "elsewhere.env"
     elsewhere.write_text(f"LOG_DIR={tmp_path / 'no-runs'}\n")   # no local cluster: no token to find
     # ... and no per-user pointer to it either (the CLI finds a running cluster from anywhere through it)
     r = subprocess.run([PY, "-m", "timeslice.cli", "--target", doc["target"], "group", "delete", "tok-g"],
-                       capture_output=True, text=True, timeout=60,
+                       capture_output=True, text=True, timeout=60, check=False,
                        env={**env, "TIMESLICE_LOCAL_ENV": str(elsewhere),
                             "TIMESLICE_USER_STATE_DIR": str(tmp_path / "no-state")})
     assert r.returncode == 1 and "admin" in r.stderr, r.stdout + r.stderr
     r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
-                       capture_output=True, text=True, timeout=60, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
+                       capture_output=True, text=True, timeout=60, check=False, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
     assert r.returncode == 0, r.stdout + r.stderr
 
 
