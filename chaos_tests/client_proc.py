@@ -27,11 +27,11 @@ library made of it:
   and a new session is opened under the same job id.
 
 With ``--sim-bytes`` the process is also the job's GPU worker on the
-SIMULATED device (``nodeagent.sim``): it allocates an arena, registers itself
-with lockd as the job's worker on ``--node``, and inside every critical
-section checks that its device bytes are exactly what it left there (the node
-agent may have snapshotted and restored them in between), recording a
-``data_check``, then changes them.
+SIMULATED device (``nodeagent.sim``, see device.py): it allocates an arena,
+registers itself with lockd as the job's worker on ``--node``, and inside every
+critical section checks that its device bytes are exactly what it left there
+(the node agent may have snapshotted and restored them in between), recording
+a ``data_check``, then changes them.
 
 On SIGTERM, or after ``--duration`` seconds, it finishes its current turn,
 records a ``data_check`` per group (the resource kept every operation it
@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
 import random
 import signal
@@ -50,8 +49,8 @@ import threading
 import time
 
 import grpc
-from tsproto import lockd_pb2 as pb
 
+from chaos_tests.device import SimWorkerDevice
 from chaos_tests.history import FencedResource, HistoryRecorder
 from tscore.testing.rawjob import GiveUp, RawJob, SessionLost
 
@@ -87,9 +86,7 @@ class Client:
         self.accepted = {g: 0 for g in self.groups}
         self.stop = threading.Event()     # set by SIGTERM
         self._keepalive: asyncio.Task | None = None
-        self.dev = None
-        self.expected_sha = ""
-        self.device_lost = False
+        self.device: SimWorkerDevice | None = None    # with --sim-bytes: the job's simulated GPU
 
     # -- the session ----------------------------------------------------------------------
     async def open_session(self) -> None:
@@ -115,84 +112,8 @@ class Client:
         else:
             await self.close_session()
         await self.open_session()
-        if self.dev is not None:
-            await self.register_worker()
-
-    # -- the simulated GPU (only with --sim-bytes) -------------------------------
-    def setup_device(self) -> None:
-        """Register this process on the node's simulated device; the arena comes with the first grant."""
-        from nodeagent.sim.client import SimDeviceClient
-
-        self.dev = SimDeviceClient.open(self.a.sim_dir)
-
-    async def register_worker(self) -> None:
-        """Tell lockd this process holds the job's device memory (once it does)."""
-        if not self.expected_sha:
-            return
-        await self.job.call("RegisterWorker", pb.WorkerRequest(
-            job_id=self.a.job, session_secret=self.job.secret, node=self.a.node, pid=os.getpid(),
-            device_bytes=self.a.sim_bytes), timeout=2 * len(self.job.targets) * self.a.rpc_timeout)
-
-    def _fill(self) -> None:
-        self.dev.alloc(self.a.sim_bytes, timeout_s=self.a.device_timeout)
-        data = random.Random(self.a.seed).randbytes(self.a.sim_bytes)
-        with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
-            mem[:] = data
-        self.expected_sha = hashlib.sha256(data).hexdigest()
-
-    async def first_fill(self, group: str) -> None:
-        """First grant: the scheduler made room; allocate, fill, and tell lockd about it.
-
-        The section lasts until the node agent reports the allocation (free
-        device memory dropped by our bytes), as a job's first phase would keep
-        the GPU while loading: the leader decides later swaps from that report.
-        """
-        await asyncio.to_thread(self._fill)      # device calls block; the keepalive goes on meanwhile
-        await self.register_worker()
-        deadline = time.monotonic() + self.a.device_timeout
-        while time.monotonic() < deadline:
-            try:
-                st = await self.job.call("GetGroupStatus", pb.GroupRef(group_id=group),
-                                         timeout=2 * len(self.job.targets) * self.a.rpc_timeout)
-                ns = next((n for n in st.node_status if n.node == self.a.node), None)
-                if ns is not None and ns.agent_alive and ns.device_free_bytes <= ns.device_total_bytes - self.a.sim_bytes:
-                    return
-            except (grpc.aio.AioRpcError, GiveUp):
-                pass
-            await asyncio.sleep(0.05)
-        log(f"agent did not report our {self.a.sim_bytes} bytes within {self.a.device_timeout}s")
-
-    async def touch_device(self, group: str, token: int) -> None:
-        """Check that the device bytes survived since our last section, then change them."""
-        if not self.expected_sha:
-            await self.first_fill(group)
-            return
-        if not self.device_lost:
-            await asyncio.to_thread(self._check_and_stamp, group, token)
-
-    def _check_and_stamp(self, group: str, token: int) -> None:
-        try:
-            with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
-                # Touching a mapping whose file shrank would kill us with SIGBUS:
-                # look first, so that a lost context is a recorded failure, not a crash.
-                size = os.path.getsize(self.dev.dev.arena(self.dev.pid))
-                if size < self.a.sim_bytes:
-                    self.device_lost = True
-                    self.rec.data_check(group, False, f"device memory gone: the arena holds {size} of "
-                                        f"{self.a.sim_bytes} bytes in a granted section", token=token)
-                    return
-                got, want = hashlib.sha256(mem).hexdigest(), self.expected_sha
-                ok = got == want
-                stamp = f"{self.a.job}:{token}".encode().ljust(32, b".")
-                off = (token * 4099) % (len(mem) - 32)
-                mem[off:off + 32] = stamp
-                self.expected_sha = hashlib.sha256(mem).hexdigest()
-            self.rec.data_check(group, ok, "device bytes intact" if ok else
-                                f"device sha256 {got[:16]} != expected {want[:16]}", token=token)
-        except TimeoutError as e:
-            # The grant came while our context was not on the device.
-            self.rec.data_check(group, False, f"device not usable {self.a.device_timeout}s into the "
-                                f"section: {e}", token=token)
+        if self.device is not None:
+            await self.device.register()
 
     # -- one turn -------------------------------------------------------------------
     async def yield_(self, group: str, token: int) -> None:
@@ -223,8 +144,8 @@ class Client:
             return
         self.accepted[group] += 1
         self.rec.cs_start(group, token)
-        if self.dev is not None:
-            await self.touch_device(group, token)
+        if self.device is not None:
+            await self.device.touch(group, token)
         await asyncio.sleep(self.rng.uniform(*self.a.cs_ms) / 1000)
         if fence.apply(self.rec, group, token):
             self.accepted[group] += 1
@@ -250,7 +171,7 @@ class Client:
 
     async def _run(self) -> int:
         if self.a.sim_bytes:
-            self.setup_device()
+            self.device = SimWorkerDevice(self.a, self.job, self.rec)
         await self.open_session()
         print(f"CLIENT_READY {self.a.job} {os.getpid()}", flush=True)
         end = time.monotonic() + self.a.duration
