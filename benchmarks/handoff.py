@@ -36,6 +36,7 @@ import sys
 from tsproto import lockd_pb2 as pb
 
 from benchmarks import common as C
+from benchmarks import procstats as P
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient, EtcdConfig
 from tscore.etcd.watch import Watch
@@ -179,7 +180,7 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
                     got.put_nowait(C.now())
             ftask = asyncio.create_task(feed())
 
-            cpu = C.CpuMeter({**st.pids(), "client": C.os.getpid()}).start()
+            cpu = P.CpuMeter({**st.pids(), "client": C.os.getpid()}).start()
             holder, waiter = a, b
             token = (await holder.acquire(GROUP)).token
             hand, floor, direction, not_blocked, tokens, waited_ms = [], [], [], 0, [token], []

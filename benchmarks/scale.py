@@ -32,6 +32,7 @@ import os
 import sys
 
 from benchmarks import common as C
+from benchmarks import procstats as P
 from benchmarks.handoff import GroupObserver
 from tscore.etcd import ops
 from tscore.etcd.client import EtcdClient, EtcdConfig
@@ -97,8 +98,8 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
             await asyncio.sleep(warmup)
             pids = st.pids()
             pids["client"] = os.getpid()
-            cpu = C.CpuMeter(pids).start()
-            spy = C.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-a"), pids, duration).start()
+            cpu = P.CpuMeter(pids).start()
+            spy = P.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-a"), pids, duration).start()
             _, rev_a = await st.etcd_counts()
             t_a = C.now()
             await asyncio.sleep(duration)
@@ -176,8 +177,8 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
             await asyncio.sleep(1.0)                       # let every replica settle
             pids = st.pids()
             pids["client"] = os.getpid()
-            cpu = C.CpuMeter(pids).start()
-            spy = C.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-b"), pids, 3).start()
+            cpu = P.CpuMeter(pids).start()
+            spy = P.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-b"), pids, 3).start()
             t0 = C.now()
             await jobs[0].yield_(group, first.token)
             await asyncio.wait_for(asyncio.gather(*tasks), 600)
