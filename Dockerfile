@@ -13,14 +13,14 @@
 FROM python:3.12-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY tscore/ tscore/
 COPY lockd/ lockd/
 COPY nodeagent/ nodeagent/
 COPY client/ client/
 COPY proto/ proto/
-COPY chaos_tests/ chaos_tests/
-RUN pip wheel --wheel-dir /wheels .
+# lockd and the node agent need the `server` extra (a plain `timeslice` is the lean job client)
+RUN pip wheel --wheel-dir /wheels ".[server]"
 
 # --- runtime ---------------------------------------------------------------
 FROM python:3.12-slim
@@ -29,7 +29,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 # Installs only from the wheels built above (nothing is fetched here), then
 # fails the build if an entry point is missing, then adds lockd's user.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels timeslice \
+    pip install --no-index --find-links=/wheels "timeslice[server]" \
  && for program in lockd nodeagent timeslice; do command -v "$program"; done \
  && groupadd --system --gid 10001 timeslice \
  && useradd --system --uid 10001 --gid timeslice --no-create-home --shell /usr/sbin/nologin timeslice

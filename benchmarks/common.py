@@ -3,7 +3,7 @@ machine facts, tables and result files.
 
 The stack is the test harness's etcd and lockd (the launcher's processes, with the
 harness's kill/pause for the failover benchmark). The job client is the raw-stub
-one the chaos clients use too (``tscore.testing.rawjob``: the generated gRPC stubs
+one the chaos clients use too (``timeslice.testing.rawjob``: the generated gRPC stubs
 only, no client library, so the overhead a benchmark measures is the RPC itself;
 on UNAVAILABLE it re-sends the same call to the next replica).
 """
@@ -20,14 +20,14 @@ import time
 import uuid
 
 import grpc
-from timeslice.auth import metadata_for
-from tsproto import lockd_pb2 as pb
 
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
-from tscore.testing import rawjob
-from tscore.testing.etcd import EtcdCluster
-from tscore.testing.lockd import LockdCluster
+from timeslice.auth import metadata_for
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.testing import rawjob
+from timeslice.testing.etcd import EtcdCluster
+from timeslice.testing.lockd import LockdCluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -157,7 +157,7 @@ class Stack:
         if self.etcd is not None:
             self.etcd.stop()
 
-    def __enter__(self) -> Stack:  # noqa: PYI034 - start() returns self
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -183,7 +183,7 @@ class Stack:
         return int(r.count), int(r.header.revision)
 
 
-# --- the raw-stub job client (tscore/testing/rawjob.py, shared with the chaos clients) ----
+# --- the raw-stub job client (timeslice.testing.rawjob, shared with the chaos clients) ----
 
 Channels, GiveUp, Job = rawjob.Channels, rawjob.GiveUp, rawjob.RawJob
 

@@ -41,10 +41,10 @@ import sys
 import time
 
 import grpc
-from timeslice import AsyncOrchestratorClient
-from timeslice.errors import TimesliceClientError
 
 from benchmarks import common as C
+from timeslice import AsyncOrchestratorClient
+from timeslice.errors import TimesliceClientError
 
 GROUP = "bench-failover"
 FAST_FLAGS = ["--lease-ttl", "2", "--renew-deadline", "1.5", "--retry-period", "0.5"]

@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from nodeagent.backends.cuda_driver import CudaDriver, CudaDriverBackend  # noqa: E402
-from nodeagent.backends.ops import restore_processes, snapshot_processes  # noqa: E402
-from nodeagent.backends.records import SnapshotRecords  # noqa: E402
+from timeslice.nodeagent.backends.cuda_driver import CudaDriver, CudaDriverBackend  # noqa: E402
+from timeslice.nodeagent.backends.ops import restore_processes, snapshot_processes  # noqa: E402
+from timeslice.nodeagent.backends.records import SnapshotRecords  # noqa: E402
 
 GiB = 1 << 30
 WORKER = ROOT / "tests" / "nodeagent" / "torch_worker.py"

@@ -163,7 +163,7 @@ def swap_times(agent, events: list[dict]) -> dict:
 
 def sim_device(a, workdir: str, name: str, capacity: int) -> tuple[str, dict]:
     """A SIMULATED node of ``a.gpus`` GPUs of ``capacity`` bytes each (--sim dry runs)."""
-    from nodeagent.sim.device import SimDevice
+    from timeslice.nodeagent.sim.device import SimDevice
     d, host = os.path.join(workdir, f"sim-{name}"), os.path.join(workdir, f"host-{name}")
     SimDevice(d, host, capacity_bytes=capacity, gpus=a.gpus)
     return d, {"TIMESLICE_SIM_HOST_DIR": host}
@@ -185,9 +185,9 @@ def run_standalone(a, sampler, workdir: str) -> dict:
 
 
 def run_sliced(a, sampler, workdir: str, regime: str) -> dict:
-    from tscore.testing.agent import AgentProcess
-    from tscore.testing.etcd import EtcdCluster
-    from tscore.testing.lockd import LockdCluster
+    from timeslice.testing.agent import AgentProcess
+    from timeslice.testing.etcd import EtcdCluster
+    from timeslice.testing.lockd import LockdCluster
     logdir = os.path.join(workdir, regime)
     os.makedirs(logdir, exist_ok=True)
     if a.sim:      # the simulator holds the weights only; room for two jobs per GPU, or for one

@@ -98,7 +98,7 @@ class SimRank:
     UNIT = 1 << 20                                      # --mem-gb counts MiB on the simulator
 
     def __init__(self, a):
-        from nodeagent.sim.client import SimDeviceClient
+        from timeslice.nodeagent.sim.client import SimDeviceClient
         self.a = a
         self.dev = SimDeviceClient.open(a.sim_dir, gpu=a.rank)
         self.nbytes = max(1, int(a.mem_gb * self.UNIT))
@@ -261,7 +261,7 @@ def job_main(a) -> int:
     with socket.socket() as s:                       # a free port for this job's rendezvous
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    paths = (ROOT, os.path.join(ROOT, "client"), os.path.join(ROOT, "proto"), os.environ.get("PYTHONPATH"))
+    paths = (ROOT, os.environ.get("PYTHONPATH"))
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     if a.nccl_safe:
         env.update(NCCL_SAFE)                        # before NCCL initialises: checkpoint-safe transports

@@ -74,11 +74,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=".")
     a = p.parse_args()
-    from nodeagent.backends.composite import CompositeBackend
-    from nodeagent.backends.cooperative import CooperativeSwapper
-    from nodeagent.backends.cuda_driver import CudaDriverBackend
-    from nodeagent.backends.records import SnapshotRecords
-    from nodeagent.channel import ChannelServer
+    from timeslice.nodeagent.backends.composite import CompositeBackend
+    from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
+    from timeslice.nodeagent.backends.cuda_driver import CudaDriverBackend
+    from timeslice.nodeagent.backends.records import SnapshotRecords
+    from timeslice.nodeagent.channel import ChannelServer
 
     tmp = tempfile.mkdtemp(prefix="probe-")
     sock = os.path.join(tmp, "agent.sock")

@@ -31,9 +31,9 @@ import tempfile
 import threading
 import time
 
-from tscore.testing.agent import AgentProcess
-from tscore.testing.etcd import EtcdCluster
-from tscore.testing.lockd import LockdCluster
+from timeslice.testing.agent import AgentProcess
+from timeslice.testing.etcd import EtcdCluster
+from timeslice.testing.lockd import LockdCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = "gpu-node-0"
@@ -134,7 +134,15 @@ def analyse(events, sampler, label):
         if e["ev"] == "done":
             per_job[e["job"]] = {"wall_s": round(e["wall"], 2), "checksum_ok": e["checksum_ok"]}
     restored = [e for e in gpu if e.get("restored")]
+    # Steady state: from the end of the last job's first GPU phase (which includes its one-time
+    # allocation and, cooperative, the pinning of its host backup) to the end; what a long run of
+    # many iterations approaches.
+    firsts = [min(e["end"] for e in gpu if e["job"] == j) for j in {e["job"] for e in gpu}]
+    s0 = max(firsts) if firsts else t1
+    steady_busy = union_busy([(max(e["start"], s0), e["end"]) for e in gpu if e["end"] > s0])
     return {
+        "duty_cycle_steady": round(steady_busy / (t1 - s0), 3) if t1 > s0 else 0,
+        "steady_window_s": round(t1 - s0, 2),
         "label": label, "wall_s": round(wall, 2), "gpu_busy_s": round(busy, 2),
         "duty_cycle_phases": round(busy / wall, 3) if wall else 0,
         "duty_cycle_nvml": round(sampler.mean_util(t0, t1), 3),
@@ -324,10 +332,11 @@ def main():
     sampler.stop.set()
     png = os.path.join(a.out, f"{a.name}_timeline.png")
     plot(results, png)
-    print(f"{'run':38} {'wall s':>7} {'duty':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
+    print(f"{'run':38} {'wall s':>7} {'duty':>6} {'steady':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
           f"{'op s':>6} {'trip s':>7} {'viol':>4}")
     for r in results:
-        print(f"{r['label']:38} {r['wall_s']:7.1f} {r['duty_cycle_phases']:6.0%} {r['duty_cycle_nvml']:6.0%} "
+        print(f"{r['label']:38} {r['wall_s']:7.1f} {r['duty_cycle_phases']:6.0%} {r.get('duty_cycle_steady', 0):6.0%} "
+              f"{r['duty_cycle_nvml']:6.0%} "
               f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / GB:8.1f} "
               f"{r.get('op_seconds', 0):6.1f} {r.get('round_trip_steady_median_s', 0):7.3f} "
               f"{len(r['violations']):4d}")

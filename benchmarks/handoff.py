@@ -33,13 +33,12 @@ import itertools
 import json
 import sys
 
-from tsproto import lockd_pb2 as pb
-
 from benchmarks import common as C
 from benchmarks import procstats as P
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
-from tscore.etcd.watch import Watch
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.etcd.watch import Watch
+from timeslice.proto import lockd_pb2 as pb
 
 GROUP = "bench-handoff"
 TARGET_RATIO, TARGET_P99_MS = 3.0, 25.0

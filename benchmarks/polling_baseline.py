@@ -30,8 +30,8 @@ import time
 from collections import deque
 
 import grpc
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 from benchmarks import common as C
 from benchmarks.handoff import one_handoff

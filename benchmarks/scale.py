@@ -34,8 +34,8 @@ import sys
 from benchmarks import common as C
 from benchmarks import procstats as P
 from benchmarks.handoff import GroupObserver
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient, EtcdConfig
 
 TARGET_GPS = 500
 
@@ -80,7 +80,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
                     t = C.now()
                     try:
                         r = await job.acquire(group, timeout=60)
-                    except Exception as e:                 # noqa: BLE001 - counted and reported
+                    except Exception as e:
                         if not stop.is_set():
                             errors.append(f"{job.job_id}: acquire: {e!r}"[:300])
                         return
@@ -89,7 +89,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
                     waits.append((t1, (t1 - t) * 1000))
                     try:
                         await job.yield_(group, r.token)
-                    except Exception as e:                 # noqa: BLE001
+                    except Exception as e:
                         errors.append(f"{job.job_id}: yield: {e!r}"[:300])
                         return
 
@@ -162,7 +162,7 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
                     r = await job.acquire(group, timeout=300)
                     order.append((C.now(), job.job_id, r.token))
                     await job.yield_(group, r.token)
-                except Exception as e:                     # noqa: BLE001
+                except Exception as e:
                     errors.append(f"{job.job_id}: {e!r}"[:300])
 
             keys0, rev0 = await st.etcd_counts()

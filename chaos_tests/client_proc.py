@@ -11,7 +11,7 @@ then stopped by the fence, and the checker sees exactly where. Everything is
 recorded with ``HistoryRecorder``; the checker judges the merged history.
 
 It speaks raw gRPC through the raw job client the benchmarks use too
-(``tscore.testing.rawjob``: lockd's stubs and a small failover, no client
+(``timeslice.testing.rawjob``: lockd's stubs and a small failover, no client
 library), so that what the history shows is what lockd answered, not what a
 library made of it:
 
@@ -27,7 +27,7 @@ library made of it:
   and a new session is opened under the same job id.
 
 With ``--sim-bytes`` the process is also the job's GPU worker on the
-SIMULATED device (``nodeagent.sim``, see device.py): it allocates an arena,
+SIMULATED device (``timeslice.nodeagent.sim``, see device.py): it allocates an arena,
 registers itself with lockd as the job's worker on ``--node``, and inside every
 critical section checks that its device bytes are exactly what it left there
 (the node agent may have snapshotted and restored them in between), recording
@@ -52,7 +52,7 @@ import grpc
 
 from chaos_tests.device import SimWorkerDevice
 from chaos_tests.history import FencedResource, HistoryRecorder
-from tscore.testing.rawjob import GiveUp, RawJob, SessionLost
+from timeslice.testing.rawjob import GiveUp, RawJob, SessionLost
 
 
 class AttemptFailed(Exception):

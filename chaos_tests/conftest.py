@@ -1,1 +1,1 @@
-pytest_plugins = ["tscore.testing.pytest_plugin"]
+pytest_plugins = ["timeslice.testing.pytest_plugin"]

@@ -1,7 +1,7 @@
 """A chaos client's GPU worker on the SIMULATED device (``client_proc.py --sim-bytes``).
 
 The client process registers itself on the node's simulated device
-(``nodeagent.sim``); with its first grant it allocates and fills an arena and
+(``timeslice.nodeagent.sim``); with its first grant it allocates and fills an arena and
 registers as the job's worker with lockd; in every later critical section it
 checks that its device bytes are exactly what it left there (the node agent
 may have snapshotted and restored them in between), recording a
@@ -18,15 +18,15 @@ import random
 import time
 
 import grpc
-from tsproto import lockd_pb2 as pb
 
 from chaos_tests.history import HistoryRecorder
-from tscore.testing.rawjob import GiveUp, RawJob
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.testing.rawjob import GiveUp, RawJob
 
 
 class SimWorkerDevice:
     def __init__(self, a: argparse.Namespace, job: RawJob, rec: HistoryRecorder):
-        from nodeagent.sim.client import SimDeviceClient
+        from timeslice.nodeagent.sim.client import SimDeviceClient
 
         self.a, self.job, self.rec = a, job, rec
         self.dev = SimDeviceClient.open(a.sim_dir)    # the arena comes with the first grant

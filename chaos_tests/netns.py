@@ -22,7 +22,7 @@ import secrets
 import shutil
 import subprocess
 
-from tscore.testing.lockd import LockdProcess
+from timeslice.testing.lockd import LockdProcess
 
 
 class NetnsUnavailable(Exception):

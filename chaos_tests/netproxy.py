@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from tscore.testing.ports import free_port
+from timeslice.testing.ports import free_port
 
 
 class Relay:

@@ -17,7 +17,7 @@ import json
 import threading
 
 from chaos_tests.history import HistoryRecorder
-from tscore.etcd import EtcdClient, EtcdConfig, Watch, ops
+from timeslice.common.etcd import EtcdClient, EtcdConfig, Watch, ops
 
 
 class GrantObserver:

@@ -27,17 +27,17 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from timeslice.auth import metadata_for
-from timeslice.launcher import pids
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
 from chaos_tests.figures import fault_recoveries, print_figures
 from chaos_tests.history import HistoryRecorder, load_history
-from tscore.testing.lockd import LockdCluster, LockdProcess
-from tscore.testing.ports import free_port
-from tscore.testing.procs import signal_tree
+from timeslice.auth import metadata_for
+from timeslice.launcher import pids
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
+from timeslice.testing.lockd import LockdCluster, LockdProcess
+from timeslice.testing.ports import free_port
+from timeslice.testing.procs import signal_tree
 
 LEASE_TTL, RENEW_DEADLINE, RETRY_PERIOD = 2, 1.5, 0.5
 LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEADLINE),
@@ -382,7 +382,7 @@ class World:
         for fn in self.on_stop:
             try:
                 fn()
-            except Exception as e:  # noqa: BLE001 - tear everything down whatever fails
+            except Exception as e:
                 print(f"[{self.name}] teardown: {e!r}", flush=True)
         self.lockd.stop()
 

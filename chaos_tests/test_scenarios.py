@@ -180,8 +180,8 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     section that its device bytes are exactly what it left there
     (``data_check``); a grant made before the job's context is back fails it.
     """
-    from nodeagent.sim.device import SimDevice
-    from tscore.testing.agent import AgentProcess
+    from timeslice.nodeagent.sim.device import SimDevice
+    from timeslice.testing.agent import AgentProcess
 
     sim, host = tmp_path / "sim", tmp_path / "host"
     job_bytes = 4 * MiB
@@ -228,7 +228,7 @@ def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
     """
     from chaos_tests.netns import Netns, NetnsLockdProcess, NetnsUnavailable
     from chaos_tests.netproxy import Relay
-    from tscore.testing.ports import free_port
+    from timeslice.testing.ports import free_port
 
     try:
         ns = Netns.create()

@@ -1,4 +1,4 @@
 """lockd: the orchestrator replica (``lockd serve``)."""
-from tscore.version import __version__
+from timeslice.common.version import __version__
 
 __all__ = ["__version__"]

@@ -6,10 +6,10 @@ import asyncio
 import os
 import sys
 
-from lockd import config as C
-from tscore import logs
-from tscore.version import __version__
-from tscore.errors import ConfigError
+from timeslice.lockd import config as C
+from timeslice.common import logs
+from timeslice.common.version import __version__
+from timeslice.common.errors import ConfigError
 
 
 def _run(coro) -> None:
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lockd: invalid configuration: {e}", file=sys.stderr)
         return 2
     logs.configure("lockd", cfg.log_level, replica=cfg.replica_id)
-    from lockd.server import serve
+    from timeslice.lockd.server import serve
     try:
         _run(serve(cfg))
     except KeyboardInterrupt:

@@ -11,16 +11,16 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from lockd.plan import Policy
-from lockd.sessions import SessionLimits
-from tscore import defaults as D
-from tscore.auth import load_admin_token
-from tscore.errors import ConfigError
-from tscore.etcd.client import EtcdConfig
-from tscore.etcd.timing import ElectionTiming
-from tscore.ids import check_id
-from tscore.keys import Keys
-from tscore.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.sessions import SessionLimits
+from timeslice.common import defaults as D
+from timeslice.common.auth import load_admin_token
+from timeslice.common.errors import ConfigError
+from timeslice.common.etcd.client import EtcdConfig
+from timeslice.common.etcd.timing import ElectionTiming
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys
+from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
 
 
 @dataclass(frozen=True)

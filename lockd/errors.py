@@ -1,5 +1,5 @@
 """lockd's own errors; each carries the gRPC status name it maps to (see servicer.py)."""
-from tscore.errors import LockError, TimesliceError
+from timeslice.common.errors import LockError, TimesliceError
 
 
 class NotFound(TimesliceError):

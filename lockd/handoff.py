@@ -20,12 +20,12 @@ import dataclasses
 
 from aetcd import rpc
 
-from lockd import plan as P
-from lockd.index import StateIndex
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.etcd.election import Leadership
-from tscore.keys import Keys
+from timeslice.lockd import plan as P
+from timeslice.lockd.index import StateIndex
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.keys import Keys
 
 
 def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.WriteGrant | None:

@@ -8,14 +8,15 @@ incrementally from each watch batch and rebuilt on a reflector reset.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from aetcd import rpc
 
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
-from tscore.records import GrantValue, GroupSpec
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
+from timeslice.common.records import GrantValue, GroupSpec
 
-KV = rpc.KeyValue
+KV: TypeAlias = rpc.KeyValue   # aetcd ships no type information: Any, named for the reader
 
 
 @dataclass

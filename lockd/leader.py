@@ -13,18 +13,18 @@ from typing import Callable
 
 import structlog
 
-from lockd.index import StateIndex
-from lockd.metrics import Metrics
-from lockd.plan import Policy
-from lockd.scheduler import Scheduler
-from tscore.errors import TimesliceError
-from tscore.etcd.backoff import Backoff
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.election import Election, Leadership, wait_deposed
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.session import Session
-from tscore.etcd.timing import ElectionTiming
-from tscore.keys import Keys
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.scheduler import Scheduler
+from timeslice.common.errors import TimesliceError
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Election, Leadership, wait_deposed
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.session import Session
+from timeslice.common.etcd.timing import ElectionTiming
+from timeslice.common.keys import Keys
 
 log = structlog.get_logger("lockd.leader")
 

@@ -24,21 +24,21 @@ from typing import Callable
 
 from aetcd import rpc
 
-from lockd.attempts import AttemptFence
-from lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
-from lockd import handoff as H
-from lockd.index import StateIndex
-from lockd.plan import Policy
-from lockd.waiters import Waiters
-from tscore import records as R
-from tscore.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.election import Leadership
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.queue import FifoQueue
-from tscore.ids import check_id
-from tscore.keys import Keys
+from timeslice.lockd.attempts import AttemptFence
+from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
+from timeslice.lockd import handoff as H
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.waiters import Waiters
+from timeslice.common import records as R
+from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.queue import FifoQueue
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ class Locks:
             # leader, hand the group straight to the next job in the same transaction.
             lead = self.leadership() if handoff else None
             nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
-            if nxt is not None:
+            if lead is not None and nxt is not None:
                 op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt)
                 success.append(op)
             else:
@@ -199,7 +199,8 @@ class Locks:
         await self._require_group(group)
         gs = self.index.groups.get(group)
         kv = gs.queue.get(job) if gs else None
-        if kv is not None and kv.create_revision == token and not self._granted(gs.grant, job, token):
+        if (gs is not None and kv is not None and kv.create_revision == token
+                and not self._granted(gs.grant, job, token)):
             # The mirror may not show a grant made a moment ago: ask etcd itself.
             r = await self.client.range(ops.range_req(self.keys.grant(group)))
             if not r.kvs or not self._granted(r.kvs[0], job, token):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from tscore.metrics_common import LATENCY_BUCKETS, add_common
+from timeslice.common.metrics_common import LATENCY_BUCKETS, add_common
 
 _LAT = LATENCY_BUCKETS
 

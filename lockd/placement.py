@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from lockd.index import JobState
-from tscore import records as R
+from timeslice.lockd.index import JobState
+from timeslice.common import records as R
 
 
 @dataclass
@@ -154,6 +154,7 @@ def need_per_gpu(view: NodeView, job: str, where: str, snap: R.StatusValue | Non
     peak = spread(hint, gpus)
     if where == "snapshotted":
         # The restore needs its snapshot back on each process's own GPU; the phase then its peak.
+        assert snap is not None     # residency() says "snapshotted" only from a status
         per = view.by_index(snap.gpu_bytes) if snap.gpu_bytes else None
         if per is None:      # no per-GPU record (an older agent): it must fit on every GPU it may use
             per = {g: snap.device_bytes for g in gpus}

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from lockd.index import GroupState, JobState, NodeState
-from lockd.placement import NodeView, is_protected, need_per_gpu
-from tscore import records as R
+from timeslice.lockd.index import GroupState, JobState, NodeState
+from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
+from timeslice.common import records as R
 
 
 @dataclass(frozen=True)

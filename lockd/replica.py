@@ -5,22 +5,22 @@ import asyncio
 
 import structlog
 
-from lockd.config import LockdConfig
-from lockd.groups import Groups
-from lockd.index import StateIndex
-from lockd.leader import LeaderLoop
-from lockd.locks import Locks
-from lockd.metrics import Metrics
-from lockd.sessions import Sessions
-from lockd.waiters import Waiters
-from lockd.workers import Workers
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.election import Leadership
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
+from timeslice.lockd.config import LockdConfig
+from timeslice.lockd.groups import Groups
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.leader import LeaderLoop
+from timeslice.lockd.locks import Locks
+from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.waiters import Waiters
+from timeslice.lockd.workers import Workers
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
 
 log = structlog.get_logger("lockd.replica")
 

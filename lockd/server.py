@@ -9,14 +9,14 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from lockd.config import LockdConfig
-from lockd.replica import Replica
-from lockd.servicer import LockdServicer
-from tsproto import lockd_pb2_grpc as pbg
-from tscore.auth import Authority, Gate, load_admin_token
-from tscore import logs
-from tscore.grpc_metrics import GrpcServerMetrics
-from tscore.serving import health_loop
+from timeslice.lockd.config import LockdConfig
+from timeslice.lockd.replica import Replica
+from timeslice.lockd.servicer import LockdServicer
+from timeslice.proto import lockd_pb2_grpc as pbg
+from timeslice.common.auth import Authority, Gate, load_admin_token
+from timeslice.common import logs
+from timeslice.common.grpc_metrics import GrpcServerMetrics
+from timeslice.common.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
 SERVICE_NAME = "timeslice.v1.Lockd"
@@ -50,7 +50,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
     pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if config.tls_cert:
+    if config.tls_cert and config.tls_key is not None:     # config: cert and key come together
         creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))])
         port = server.add_secure_port(config.listen, creds)
     else:

@@ -11,12 +11,12 @@ import time
 
 import structlog
 
-from lockd.errors import NotFound
-from lockd.replica import Replica
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
-from tscore.errors import LockError, TimesliceError
-from tscore.serving import bounded, rpc, status_of
+from timeslice.lockd.errors import NotFound
+from timeslice.lockd.replica import Replica
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
+from timeslice.common.errors import LockError, TimesliceError
+from timeslice.common.serving import bounded, rpc, status_of
 
 log = structlog.get_logger("lockd.rpc")
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time

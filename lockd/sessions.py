@@ -12,14 +12,14 @@ import hmac
 import secrets
 from dataclasses import dataclass
 
-from lockd.errors import AlreadyExists, BadSecret
-from lockd.index import StateIndex
-from tscore import records as R
-from tscore.errors import ConfigError, InvalidIdError, SessionLost
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.ids import check_id
-from tscore.keys import Keys
+from timeslice.lockd.errors import AlreadyExists, BadSecret
+from timeslice.lockd.index import StateIndex
+from timeslice.common import records as R
+from timeslice.common.errors import ConfigError, InvalidIdError, SessionLost
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys
 
 
 CLOSED_MARKER_TTL_S = 60            # how long CloseSession's marker outlives the session (see close)

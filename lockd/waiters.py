@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from tscore.etcd.watch import WatchEvent
-from tscore.keys import Keys
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
 
 
 class Waiters:
@@ -41,8 +41,8 @@ class Waiters:
     def on_batch(self, events: list[WatchEvent], reset: bool) -> None:
         if reset:
             for s in self._w.values():
-                for ev in s:
-                    ev.set()
+                for waiter in s:
+                    waiter.set()
             return
         for ev in events:
             try:

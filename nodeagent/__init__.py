@@ -1,4 +1,4 @@
 """nodeagent: the node agent of one GPU node (``nodeagent serve``)."""
-from tscore.version import __version__
+from timeslice.common.version import __version__
 
 __all__ = ["__version__"]

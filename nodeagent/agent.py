@@ -22,33 +22,33 @@ from pathlib import Path
 
 import structlog
 
-from nodeagent import intents as I
-from nodeagent.backends import pick_backend
-from nodeagent.backends.base import Backend
-from nodeagent.backends.composite import CompositeBackend
-from nodeagent.backends.swapper import Swapper
-from nodeagent import attest
-from nodeagent import orphans as O
-from nodeagent.channel import ChannelServer
-from nodeagent.config import AgentConfig
-from nodeagent.discovery import local_registered_pids
-from nodeagent.hostmem import HostMemory
-from nodeagent.inventory import Inventory
-from nodeagent.jobs import LocalJobs
-from nodeagent.metrics import Metrics
-from nodeagent.nodelock import NodeLock
-from nodeagent.protected import protected_reason
-from nodeagent.reporter import Reporter
-from nodeagent.runner import Runner
-from nodeagent.tokens import TokenBook
-from nodeagent.upkeep import Upkeep
-from tscore import records as R
-from tscore.errors import ConfigError, TimesliceError
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.mirror import Reflector
-from tscore.etcd.session import Session
-from tscore.keys import Keys
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends import pick_backend
+from timeslice.nodeagent.backends.base import Backend
+from timeslice.nodeagent.backends.composite import CompositeBackend
+from timeslice.nodeagent.backends.swapper import Swapper
+from timeslice.nodeagent import attest
+from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent.channel import ChannelServer
+from timeslice.nodeagent.config import AgentConfig
+from timeslice.nodeagent.discovery import local_registered_pids
+from timeslice.nodeagent.hostmem import HostMemory
+from timeslice.nodeagent.inventory import Inventory
+from timeslice.nodeagent.jobs import LocalJobs
+from timeslice.nodeagent.metrics import Metrics
+from timeslice.nodeagent.nodelock import NodeLock
+from timeslice.nodeagent.protected import protected_reason
+from timeslice.nodeagent.reporter import Reporter
+from timeslice.nodeagent.runner import Runner
+from timeslice.nodeagent.tokens import TokenBook
+from timeslice.nodeagent.upkeep import Upkeep
+from timeslice.common import records as R
+from timeslice.common.errors import ConfigError, TimesliceError
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.session import Session
+from timeslice.common.keys import Keys
 from timeslice.channel import default_socket_path
 
 log = structlog.get_logger("nodeagent.agent")
@@ -58,7 +58,7 @@ def make_backend(cfg: AgentConfig) -> Backend:
     opts: dict = {"sim_dir": cfg.sim_dir, "capacity_bytes": cfg.sim_capacity_bytes,
                   "checkpoint_gbps": cfg.sim_checkpoint_gbps, "restore_gbps": cfg.sim_restore_gbps}
     if cfg.backend_name != "sim":
-        from nodeagent.backends.records import SnapshotRecords
+        from timeslice.nodeagent.backends.records import SnapshotRecords
         opts["records"] = SnapshotRecords(cfg.state_dir)
     return pick_backend(cfg.backend_name, **opts)
 
@@ -181,7 +181,7 @@ class Agent:
         registers them again. See nodeagent/orphans.py. Device calls run in threads. A thaw waits
         for no op: a job with an op in flight is thawed at a later refresh (the op's own status
         write refreshes through here, holding the job's op lock)."""
-        from nodeagent.backends.base import ProcState
+        from timeslice.nodeagent.backends.base import ProcState
         regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
                 if self.trusted_pids(job, [pid])}
         base = self.backend.base
@@ -234,7 +234,7 @@ class Agent:
         base = self.backend.base
 
         def unfreeze() -> None:
-            from nodeagent.backends.base import ProcState
+            from timeslice.nodeagent.backends.base import ProcState
             if base.get_state(info.pid) is ProcState.LOCKED:
                 base.unlock(info.pid)
                 log.info("cooperative_unfrozen", pid=info.pid, job=info.job, reason="channel closed")
@@ -263,10 +263,10 @@ class Agent:
         if hit is not None and hit[:2] == (job, kind):
             return hit[2]
         if kind == R.SWAP_COOPERATIVE:
-            from nodeagent.backends.cooperative import CooperativeSwapper
+            from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
             sw: Swapper = CooperativeSwapper(self.channel, pid, job)
         else:
-            from nodeagent.backends.app_endpoint import make_app_swapper
+            from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
             sw = make_app_swapper(reg[1], self.backend.base)
         self._swappers[pid] = (job, kind, sw)
         return sw

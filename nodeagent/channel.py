@@ -30,11 +30,11 @@ from pathlib import Path
 
 import structlog
 
-from nodeagent.backends import procfs
+from timeslice.nodeagent.backends import procfs
 from timeslice import channel as C
-from tscore import records as R
-from tscore.errors import InvalidIdError
-from tscore.ids import check_id
+from timeslice.common import records as R
+from timeslice.common.errors import InvalidIdError
+from timeslice.common.ids import check_id
 
 log = structlog.get_logger("nodeagent.channel")
 
@@ -114,7 +114,7 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
     if msg.get("type") != "hello":
         raise C.ChannelError("the first frame must be a hello")
     job, secret, device = msg.get("job"), msg.get("secret"), msg.get("device", "")
-    check_id("job", job)
+    job = check_id("job", job)
     if not isinstance(secret, str) or not 0 < len(secret) <= 256:
         raise C.ChannelError("hello needs the job's session secret")
     if not isinstance(device, str) or len(device) > 128:

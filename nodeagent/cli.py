@@ -5,11 +5,11 @@ import argparse
 import asyncio
 import sys
 
-from nodeagent import config as C
-from nodeagent.backends.errors import BackendUnavailable
-from tscore import logs
-from tscore.version import __version__
-from tscore.errors import ConfigError, TimesliceError
+from timeslice.nodeagent import config as C
+from timeslice.nodeagent.backends.errors import BackendUnavailable
+from timeslice.common import logs
+from timeslice.common.version import __version__
+from timeslice.common.errors import ConfigError, TimesliceError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nodeagent: invalid configuration: {e}", file=sys.stderr)
         return 2
     logs.configure("nodeagent", cfg.log_level, node=cfg.node)
-    from nodeagent.server import serve
+    from timeslice.nodeagent.server import serve
     try:
         asyncio.run(serve(cfg))
     except KeyboardInterrupt:

@@ -14,17 +14,17 @@ import argparse
 import socket
 from dataclasses import dataclass, field
 
-from nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
-from nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
-from nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES
-from tscore import defaults as D
-from tscore.auth import load_admin_token
-from tscore.errors import ConfigError
-from tscore.etcd.client import EtcdConfig
-from tscore.etcd.timing import SessionTiming
-from tscore.ids import check_id
-from tscore.keys import Keys
-from tscore.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
+from timeslice.nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
+from timeslice.nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
+from timeslice.nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES
+from timeslice.common import defaults as D
+from timeslice.common.auth import load_admin_token
+from timeslice.common.errors import ConfigError
+from timeslice.common.etcd.client import EtcdConfig
+from timeslice.common.etcd.timing import SessionTiming
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys
+from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
 
 # Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")

@@ -22,8 +22,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from tscore.errors import ConfigError
-from nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
+from timeslice.common.errors import ConfigError
+from timeslice.nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
 
 ENV_HOST_RESERVE = "TIMESLICE_HOST_RESERVE_BYTES"
 # 4 GiB: room for the kernel, the agent, the jobs' own host allocations growing

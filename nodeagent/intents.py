@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
-from nodeagent.backends.ops import JobResult, Outcome
-from nodeagent.picture import Picture
-from tscore import records as R
+from timeslice.nodeagent.backends.ops import JobResult, Outcome
+from timeslice.nodeagent.picture import Picture
+from timeslice.common import records as R
 
 RUN, REPORT, REFUSE = "run", "report", "refuse"
 IN_PROGRESS = {R.SNAPSHOT: R.SNAPSHOTTING, R.RESTORE: R.RESTORING}

@@ -8,13 +8,17 @@ backend's own free-memory figure otherwise. Blocking; call through a thread.
 from __future__ import annotations
 
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import structlog
 
-from nodeagent.backends.base import Backend
-from nodeagent.backends.errors import BackendError
-from nodeagent.hostmem import HostMemory
-from tscore import records as R
+from timeslice.nodeagent.backends.base import Backend
+from timeslice.nodeagent.backends.errors import BackendError
+from timeslice.nodeagent.hostmem import HostMemory
+from timeslice.common import records as R
+
+if TYPE_CHECKING:   # for the annotation only: the module is imported on first use (_nvml_gpus)
+    from timeslice.nodeagent.backends.nvml import Nvml
 
 log = structlog.get_logger("nodeagent.inventory")
 
@@ -29,7 +33,7 @@ def version() -> str:
 class Inventory:
     def __init__(self, backend: Backend, host: HostMemory):
         self.backend, self.host = backend, host
-        self._nvml = None
+        self._nvml: Nvml | None = None
         self._nvml_tried = False
 
     def _sim_gpus(self) -> list[dict] | None:
@@ -37,7 +41,7 @@ class Inventory:
         if self.backend.name != "sim" or dev is None:
             return None
         capacity = dev.ledger.layout()[0]
-        from nodeagent.sim.device import device_id
+        from timeslice.nodeagent.sim.device import device_id
         return [{"index": g, "uuid": device_id(g), "total_bytes": capacity, "free_bytes": free}
                 for g, free in enumerate(dev.free_per_gpu())]
 
@@ -45,7 +49,7 @@ class Inventory:
         if not self._nvml_tried:
             self._nvml_tried = True
             try:
-                from nodeagent.backends.nvml import Nvml
+                from timeslice.nodeagent.backends.nvml import Nvml
                 self._nvml = Nvml.open()
             except BackendError as e:
                 log.info("nvml_unavailable", error=str(e))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from aetcd import rpc
 
-from tscore import records as R
-from tscore.etcd.mirror import Reflector
-from tscore.keys import Keys
+from timeslice.common import records as R
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.keys import Keys
 
 
 def load_status(raw: bytes) -> R.StatusValue | None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from tscore.metrics_common import LATENCY_BUCKETS, add_common
+from timeslice.common.metrics_common import LATENCY_BUCKETS, add_common
 
 
 class DutyCycle:
@@ -61,8 +61,8 @@ class DutyCycle:
 
 def nvml_utilization() -> dict[str, float] | None:
     """Per-GPU utilization from NVML, or None where there is no NVML (the simulator, CI)."""
-    from nodeagent.backends.errors import BackendUnavailable
-    from nodeagent.backends.nvml import Nvml
+    from timeslice.nodeagent.backends.errors import BackendUnavailable
+    from timeslice.nodeagent.backends.nvml import Nvml
     try:
         n = Nvml.open()
     except BackendUnavailable:

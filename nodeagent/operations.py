@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from nodeagent import intents as I
-from nodeagent.backends.base import ProcState
-from nodeagent.jobs import load_status
-from nodeagent.protected import protected_reason
-from tscore import records as R
-from tscore.errors import InvalidIdError, TimesliceError
-from tscore.ids import check_id
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.jobs import load_status
+from timeslice.nodeagent.protected import protected_reason
+from timeslice.common import records as R
+from timeslice.common.errors import InvalidIdError, TimesliceError
+from timeslice.common.ids import check_id
 
 log = structlog.get_logger("nodeagent.operations")
 

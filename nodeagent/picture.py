@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from nodeagent.backends.base import Backend, ProcState
-from tscore import records as R
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.common import records as R
 
 _ON_DEVICE = (ProcState.RUNNING, ProcState.LOCKED)
 _IN_FLIGHT = (ProcState.CHECKPOINTED, ProcState.LOCKED, ProcState.FAILED)

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nodeagent.backends import procfs
+from timeslice.nodeagent.backends import procfs
 
 #: Module or program names of the system's own servers, matched against argv[0..2]'s base names.
-SERVER_PROGRAMS = frozenset({"etcd", "lockd", "nodeagent", "lockd.cli", "nodeagent.cli"})
+SERVER_PROGRAMS = frozenset({"etcd", "lockd", "nodeagent", "timeslice.lockd.cli",
+                             "timeslice.nodeagent.cli"})
 _MAX_CMDLINE = 4096
 
 

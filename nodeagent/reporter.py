@@ -25,12 +25,12 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aetcd import rpc
 
-from nodeagent.intents import Intent
-from tscore import records as R
-from tscore.errors import EtcdError, EtcdUnavailable, OutcomeUnknown
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.keys import Keys
+from timeslice.nodeagent.intents import Intent
+from timeslice.common import records as R
+from timeslice.common.errors import EtcdError, EtcdUnavailable, OutcomeUnknown
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.keys import Keys
 
 log = structlog.get_logger("nodeagent.reporter")
 

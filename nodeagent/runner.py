@@ -17,14 +17,14 @@ from dataclasses import dataclass
 
 import structlog
 
-from nodeagent import picture as P
-from nodeagent.backends import ops
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.backends.errors import AdmissionRefused, SizeUnknown
-from nodeagent.hostmem import HostMemory, admit_restore
-from nodeagent.intents import moved_bytes, outcome_of
-from nodeagent.metrics import Metrics
-from tscore import records as R
+from timeslice.nodeagent import picture as P
+from timeslice.nodeagent.backends import ops
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.backends.errors import AdmissionRefused, SizeUnknown
+from timeslice.nodeagent.hostmem import HostMemory, admit_restore
+from timeslice.nodeagent.intents import moved_bytes, outcome_of
+from timeslice.nodeagent.metrics import Metrics
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.runner")
 
@@ -69,14 +69,14 @@ class Runner:
         RESOURCE_EXHAUSTED answer rather than a failed operation.
         """
         if op == R.SNAPSHOT:
-            need = 0
+            host_need = 0
             for pid in pids:
                 if self.backend.get_state(pid) in (ProcState.RUNNING, ProcState.LOCKED):
                     n = self.backend.host_bytes_needed(pid)
                     if n is None:
                         raise SizeUnknown(f"snapshot refused: device memory of pid {pid} is unknown", pid=pid)
-                    need += n
-            self.host.admit_snapshot(need)
+                    host_need += n
+            self.host.admit_snapshot(host_need)
             return
         need: dict[str, int] = {}
         for pid in pids:
@@ -112,6 +112,7 @@ class Runner:
         self.metrics.inflight.inc()
         t0 = time.monotonic()
         prepare = getattr(self.backend, "prepare", None)
+        finish = getattr(self.backend, "finish", None)      # prepare's pair (backends.composite)
         try:
             try:
                 if prepare is not None:
@@ -126,8 +127,8 @@ class Runner:
             elapsed = (time.monotonic() - t0) * 1000
             after = await self.picture(pids)
         finally:
-            if prepare is not None:
-                self.backend.finish(list(pids))
+            if prepare is not None and finish is not None:
+                finish(list(pids))
             self.metrics.inflight.dec()
         rr = RunResult(res, rollback, after, elapsed)
         self.metrics.ops.labels(op, rr.outcome, source).inc()

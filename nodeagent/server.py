@@ -14,16 +14,16 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from nodeagent.agent import Agent
-from nodeagent.config import AgentConfig
-from nodeagent.operations import Operations
-from nodeagent.servicer import NodeAgentServicer
-from tscore.etcd import ops
-from tsproto import nodeagent_pb2_grpc as pbg
-from tscore.auth import Authority, Gate, load_admin_token
-from tscore import logs
-from tscore.grpc_metrics import GrpcServerMetrics
-from tscore.serving import health_loop
+from timeslice.nodeagent.agent import Agent
+from timeslice.nodeagent.config import AgentConfig
+from timeslice.nodeagent.operations import Operations
+from timeslice.nodeagent.servicer import NodeAgentServicer
+from timeslice.common.etcd import ops
+from timeslice.proto import nodeagent_pb2_grpc as pbg
+from timeslice.common.auth import Authority, Gate, load_admin_token
+from timeslice.common import logs
+from timeslice.common.grpc_metrics import GrpcServerMetrics
+from timeslice.common.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
 SERVICE_NAME = "timeslice.v1.NodeAgent"
@@ -60,7 +60,7 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
     pbg.add_NodeAgentServicer_to_server(
         NodeAgentServicer(agent, operations or Operations(agent), authority), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
-    if cfg is not None and cfg.tls_cert:
+    if cfg is not None and cfg.tls_cert and cfg.tls_key is not None:     # config: cert and key come together
         creds = grpc.ssl_server_credentials(
             [(_read(cfg.tls_key), _read(cfg.tls_cert))],
             root_certificates=_read(cfg.tls_client_ca) if cfg.tls_client_ca else None,

@@ -9,12 +9,12 @@ caller holding the token.
 """
 from __future__ import annotations
 
-from nodeagent.operations import Operation, Operations
-from tsproto import nodeagent_pb2 as pb
-from tsproto import nodeagent_pb2_grpc as pbg
-from tscore import records as R
-from tscore.auth import Authority
-from tscore.serving import rpc
+from timeslice.nodeagent.operations import Operation, Operations
+from timeslice.proto import nodeagent_pb2 as pb
+from timeslice.proto import nodeagent_pb2_grpc as pbg
+from timeslice.common import records as R
+from timeslice.common.auth import Authority
+from timeslice.common.serving import rpc
 
 
 def _op(o: Operation) -> pb.Operation:

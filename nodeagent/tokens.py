@@ -19,8 +19,8 @@ import os
 import threading
 from pathlib import Path
 
-from nodeagent.backends.records import atomic_write_json
-from tscore import records as R
+from timeslice.nodeagent.backends.records import atomic_write_json
+from timeslice.common import records as R
 
 
 class TokenBook:
@@ -30,11 +30,11 @@ class TokenBook:
         self._lock = threading.Lock()
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._high.update(self._read())
+            self._high.update(self._read(self.path))
 
-    def _read(self) -> dict[str, int]:
+    def _read(self, path: Path) -> dict[str, int]:
         try:
-            doc = json.loads(self.path.read_text())
+            doc = json.loads(path.read_text())
         except FileNotFoundError:
             return {}
         except (OSError, ValueError):

@@ -18,12 +18,12 @@ import asyncio
 
 import structlog
 
-from nodeagent import intents as I
-from nodeagent.backends.base import ProcState
-from nodeagent.inventory import differs
-from nodeagent.jobs import load_status
-from nodeagent.picture import Picture, take
-from tscore import records as R
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.inventory import differs
+from timeslice.nodeagent.jobs import load_status
+from timeslice.nodeagent.picture import Picture, take
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.upkeep")
 
@@ -37,10 +37,10 @@ class Upkeep:
         self.force_put = False              # rewrite the key even if unchanged (new lease)
         # Duty cycle per GPU, read at scrape time: NVML, or the simulated device's busy fraction.
         if agent.backend.name == "sim":
-            from nodeagent.sim.utilization import SimUtilization
+            from timeslice.nodeagent.sim.utilization import SimUtilization
             agent.metrics.duty.gpu_utilization = SimUtilization(agent.backend.dev.root).fraction
         else:
-            from nodeagent.metrics import nvml_utilization
+            from timeslice.nodeagent.metrics import nvml_utilization
             agent.metrics.duty.gpu_utilization = nvml_utilization
 
     async def pictures(self) -> dict[str, Picture]:

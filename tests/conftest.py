@@ -1,7 +1,7 @@
 import os
 import tempfile
 
-pytest_plugins = ["tscore.testing.pytest_plugin"]
+pytest_plugins = ["timeslice.testing.pytest_plugin"]
 
 # `timeslice up` remembers running local clusters in a per-user folder so that other
 # commands find them from any directory; tests keep theirs in a folder of their own,

@@ -13,8 +13,8 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from lockd.metrics import Metrics as LockdMetrics
-from nodeagent.metrics import Metrics as AgentMetrics
+from timeslice.lockd.metrics import Metrics as LockdMetrics
+from timeslice.nodeagent.metrics import Metrics as AgentMetrics
 
 MON = Path(__file__).resolve().parents[1] / "deploy" / "components" / "monitoring"
 NAME_RE = re.compile(r"\b(timeslice_[a-z0-9_]+)")

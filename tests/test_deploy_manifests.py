@@ -21,7 +21,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from tscore import defaults
+from timeslice.common import defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -903,26 +903,20 @@ def dockerfile_problems(dockerfile: str, dockerignore: str, scripts: set[str], m
             out.append(f"the Dockerfile does not COPY {folder}/, which pyproject packages come from")
         if not allow_all and f"!{folder}/" not in ignore_lines and f"!{folder}" not in ignore_lines:
             out.append(f".dockerignore keeps {folder}/ out of the build context")
-    for f in ("pyproject.toml", "README.md"):
+    for f in ("pyproject.toml", "README.md", "LICENSE"):
         if not allow_all and f"!{f}" not in ignore_lines:
             out.append(f".dockerignore keeps {f} out of the build context (pip needs it)")
+    # lockd and nodeagent need the server extra; a plain `timeslice` is the lean job client.
+    if not re.search(r"pip wheel[^\n]*\.\[server\]", dockerfile) or "timeslice[server]" not in dockerfile:
+        out.append("the image must build and install timeslice[server] (lockd and the agent need it)")
     return out
 
 
 def package_roots() -> set[str]:
-    """Top-level folders the packages come from, per [tool.setuptools.packages.find]."""
+    """Top-level folders the packages come from, per [tool.setuptools.package-dir]."""
     tomllib = pytest.importorskip("tomllib")
-    find_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    roots = set()
-    for where in find_cfg.get("where", ["."]):
-        if where != ".":
-            roots.add(where.strip("/"))
-            continue
-        for pattern in find_cfg.get("include", []):
-            name = pattern.rstrip("*").rstrip(".")
-            if (ROOT / name).is_dir():
-                roots.add(name)
-    return roots
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {folder.split("/")[0] for folder in dirs.values()}
 
 
 def manifest_programs() -> set[str]:

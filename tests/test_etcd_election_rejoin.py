@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from tscore.errors import SessionLost
-from tscore.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming
+from timeslice.common.errors import SessionLost
+from timeslice.common.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tscore.errors import SessionLost, WaitCancelled
-from tscore.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming, ops
+from timeslice.common.errors import SessionLost, WaitCancelled
+from timeslice.common.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming, ops
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

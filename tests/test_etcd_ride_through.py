@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from tscore.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
 
 
 async def test_read_rides_through_a_paused_member(etcd3, key_prefix):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tscore.errors import ConfigError, NotLeader, SessionLost
-from tscore.etcd import (Election, ElectionTiming, EtcdClient, EtcdConfig, Session, SessionTiming,
+from timeslice.common.errors import ConfigError, NotLeader, SessionLost
+from timeslice.common.etcd import (Election, ElectionTiming, EtcdClient, EtcdConfig, Session, SessionTiming,
                          ops, wait_deposed)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")

@@ -3,8 +3,8 @@ import asyncio
 
 import pytest
 
-from tscore.errors import WatchCompacted
-from tscore.etcd import EtcdClient, EtcdConfig, Reflector, Watch, ops
+from timeslice.common.errors import WatchCompacted
+from timeslice.common.etcd import EtcdClient, EtcdConfig, Reflector, Watch, ops
 
 
 async def test_watch_survives_member_restarts_without_missing_events(etcd3, key_prefix):

@@ -11,11 +11,11 @@ import textwrap
 
 import aetcd
 import pytest
-from timeslice.launcher import pids
 
-from tscore.testing import etcd as etcd_mod
-from tscore.testing.etcd import EtcdCluster, EtcdHarnessError
-from tscore.testing.procs import pid_alive
+from timeslice.launcher import pids
+from timeslice.testing import etcd as etcd_mod
+from timeslice.testing.etcd import EtcdCluster, EtcdHarnessError
+from timeslice.testing.procs import pid_alive
 
 
 def _grant_lease(cluster: EtcdCluster, ttl: int = 60) -> int:
@@ -117,7 +117,7 @@ def test_stop_leaves_no_process_and_no_dir():
 def test_exit_without_stop_kills_members(tmp_path):
     # A test process that dies without tearing down must not leak etcd.
     script = textwrap.dedent("""
-        from tscore.testing.etcd import EtcdCluster
+        from timeslice.testing.etcd import EtcdCluster
         c = EtcdCluster(size=1).start()
         print(c.members[0].pid, flush=True)
         raise SystemExit(3)
@@ -162,9 +162,8 @@ def test_harness_servers_are_the_launchers_processes(etcd, key_prefix, tmp_path)
     """The harness adds faults on top of the launcher's processes: the command line a test's lockd
     and agent run is the one the launcher builds, recorded by the launcher's spawn line."""
     from timeslice.launcher.servers import LockdReplica, NodeAgent
-
-    from tscore.testing.agent import AgentProcess
-    from tscore.testing.lockd import LockdProcess
+    from timeslice.testing.agent import AgentProcess
+    from timeslice.testing.lockd import LockdProcess
 
     rep = LockdProcess(etcd.endpoints_str, key_prefix, "r0", str(tmp_path), [])
     agent = AgentProcess(etcd.endpoints_str, key_prefix, "n-harness", str(tmp_path), sim_dir=tmp_path / "sim")
@@ -185,11 +184,10 @@ async def test_raw_job_resends_a_waiting_acquire_when_its_replica_stalls_and_kee
     is re-sent to the next one, the first left running, and is granted at the queue place it had."""
     import asyncio
 
-    from tsproto import lockd_pb2 as pb
-    from tsproto import lockd_pb2_grpc as pbg
-
-    from tscore.testing.lockd import LockdCluster, admin_channel
-    from tscore.testing.rawjob import RawJob
+    from timeslice.proto import lockd_pb2 as pb
+    from timeslice.proto import lockd_pb2_grpc as pbg
+    from timeslice.testing.lockd import LockdCluster, admin_channel
+    from timeslice.testing.rawjob import RawJob
 
     lockd = await asyncio.to_thread(LockdCluster(etcd.endpoints_str, key_prefix, n=2, logdir=str(tmp_path),
                                                  extra=["--lease-ttl", "3", "--renew-deadline", "2",

@@ -12,8 +12,10 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FORBIDDEN = ("lockd", "nodeagent", "aetcd", "tscore.testing", "tscore.etcd", "torch", "torch_memory_saver",
-             "prometheus_client", "pynvml")
+FORBIDDEN = ("timeslice.lockd", "timeslice.nodeagent", "aetcd", "timeslice.testing", "timeslice.common.etcd",
+             "torch", "torch_memory_saver", "prometheus_client", "pynvml")
+#: The top-level names the packages had before they moved under one namespace (issue 14).
+OLD_NAMES = ("lockd", "nodeagent", "tscore", "tsproto")
 
 PROBE = """
 import sys
@@ -43,6 +45,16 @@ def _imports(path: pathlib.Path) -> set[str]:
 def test_product_code_never_imports_the_test_harness():
     product = [p for d in ("lockd", "nodeagent", "client/timeslice", "tscore") for p in (ROOT / d).rglob("*.py")
                if "tscore/testing" not in p.as_posix()]
-    offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith("tscore.testing"))
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.startswith("timeslice.testing"))
                  for p in product}
+    assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def test_nothing_imports_the_old_top_level_names():
+    """Everything lives under ``timeslice``; an import of ``lockd`` (say) would only work by accident."""
+    files = [p for d in ("lockd", "nodeagent", "client", "tscore", "proto", "tests", "chaos_tests", "benchmarks",
+                         "examples", "scripts") for p in (ROOT / d).rglob("*.py")]
+    assert len(files) > 100
+    offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.split(".")[0] in OLD_NAMES)
+                 for p in files}
     assert {p: n for p, n in offenders.items() if n} == {}

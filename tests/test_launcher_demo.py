@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from timeslice.demo.analysis import (
     gpu_phases,
     overlapping_pairs,
@@ -31,8 +32,7 @@ from timeslice.demo.analysis import (
 from timeslice.launcher import settings as L
 from timeslice.launcher.procs import same_process
 from timeslice.launcher.state import find_running
-
-from tscore.testing.ctl import etcdctl_run, http_json
+from timeslice.testing.ctl import etcdctl_run, http_json
 
 PY = sys.executable
 

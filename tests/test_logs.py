@@ -8,7 +8,7 @@ import logging
 import pytest
 import structlog
 
-from tscore import logs
+from timeslice.common import logs
 
 
 @pytest.fixture(autouse=True)

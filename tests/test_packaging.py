@@ -20,13 +20,30 @@ def test_license_file_is_the_declared_license():
     assert "LICENSE" in PROJECT["project"]["license-files"]
 
 
-@pytest.mark.parametrize("package, folder", [("timeslice", "client/timeslice"), ("tscore", "tscore"),
-                                             ("lockd", "lockd"), ("nodeagent", "nodeagent")])
-def test_packages_are_typed_and_versioned(package, folder):
-    assert (ROOT / folder / "py.typed").is_file()
-    assert "py.typed" in PROJECT["tool"]["setuptools"]["package-data"][package]
-    mod = importlib.import_module(package) if package != "tscore" else importlib.import_module("tscore.version")
-    assert mod.__version__ in (PROJECT["project"]["version"], "0+unknown")
+def test_one_namespace_every_package_folder_listed():
+    """The wheel installs one top-level name; each package folder is listed under it, nothing else is."""
+    setup = PROJECT["tool"]["setuptools"]
+    listed, dirs = set(setup["packages"]), setup["package-dir"]
+    assert {name.split(".")[0] for name in listed} == {"timeslice"}
+    found = set()
+    for name, folder in dirs.items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            sub = ".".join((name, *rel)) if rel else name
+            # a folder mapped to its own name (tscore/testing -> timeslice.testing) is not also a child
+            if any(init.parent == (ROOT / f) for n, f in dirs.items() if n != name and rel):
+                continue
+            found.add(sub)
+    assert found == listed
+    assert not any(p.split(".")[1:2] in (["tests"], ["chaos_tests"], ["benchmarks"]) for p in listed)
+
+
+def test_the_namespace_is_typed_and_versioned():
+    assert (ROOT / "client/timeslice/py.typed").is_file()
+    assert "py.typed" in PROJECT["tool"]["setuptools"]["package-data"]["timeslice"]
+    for package in ("timeslice", "timeslice.lockd", "timeslice.nodeagent", "timeslice.common.version"):
+        mod = importlib.import_module(package)
+        assert mod.__version__ in (PROJECT["project"]["version"], "0+unknown"), package
 
 
 def test_classifiers_and_no_urls():
@@ -45,4 +62,4 @@ def test_a_plain_install_is_the_lean_job_client():
     server = " ".join(PROJECT["project"]["optional-dependencies"]["server"])
     for dep in ("aetcd", "prometheus-client", "nvidia-ml-py", "grpcio-health-checking"):
         assert dep in server
-    assert not any(p.startswith("chaos_tests") for p in PROJECT["tool"]["setuptools"]["packages"]["find"]["include"])
+    assert not any(p.startswith("chaos_tests") for p in PROJECT["tool"]["setuptools"]["packages"])

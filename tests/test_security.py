@@ -9,10 +9,10 @@ import time
 import grpc
 import pytest
 
-from tscore.errors import EtcdError
-from tscore.logs import parse_ready
-from tscore.etcd import EtcdClient, EtcdConfig, ops
-from tscore.testing.ports import free_port
+from timeslice.common.errors import EtcdError
+from timeslice.common.logs import parse_ready
+from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.testing.ports import free_port
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 
@@ -97,7 +97,7 @@ def test_lockd_serves_tls_over_a_tls_etcd(tls_etcd, pki, tmp_path, proc_reaper):
     from timeslice import OrchestratorClient
     from timeslice.errors import DeadlineError, UnavailableError
 
-    argv = [sys.executable, "-m", "lockd.cli", "serve", "--etcd-endpoints", tls_etcd.endpoints[0],
+    argv = [sys.executable, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", tls_etcd.endpoints[0],
             "--etcd-ca", tls_etcd.ca_file, "--etcd-cert", tls_etcd.cert_file, "--etcd-key", tls_etcd.key_file,
             "--listen", "127.0.0.1:0", "--metrics-port", "-1", "--replica-id", "tls0",
             "--tls-cert", str(pki / "server.crt"), "--tls-key", str(pki / "server.key")]

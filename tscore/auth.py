@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import grpc
 import structlog
 
-from tscore.errors import ConfigError
+from timeslice.common.errors import ConfigError
 
 log = structlog.get_logger("tscore.auth")
 

@@ -16,7 +16,7 @@ import time
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from tscore.metrics_common import LATENCY_BUCKETS
+from timeslice.common.metrics_common import LATENCY_BUCKETS
 
 
 class GrpcServerMetrics(grpc.aio.ServerInterceptor):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tscore.errors import InvalidIdError
+from timeslice.common.errors import InvalidIdError
 
 MAX_ID_LEN = 127
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tscore.defaults import KEY_PREFIX
-from tscore.ids import check_id
+from timeslice.common.defaults import KEY_PREFIX
+from timeslice.common.ids import check_id
 
 
 def prefix_range_end(prefix: bytes) -> bytes:

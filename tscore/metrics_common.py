@@ -17,7 +17,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
-from tscore.version import __version__
+from timeslice.common.version import __version__
 
 # Waits and swaps: from a local handoff (ms) to the longest acquire a job may
 # wait (600 s, the client's default deadline) and beyond.

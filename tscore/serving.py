@@ -20,9 +20,9 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2
 
-from tscore import defaults as D
-from tscore.errors import TimesliceError
-from tscore.etcd.client import EtcdConfig
+from timeslice.common import defaults as D
+from timeslice.common.errors import TimesliceError
+from timeslice.common.etcd.client import EtcdConfig
 
 _log = structlog.get_logger("tscore.serving")
 

@@ -41,7 +41,7 @@ from timeslice.model import (
     Worker,
 )
 from timeslice.retry import RetryPolicy
-from tscore.version import __version__
+from timeslice.common.version import __version__
 
 __all__ = [
     "__version__",

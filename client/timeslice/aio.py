@@ -27,8 +27,8 @@ from typing import Any
 
 import grpc
 import tenacity
-from tsproto import lockd_pb2 as pb
-from tsproto import lockd_pb2_grpc as pbg
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 from timeslice import errors as E
 from timeslice import withdraw as W

@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from timeslice.errors import TimesliceClientError
-from tscore.defaults import ENV_TARGET
-from tscore.version import __version__
+from timeslice.common.defaults import ENV_TARGET
+from timeslice.common.version import __version__
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
 COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_up", "timeslice.cli_demo"]

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from timeslice.errors import InvalidArgumentError
 from timeslice.retry import RetryPolicy
-from tscore import defaults as D
-from tscore.errors import InvalidIdError
-from tscore.ids import MAX_ID_LEN, check_id
+from timeslice.common import defaults as D
+from timeslice.common.errors import InvalidIdError
+from timeslice.common.ids import MAX_ID_LEN, check_id
 
 MIN_TTL, MAX_TTL = 3, 300
 DEFAULT_TTL = 10

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tsproto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2 as pb
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id

@@ -13,7 +13,7 @@ choose a class; the rest of the server's message is kept verbatim.
 """
 from __future__ import annotations
 
-from tscore.errors import TimesliceError
+from timeslice.common.errors import TimesliceError
 
 
 class TimesliceClientError(TimesliceError):

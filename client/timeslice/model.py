@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tsproto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2 as pb
 
 
 class _Dict:

@@ -27,18 +27,18 @@ import tempfile
 import time
 import urllib.request
 
-from nodeagent.backends.app_endpoint import make_app_swapper
-from nodeagent.backends.errors import DeviceOutOfMemory
-from nodeagent.sim.client import SimDeviceClient
-from nodeagent.sim.device import SimDevice, SimMeter
-from tscore import logs
-from tscore.records import WorkerValue
+from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
+from timeslice.nodeagent.backends.errors import DeviceOutOfMemory
+from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.device import SimDevice, SimMeter
+from timeslice.common import logs
+from timeslice.common.records import WorkerValue
 
 MiB = 1 << 20
 
 
 def start_sampler(sim_dir: str, weights: int, kv: int) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "nodeagent.sim.inference_server", "--flavor", "vllm",
+    proc = subprocess.Popen([sys.executable, "-m", "timeslice.nodeagent.sim.inference_server", "--flavor", "vllm",
                              "--sim-dir", sim_dir, "--region", f"weights={weights}:offload",
                              "--region", f"kv_cache={kv}:discard"], stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())

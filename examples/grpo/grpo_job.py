@@ -26,7 +26,7 @@ import zlib
 
 from timeslice import OrchestratorClient
 
-from nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.client import SimDeviceClient
 
 
 class Policy:

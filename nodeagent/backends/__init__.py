@@ -15,8 +15,8 @@ import inspect
 
 import structlog
 
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.backends.errors import BackendError, BackendUnavailable
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.backends.errors import BackendError, BackendUnavailable
 
 log = structlog.get_logger("nodeagent.backends")
 
@@ -31,16 +31,16 @@ def _build(cls, opts: dict):
 
 
 def _driver(opts: dict, auto: bool) -> Backend:
-    from nodeagent.backends.cuda_driver import CudaDriverBackend
+    from timeslice.nodeagent.backends.cuda_driver import CudaDriverBackend
     return _build(CudaDriverBackend, opts)
 
 
 def _cli(opts: dict, auto: bool) -> Backend:
-    from nodeagent.backends.cuda_cli import CudaCliBackend, find_binary
+    from timeslice.nodeagent.backends.cuda_cli import CudaCliBackend, find_binary
     if auto and find_binary():
         # The tool alone proves nothing: on a node without a GPU, auto must
         # fall through to the simulator rather than drive a tool that cannot work.
-        from nodeagent.backends.nvml import Nvml
+        from timeslice.nodeagent.backends.nvml import Nvml
         nvml = Nvml.open()  # BackendUnavailable without the NVIDIA driver
         try:
             if not nvml.gpus():
@@ -51,7 +51,7 @@ def _cli(opts: dict, auto: bool) -> Backend:
 
 
 def _sim(opts: dict, auto: bool) -> Backend:
-    from nodeagent.backends.sim import SimBackend
+    from timeslice.nodeagent.backends.sim import SimBackend
     return _build(SimBackend, opts)
 
 

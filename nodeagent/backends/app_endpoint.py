@@ -37,22 +37,28 @@ from urllib.parse import urlencode
 import structlog
 import tenacity
 
-from nodeagent.backends import procfs
-from nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
-from nodeagent.backends.base import DeviceMeter
-from nodeagent.backends.errors import BackendError, ProcessGone
-from nodeagent.backends.swapper import (
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
+from timeslice.nodeagent.backends.base import DeviceMeter
+from timeslice.nodeagent.backends.errors import BackendError, ProcessGone
+from timeslice.nodeagent.backends.swapper import (
     Swapper,
     SwapRefused,
     SwapReport,
     SwapState,
 )
-from tscore import records as R
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.backends.app_endpoint")
 
 VERIFY_POLL_S = 0.01          # how often the meter is read while waiting for memory to move
 STATE_TIMEOUT_S = 2.0         # state() is a quick look, not a swap
+
+
+def _last_reading(rs: tenacity.RetryCallState) -> int | None:
+    """On giving up, the last meter reading (not an error: the caller compares it)."""
+    assert rs.outcome is not None       # the callback runs after an attempt, so there is one
+    return rs.outcome.result()
 
 
 class SwapNotVerified(SwapRefused):
@@ -88,7 +94,7 @@ class AppEndpointSwapper(Swapper):
             retry=tenacity.retry_if_result(lambda b: b is not None and not want(b)),
             wait=tenacity.wait_fixed(VERIFY_POLL_S),
             stop=lambda rs: time.monotonic() >= deadline,
-            retry_error_callback=lambda rs: rs.outcome.result())
+            retry_error_callback=_last_reading)
         return retrying(self._held)
 
     # -- the Swapper interface --------------------------------------------------------

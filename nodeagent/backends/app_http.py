@@ -16,10 +16,10 @@ from urllib.parse import urlsplit
 
 import tenacity
 
-from nodeagent.backends import procfs
-from nodeagent.backends.base import DeviceMeter
-from nodeagent.backends.errors import BackendError, ProcessGone
-from nodeagent.backends.swapper import SwapRefused, SwapTimeout
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.backends.base import DeviceMeter
+from timeslice.nodeagent.backends.errors import BackendError, ProcessGone
+from timeslice.nodeagent.backends.swapper import SwapRefused, SwapTimeout
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
 MAX_REPLY = 64 << 10          # the memory endpoints answer tiny JSON; bound what is read

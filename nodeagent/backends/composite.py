@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import Backend, DeviceBytes, ProcState
-from nodeagent.backends.swapper import SwapState, Swapper
-from tscore import records as R
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
+from timeslice.nodeagent.backends.swapper import SwapState, Swapper
+from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.backends.composite")
 
@@ -103,7 +103,8 @@ class CompositeBackend(Backend):
             regions = {}
             for p in pids:
                 sw = self.resolve(p)
-                if sw is not None and hasattr(sw, "tags") and sw.state() is SwapState.RUNNING:
+                if (sw is not None and hasattr(sw, "tags") and hasattr(sw, "region_bytes")
+                        and sw.state() is SwapState.RUNNING):
                     regions[p] = (sw.tags(), sw.region_bytes())
             ctx.tags = choose_tags(regions, 0 if isolation == R.ISOLATION_FULL else need_bytes)
         with self._mu:

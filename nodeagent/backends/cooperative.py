@@ -13,9 +13,9 @@ import concurrent.futures
 import time
 from collections.abc import Sequence
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.swapper import SwapRefused, SwapReport, SwapState, SwapTimeout, Swapper
-from nodeagent.channel import ChannelServer
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.swapper import SwapRefused, SwapReport, SwapState, SwapTimeout, Swapper
+from timeslice.nodeagent.channel import ChannelServer
 
 
 class ChannelClosed(e.BackendError):

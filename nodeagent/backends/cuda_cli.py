@@ -18,11 +18,11 @@ import os
 import shutil
 import subprocess
 
-from nodeagent.backends import curesult
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import DeviceMeter, ProcState
-from nodeagent.backends.cuda_common import CudaCheckpointBackend
-from nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.backends import curesult
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import DeviceMeter, ProcState
+from timeslice.nodeagent.backends.cuda_common import CudaCheckpointBackend
+from timeslice.nodeagent.backends.records import SnapshotRecords
 
 BINARY = "cuda-checkpoint"
 ENV_BINARY = "TIMESLICE_CUDA_CHECKPOINT"  # path to the tool, when it is not on PATH as cuda-checkpoint
@@ -51,7 +51,7 @@ class CudaCliBackend(CudaCheckpointBackend):
         if not path:
             raise e.BackendUnavailable(f"{BINARY} not found on PATH (or ${ENV_BINARY})")
         if meter is None:
-            from nodeagent.backends.nvml import NvmlMeter
+            from timeslice.nodeagent.backends.nvml import NvmlMeter
             meter = NvmlMeter()
         super().__init__(meter, records or SnapshotRecords(proc_root=proc_root), proc_root)
         self.binary = path

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import abc
 
-from nodeagent.backends import errors as e
-from nodeagent.backends import procfs
-from nodeagent.backends.base import Backend, DeviceMeter, ProcState
-from nodeagent.backends.records import SnapshotRecords
-from nodeagent.hostmem import DEFAULT_DEVICE_HEADROOM_BYTES
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.backends.base import Backend, DeviceMeter, ProcState
+from timeslice.nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.hostmem import DEFAULT_DEVICE_HEADROOM_BYTES
 
 
 class CudaCheckpointBackend(Backend):

@@ -25,11 +25,11 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from nodeagent.backends import curesult
-from nodeagent.backends.base import DeviceMeter, ProcState
-from nodeagent.backends.cuda_common import CudaCheckpointBackend
-from nodeagent.backends.errors import BackendError, BackendUnavailable
-from nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.backends import curesult
+from timeslice.nodeagent.backends.base import DeviceMeter, ProcState
+from timeslice.nodeagent.backends.cuda_common import CudaCheckpointBackend
+from timeslice.nodeagent.backends.errors import BackendError, BackendUnavailable
+from timeslice.nodeagent.backends.records import SnapshotRecords
 
 MIN_DRIVER_VERSION = 12080
 LIBCUDA = "libcuda.so.1"
@@ -130,7 +130,7 @@ class CudaDriverBackend(CudaCheckpointBackend):
 
     def __init__(self, driver: CudaDriver | None = None, meter: DeviceMeter | None = None,
                  records: SnapshotRecords | None = None, proc_root: str = "/proc"):
-        from nodeagent.backends.nvml import NvmlMeter
+        from timeslice.nodeagent.backends.nvml import NvmlMeter
         self.driver = driver or CudaDriver.load()
         super().__init__(meter or NvmlMeter(), records or SnapshotRecords(proc_root=proc_root), proc_root)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from nodeagent.backends import errors as e
+from timeslice.nodeagent.backends import errors as e
 
 # code -> (name, driver's description). Only the codes the checkpoint calls and
 # their callers are known to produce; anything else is reported by number.
@@ -56,18 +56,18 @@ def error_for(code: int, op: str, pid: int, detail: str = "") -> e.BackendError:
     """
     name = name_of(code)
     msg = f"{op} pid {pid}: {name} ({code})" + (f": {detail}" if detail else "")
-    kw = {"pid": pid, "cu_result": code, "cu_name": name}
+    cls: type[e.BackendError] = e.BackendError
     if code == NOT_READY:
-        return e.LockTimeout(msg, **kw)
-    if code == NOT_INITIALIZED:
-        return e.NoCudaContext(msg, **kw)
-    if code == OUT_OF_MEMORY:
-        return e.DeviceOutOfMemory(msg, **kw)
-    if code == ILLEGAL_STATE:
-        return e.IllegalState(msg, **kw)
-    if code == OPERATING_SYSTEM and op == "restore":
-        return e.ContextLost(msg, **kw)
-    return e.BackendError(msg, **kw)
+        cls = e.LockTimeout
+    elif code == NOT_INITIALIZED:
+        cls = e.NoCudaContext
+    elif code == OUT_OF_MEMORY:
+        cls = e.DeviceOutOfMemory
+    elif code == ILLEGAL_STATE:
+        cls = e.IllegalState
+    elif code == OPERATING_SYSTEM and op == "restore":
+        cls = e.ContextLost
+    return cls(msg, pid=pid, cu_result=code, cu_name=name)
 
 
 _NAME_RE = re.compile(r"CUDA_ERROR_[A-Z_]+")

@@ -11,7 +11,7 @@ searches for.
 """
 from __future__ import annotations
 
-from tscore.errors import TimesliceError
+from timeslice.common.errors import TimesliceError
 
 
 class BackendError(TimesliceError):

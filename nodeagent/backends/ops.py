@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.hostmem import HostMemory, admit_restore
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 
 log = structlog.get_logger("nodeagent.backends.ops")
 

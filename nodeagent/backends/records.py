@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from nodeagent.backends import procfs
+from timeslice.nodeagent.backends import procfs
 
 ENV_STATE_DIR = "TIMESLICE_AGENT_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/lib/timeslice/nodeagent"

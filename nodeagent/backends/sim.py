@@ -23,12 +23,13 @@ import fcntl
 import hashlib
 import os
 import time
+from typing import overload
 
 import structlog
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import Backend, ProcState
-from nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import Backend, ProcState
+from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
 log = structlog.get_logger("nodeagent.backends.sim")
 
@@ -79,6 +80,10 @@ class SimBackend(Backend):
             raise e.IllegalState(f"{op} pid {doc['pid']}: process is {doc['state']}, must be {want}",
                                  pid=doc["pid"], cu_result=401, cu_name="CUDA_ERROR_ILLEGAL_STATE")
 
+    @overload
+    def _exclusive(self, pid: int, timeout_ms: None) -> int: ...      # no timeout: always the fd
+    @overload
+    def _exclusive(self, pid: int, timeout_ms: int) -> int | None: ...
     def _exclusive(self, pid: int, timeout_ms: int | None) -> int | None:
         """Take the device lock exclusively; the fd (close it to release), or None on timeout."""
         fd = os.open(self.dev.devlock(pid), os.O_RDONLY)

@@ -27,7 +27,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from nodeagent.backends.errors import BackendError
+from timeslice.nodeagent.backends.errors import BackendError
 
 
 class SwapState(str, enum.Enum):

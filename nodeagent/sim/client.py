@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from nodeagent.backends.errors import IllegalState
-from nodeagent.sim.device import ENV_SIM_GPU, RUNNING, SimDevice
+from timeslice.nodeagent.backends.errors import IllegalState
+from timeslice.nodeagent.sim.device import ENV_SIM_GPU, RUNNING, SimDevice
 
 POLL_S = 0.002  # how often a blocked device call looks at the state again
 

@@ -28,9 +28,9 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from nodeagent.backends.errors import IllegalState
-from nodeagent.sim.client import SimDeviceClient
-from nodeagent.sim.device import device_id
+from timeslice.nodeagent.backends.errors import IllegalState
+from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.device import device_id
 
 ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
 DEFAULT_COOP_GBPS = 50.0
@@ -54,10 +54,10 @@ class SimCooperativeMemory:
         self._host: dict[str, bytearray] = {}               # retained host backups (offload regions)
         self._sha: dict[str, str] = {}
         rng = random.Random(seed)
-        for t, n in self._size.items():
-            self._dev[t] = bytearray(rng.randbytes(n))
+        fresh = {t: bytearray(rng.randbytes(n)) for t, n in self._size.items()}
+        self._dev.update(fresh)
         self._account()
-        for t, buf in self._dev.items():
+        for t, buf in fresh.items():
             self._sha[t] = hashlib.sha256(buf).hexdigest()
 
     # -- what the channel asks -------------------------------------------------------

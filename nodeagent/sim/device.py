@@ -35,9 +35,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from nodeagent.backends import procfs
-from nodeagent.backends.records import atomic_write_json
-from nodeagent.sim.ledger import Ledger
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.backends.records import atomic_write_json
+from timeslice.nodeagent.sim.ledger import Ledger
 
 ENV_SIM_DIR = "TIMESLICE_SIM_DIR"
 ENV_SIM_HOST_DIR = "TIMESLICE_SIM_HOST_DIR"

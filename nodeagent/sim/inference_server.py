@@ -32,7 +32,7 @@ residency, checksums), ``POST /sim/fault`` (``{"status": 503, "count": n}``
 answers the next n memory calls with that status; ``{"delay_s": x}`` delays
 them; ``{"lie": true}`` answers them 200 without doing anything).
 
-    python -m nodeagent.sim.inference_server --flavor vllm --port 0 \\
+    python -m timeslice.nodeagent.sim.inference_server --flavor vllm --port 0 \\
         --region weights=64MiB:offload --region kv_cache=32MiB:discard
 
 It prints one JSON line ``{"event": "ready", "port": ..., "pid": ...}`` on stdout.
@@ -50,9 +50,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from nodeagent.backends.errors import DeviceOutOfMemory
-from nodeagent.sim.client import SimDeviceClient
-from nodeagent.sim.server_memory import Region, ServerMemory, parse_size
+from timeslice.nodeagent.backends.errors import DeviceOutOfMemory
+from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.server_memory import Region, ServerMemory, parse_size
 
 VLLM, SGLANG = "vllm", "sglang"
 MAX_BODY = 16 << 10  # request bodies are tiny JSON; bound what is read

@@ -18,8 +18,8 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nodeagent.backends.errors import DeviceOutOfMemory, IllegalState
-from nodeagent.backends.records import atomic_write_json
+from timeslice.nodeagent.backends.errors import DeviceOutOfMemory, IllegalState
+from timeslice.nodeagent.backends.records import atomic_write_json
 
 
 class Ledger:

@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.client import SimDeviceClient
 
 OFFLOAD, DISCARD = "offload", "discard"
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "kb": 10**3, "mb": 10**6, "gb": 10**9}

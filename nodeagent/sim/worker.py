@@ -1,4 +1,4 @@
-"""A SIMULATED-GPU worker process, for tests and the demo: ``python -m nodeagent.sim.worker``.
+"""A SIMULATED-GPU worker process, for tests and the demo: ``python -m timeslice.nodeagent.sim.worker``.
 
 It does what an RL worker does to its GPU, on the simulated device: allocates
 an arena, fills it with a seeded pattern, and keeps computing on it in a
@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 
-from nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.client import SimDeviceClient
 
 
 def pattern(seed: int, nbytes: int) -> bytes:

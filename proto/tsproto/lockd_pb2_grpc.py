@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tsproto import lockd_pb2 as tsproto_dot_lockd__pb2
+from timeslice.proto import lockd_pb2 as timeslice_dot_proto_dot_lockd__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tsproto/lockd_pb2_grpc.py depends on'
+        + ' but the generated code in timeslice/proto/lockd_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,68 +36,68 @@ class LockdStub:
         """
         self.OpenSession = channel.unary_unary(
                 '/timeslice.v1.Lockd/OpenSession',
-                request_serializer=tsproto_dot_lockd__pb2.OpenSessionRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.OpenSessionReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.OpenSessionReply.FromString,
                 _registered_method=True)
         self.CloseSession = channel.unary_unary(
                 '/timeslice.v1.Lockd/CloseSession',
-                request_serializer=tsproto_dot_lockd__pb2.SessionRef.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.CloseSessionReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.SessionRef.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.CloseSessionReply.FromString,
                 _registered_method=True)
         self.KeepAlive = channel.unary_unary(
                 '/timeslice.v1.Lockd/KeepAlive',
-                request_serializer=tsproto_dot_lockd__pb2.SessionRef.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.KeepAliveReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.SessionRef.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.KeepAliveReply.FromString,
                 _registered_method=True)
         self.Acquire = channel.unary_unary(
                 '/timeslice.v1.Lockd/Acquire',
-                request_serializer=tsproto_dot_lockd__pb2.AcquireRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.AcquireReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.AcquireRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.AcquireReply.FromString,
                 _registered_method=True)
         self.Yield = channel.unary_unary(
                 '/timeslice.v1.Lockd/Yield',
-                request_serializer=tsproto_dot_lockd__pb2.YieldRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.YieldReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.YieldRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.YieldReply.FromString,
                 _registered_method=True)
         self.RegisterWorker = channel.unary_unary(
                 '/timeslice.v1.Lockd/RegisterWorker',
-                request_serializer=tsproto_dot_lockd__pb2.WorkerRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.WorkerReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.WorkerReply.FromString,
                 _registered_method=True)
         self.UnregisterWorker = channel.unary_unary(
                 '/timeslice.v1.Lockd/UnregisterWorker',
-                request_serializer=tsproto_dot_lockd__pb2.WorkerRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.WorkerReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.WorkerReply.FromString,
                 _registered_method=True)
         self.CreateGroup = channel.unary_unary(
                 '/timeslice.v1.Lockd/CreateGroup',
-                request_serializer=tsproto_dot_lockd__pb2.CreateGroupRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.Group.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.CreateGroupRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.Group.FromString,
                 _registered_method=True)
         self.DeleteGroup = channel.unary_unary(
                 '/timeslice.v1.Lockd/DeleteGroup',
-                request_serializer=tsproto_dot_lockd__pb2.DeleteGroupRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.DeleteGroupReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.DeleteGroupRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.DeleteGroupReply.FromString,
                 _registered_method=True)
         self.ListGroups = channel.unary_unary(
                 '/timeslice.v1.Lockd/ListGroups',
-                request_serializer=tsproto_dot_lockd__pb2.ListGroupsRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.ListGroupsReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListGroupsReply.FromString,
                 _registered_method=True)
         self.GetGroupStatus = channel.unary_unary(
                 '/timeslice.v1.Lockd/GetGroupStatus',
-                request_serializer=tsproto_dot_lockd__pb2.GroupRef.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.GroupStatus.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.GroupRef.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.GroupStatus.FromString,
                 _registered_method=True)
         self.WatchGroup = channel.unary_stream(
                 '/timeslice.v1.Lockd/WatchGroup',
-                request_serializer=tsproto_dot_lockd__pb2.GroupRef.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.GroupStatus.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.GroupRef.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.GroupStatus.FromString,
                 _registered_method=True)
         self.ListJobs = channel.unary_unary(
                 '/timeslice.v1.Lockd/ListJobs',
-                request_serializer=tsproto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
-                response_deserializer=tsproto_dot_lockd__pb2.ListJobsReply.FromString,
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.FromString,
                 _registered_method=True)
 
 
@@ -205,68 +205,68 @@ def add_LockdServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'OpenSession': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenSession,
-                    request_deserializer=tsproto_dot_lockd__pb2.OpenSessionRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.OpenSessionReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.OpenSessionRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.OpenSessionReply.SerializeToString,
             ),
             'CloseSession': grpc.unary_unary_rpc_method_handler(
                     servicer.CloseSession,
-                    request_deserializer=tsproto_dot_lockd__pb2.SessionRef.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.CloseSessionReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.SessionRef.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.CloseSessionReply.SerializeToString,
             ),
             'KeepAlive': grpc.unary_unary_rpc_method_handler(
                     servicer.KeepAlive,
-                    request_deserializer=tsproto_dot_lockd__pb2.SessionRef.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.KeepAliveReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.SessionRef.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.KeepAliveReply.SerializeToString,
             ),
             'Acquire': grpc.unary_unary_rpc_method_handler(
                     servicer.Acquire,
-                    request_deserializer=tsproto_dot_lockd__pb2.AcquireRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.AcquireReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.AcquireRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.AcquireReply.SerializeToString,
             ),
             'Yield': grpc.unary_unary_rpc_method_handler(
                     servicer.Yield,
-                    request_deserializer=tsproto_dot_lockd__pb2.YieldRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.YieldReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.YieldRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.YieldReply.SerializeToString,
             ),
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
-                    request_deserializer=tsproto_dot_lockd__pb2.WorkerRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.WorkerReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.WorkerReply.SerializeToString,
             ),
             'UnregisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.UnregisterWorker,
-                    request_deserializer=tsproto_dot_lockd__pb2.WorkerRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.WorkerReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.WorkerReply.SerializeToString,
             ),
             'CreateGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateGroup,
-                    request_deserializer=tsproto_dot_lockd__pb2.CreateGroupRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.Group.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.CreateGroupRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.Group.SerializeToString,
             ),
             'DeleteGroup': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteGroup,
-                    request_deserializer=tsproto_dot_lockd__pb2.DeleteGroupRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.DeleteGroupReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.DeleteGroupRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.DeleteGroupReply.SerializeToString,
             ),
             'ListGroups': grpc.unary_unary_rpc_method_handler(
                     servicer.ListGroups,
-                    request_deserializer=tsproto_dot_lockd__pb2.ListGroupsRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.ListGroupsReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListGroupsRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.ListGroupsReply.SerializeToString,
             ),
             'GetGroupStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetGroupStatus,
-                    request_deserializer=tsproto_dot_lockd__pb2.GroupRef.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.GroupStatus.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.GroupRef.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.GroupStatus.SerializeToString,
             ),
             'WatchGroup': grpc.unary_stream_rpc_method_handler(
                     servicer.WatchGroup,
-                    request_deserializer=tsproto_dot_lockd__pb2.GroupRef.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.GroupStatus.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.GroupRef.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.GroupStatus.SerializeToString,
             ),
             'ListJobs': grpc.unary_unary_rpc_method_handler(
                     servicer.ListJobs,
-                    request_deserializer=tsproto_dot_lockd__pb2.ListJobsRequest.FromString,
-                    response_serializer=tsproto_dot_lockd__pb2.ListJobsReply.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -294,8 +294,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/OpenSession',
-            tsproto_dot_lockd__pb2.OpenSessionRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.OpenSessionReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.OpenSessionRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.OpenSessionReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -321,8 +321,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/CloseSession',
-            tsproto_dot_lockd__pb2.SessionRef.SerializeToString,
-            tsproto_dot_lockd__pb2.CloseSessionReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.SessionRef.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.CloseSessionReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -348,8 +348,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/KeepAlive',
-            tsproto_dot_lockd__pb2.SessionRef.SerializeToString,
-            tsproto_dot_lockd__pb2.KeepAliveReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.SessionRef.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.KeepAliveReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -375,8 +375,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/Acquire',
-            tsproto_dot_lockd__pb2.AcquireRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.AcquireReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.AcquireRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.AcquireReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -402,8 +402,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/Yield',
-            tsproto_dot_lockd__pb2.YieldRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.YieldReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.YieldRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.YieldReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -429,8 +429,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/RegisterWorker',
-            tsproto_dot_lockd__pb2.WorkerRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.WorkerReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.WorkerReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -456,8 +456,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/UnregisterWorker',
-            tsproto_dot_lockd__pb2.WorkerRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.WorkerReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.WorkerRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.WorkerReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -483,8 +483,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/CreateGroup',
-            tsproto_dot_lockd__pb2.CreateGroupRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.Group.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.CreateGroupRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.Group.FromString,
             options,
             channel_credentials,
             insecure,
@@ -510,8 +510,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/DeleteGroup',
-            tsproto_dot_lockd__pb2.DeleteGroupRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.DeleteGroupReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.DeleteGroupRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.DeleteGroupReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -537,8 +537,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/ListGroups',
-            tsproto_dot_lockd__pb2.ListGroupsRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.ListGroupsReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.ListGroupsRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.ListGroupsReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -564,8 +564,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/GetGroupStatus',
-            tsproto_dot_lockd__pb2.GroupRef.SerializeToString,
-            tsproto_dot_lockd__pb2.GroupStatus.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.GroupRef.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.GroupStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -591,8 +591,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/WatchGroup',
-            tsproto_dot_lockd__pb2.GroupRef.SerializeToString,
-            tsproto_dot_lockd__pb2.GroupStatus.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.GroupRef.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.GroupStatus.FromString,
             options,
             channel_credentials,
             insecure,
@@ -618,8 +618,8 @@ class Lockd:
             request,
             target,
             '/timeslice.v1.Lockd/ListJobs',
-            tsproto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
-            tsproto_dot_lockd__pb2.ListJobsReply.FromString,
+            timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tsproto import nodeagent_pb2 as tsproto_dot_nodeagent__pb2
+from timeslice.proto import nodeagent_pb2 as timeslice_dot_proto_dot_nodeagent__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tsproto/nodeagent_pb2_grpc.py depends on'
+        + ' but the generated code in timeslice/proto/nodeagent_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,23 +36,23 @@ class NodeAgentStub:
         """
         self.Snapshot = channel.unary_unary(
                 '/timeslice.v1.NodeAgent/Snapshot',
-                request_serializer=tsproto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
-                response_deserializer=tsproto_dot_nodeagent__pb2.Operation.FromString,
+                request_serializer=timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
                 _registered_method=True)
         self.Restore = channel.unary_unary(
                 '/timeslice.v1.NodeAgent/Restore',
-                request_serializer=tsproto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
-                response_deserializer=tsproto_dot_nodeagent__pb2.Operation.FromString,
+                request_serializer=timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
                 _registered_method=True)
         self.GetOperation = channel.unary_unary(
                 '/timeslice.v1.NodeAgent/GetOperation',
-                request_serializer=tsproto_dot_nodeagent__pb2.GetOperationRequest.SerializeToString,
-                response_deserializer=tsproto_dot_nodeagent__pb2.Operation.FromString,
+                request_serializer=timeslice_dot_proto_dot_nodeagent__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
                 _registered_method=True)
         self.Status = channel.unary_unary(
                 '/timeslice.v1.NodeAgent/Status',
-                request_serializer=tsproto_dot_nodeagent__pb2.AgentStatusRequest.SerializeToString,
-                response_deserializer=tsproto_dot_nodeagent__pb2.AgentStatus.FromString,
+                request_serializer=timeslice_dot_proto_dot_nodeagent__pb2.AgentStatusRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.AgentStatus.FromString,
                 _registered_method=True)
 
 
@@ -88,23 +88,23 @@ def add_NodeAgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Snapshot': grpc.unary_unary_rpc_method_handler(
                     servicer.Snapshot,
-                    request_deserializer=tsproto_dot_nodeagent__pb2.OperationRequest.FromString,
-                    response_serializer=tsproto_dot_nodeagent__pb2.Operation.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.SerializeToString,
             ),
             'Restore': grpc.unary_unary_rpc_method_handler(
                     servicer.Restore,
-                    request_deserializer=tsproto_dot_nodeagent__pb2.OperationRequest.FromString,
-                    response_serializer=tsproto_dot_nodeagent__pb2.Operation.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.SerializeToString,
             ),
             'GetOperation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetOperation,
-                    request_deserializer=tsproto_dot_nodeagent__pb2.GetOperationRequest.FromString,
-                    response_serializer=tsproto_dot_nodeagent__pb2.Operation.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.GetOperationRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_nodeagent__pb2.Operation.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
-                    request_deserializer=tsproto_dot_nodeagent__pb2.AgentStatusRequest.FromString,
-                    response_serializer=tsproto_dot_nodeagent__pb2.AgentStatus.SerializeToString,
+                    request_deserializer=timeslice_dot_proto_dot_nodeagent__pb2.AgentStatusRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_nodeagent__pb2.AgentStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -132,8 +132,8 @@ class NodeAgent:
             request,
             target,
             '/timeslice.v1.NodeAgent/Snapshot',
-            tsproto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
-            tsproto_dot_nodeagent__pb2.Operation.FromString,
+            timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
+            timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -159,8 +159,8 @@ class NodeAgent:
             request,
             target,
             '/timeslice.v1.NodeAgent/Restore',
-            tsproto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
-            tsproto_dot_nodeagent__pb2.Operation.FromString,
+            timeslice_dot_proto_dot_nodeagent__pb2.OperationRequest.SerializeToString,
+            timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -186,8 +186,8 @@ class NodeAgent:
             request,
             target,
             '/timeslice.v1.NodeAgent/GetOperation',
-            tsproto_dot_nodeagent__pb2.GetOperationRequest.SerializeToString,
-            tsproto_dot_nodeagent__pb2.Operation.FromString,
+            timeslice_dot_proto_dot_nodeagent__pb2.GetOperationRequest.SerializeToString,
+            timeslice_dot_proto_dot_nodeagent__pb2.Operation.FromString,
             options,
             channel_credentials,
             insecure,
@@ -213,8 +213,8 @@ class NodeAgent:
             request,
             target,
             '/timeslice.v1.NodeAgent/Status',
-            tsproto_dot_nodeagent__pb2.AgentStatusRequest.SerializeToString,
-            tsproto_dot_nodeagent__pb2.AgentStatus.FromString,
+            timeslice_dot_proto_dot_nodeagent__pb2.AgentStatusRequest.SerializeToString,
+            timeslice_dot_proto_dot_nodeagent__pb2.AgentStatus.FromString,
             options,
             channel_credentials,
             insecure,

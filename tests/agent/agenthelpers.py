@@ -4,9 +4,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.keys import Keys
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.keys import Keys
 
 MiB = 1 << 20
 NODE = "node-a"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.sim.device import SimDevice
-from tscore.etcd import EtcdClient, EtcdConfig
-from tscore.keys import Keys
-from tscore.testing.agent import AgentProcess, SimWorker
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.etcd import EtcdClient, EtcdConfig
+from timeslice.common.keys import Keys
+from timeslice.testing.agent import AgentProcess, SimWorker
 
 from agenthelpers import MiB, NODE
 

@@ -8,10 +8,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from agenthelpers import MiB, NODE, register, status
-from tscore import records as R
-from tscore.testing.lockd import admin_channel
-from tsproto import nodeagent_pb2 as pb
-from tsproto import nodeagent_pb2_grpc as pbg
+from timeslice.common import records as R
+from timeslice.testing.lockd import admin_channel
+from timeslice.proto import nodeagent_pb2 as pb
+from timeslice.proto import nodeagent_pb2_grpc as pbg
 
 
 async def finished(stub, op: pb.Operation, timeout: float = 10.0) -> pb.Operation:

@@ -7,9 +7,9 @@ intent_revision == the intent's mod_revision and outcome != "").
 from __future__ import annotations
 
 from agenthelpers import MiB, NODE, agent_value, answered, intent, register, wait_agent, wait_status
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.sim import SimBackend
-from tscore import records as R
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.common import records as R
 
 
 async def test_snapshot_restore_round_trip_with_checksums(client, keys, agents, workers, sim_dir):

@@ -6,9 +6,9 @@ import threading
 import time
 
 from agenthelpers import MiB, NODE, answered, get, intent, register, status, wait_status
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.sim import SimBackend
-from tscore import records as R
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.common import records as R
 
 
 async def test_agent_killed_mid_snapshot_reconciles_on_restart(client, keys, agents, workers, sim_dir):

@@ -6,15 +6,15 @@ import argparse
 import pytest
 from aetcd import rpc
 
-from nodeagent import cli
-from nodeagent import config as C
-from nodeagent import intents as I
-from nodeagent.backends.base import ProcState as S
-from nodeagent.inventory import differs
-from nodeagent.picture import Picture, job_state
-from nodeagent.tokens import TokenBook
-from tscore import records as R
-from tscore.errors import ConfigError
+from timeslice.nodeagent import cli
+from timeslice.nodeagent import config as C
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends.base import ProcState as S
+from timeslice.nodeagent.inventory import differs
+from timeslice.nodeagent.picture import Picture, job_state
+from timeslice.nodeagent.tokens import TokenBook
+from timeslice.common import records as R
+from timeslice.common.errors import ConfigError
 
 
 def kv(value: bytes, rev: int = 7) -> rpc.KeyValue:

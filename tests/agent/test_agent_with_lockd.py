@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 from agenthelpers import MiB, NODE, status, wait_agent
-from nodeagent.sim.device import SimDevice
-from tscore import records as R
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common import records as R
+from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
 
 JOB = 6 * MiB          # each job; the device has 10 MiB: one job at a time
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.sim.client import SimDeviceClient
+from timeslice.nodeagent.sim.client import SimDeviceClient
 from timeslice import OrchestratorClient
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings

@@ -11,7 +11,7 @@ import subprocess
 from agenthelpers import MiB, NODE, answered, intent, register, status
 from test_cooperative_channel import SECRET, session
 from timeslice.cooperative import Attestation, CooperativeWorker
-from tscore import records as R
+from timeslice.common import records as R
 
 
 async def test_a_job_cannot_have_another_jobs_process_snapshotted(client, keys, agents, workers):

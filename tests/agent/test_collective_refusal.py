@@ -5,11 +5,11 @@ here (its backend moves it)."""
 from __future__ import annotations
 
 from agenthelpers import MiB, NODE, answered, intent, put, wait_agent
-from nodeagent import intents as I
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.sim import SimBackend
-from nodeagent.picture import Picture
-from tscore import records as R
+from timeslice.nodeagent import intents as I
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.picture import Picture
+from timeslice.common import records as R
 
 
 def test_only_checkpointed_collective_workers_are_refused():

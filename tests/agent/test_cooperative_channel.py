@@ -19,10 +19,10 @@ import time
 import pytest
 
 from agenthelpers import MiB, NODE, answered, intent, put, status
-from nodeagent.sim.device import SimDevice
+from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.channel import ChannelError
 from timeslice.cooperative import CallbackMemory, CooperativeWorker
-from tscore import records as R
+from timeslice.common import records as R
 
 SECRET = "s3cret-of-the-cooperative-job"
 
@@ -227,7 +227,7 @@ async def test_a_long_parked_job_is_said_once(client, keys, agents):
 async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, keys, agents, sim_dir):
     """isolation=full: after the cooperative pause, the checkpoint backend takes the rest (here the
     SIMULATED context arena), so nothing of the parked job stays on the device; a restore undoes both."""
-    from nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
     agent = agents()
     await session(client, keys, "coop-full")
     mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)

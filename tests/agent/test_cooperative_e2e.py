@@ -18,9 +18,9 @@ import time
 import pytest
 
 from agenthelpers import MiB, NODE, status, wait_agent
-from nodeagent.sim.device import SimDevice
-from tscore import records as R
-from tscore.testing.lockd import LockdCluster
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common import records as R
+from timeslice.testing.lockd import LockdCluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "scripts", "coop_job.py")
@@ -178,7 +178,7 @@ async def test_only_what_the_incoming_job_needs_is_released(keys, client, stack_
 
 
 async def test_the_async_client_cooperates_too(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
-    from nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
     from timeslice import AsyncOrchestratorClient
     SimDevice(sim_dir, capacity_bytes=10 * MiB)
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()

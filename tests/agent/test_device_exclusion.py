@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from agenthelpers import MiB, NODE, wait_agent
-from nodeagent.sim.device import SimDevice
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
 
 JOB = 3 * MiB          # both fit on the 10 MiB device: the handoff is elided
 

@@ -18,12 +18,12 @@ import pytest
 
 from agenthelpers import MiB, status, wait_agent, wait_status
 from chaos_tests.holders import check_holders_not_parked, etcd_history
-from nodeagent.sim.device import SimDevice
-from tscore import records as R
-from tscore.testing.agent import AgentProcess, SimWorker
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common import records as R
+from timeslice.testing.agent import AgentProcess, SimWorker
+from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
 
 NODES = ("node-1", "node-2")
 CAP = 8 * MiB                      # per simulated GPU

@@ -11,7 +11,7 @@ import secrets
 
 import pytest
 
-from tscore.testing.lockd import LockdCluster
+from timeslice.testing.lockd import LockdCluster
 
 # Fast leader election, as the lockd tests use: a killed leader is replaced in ~3 s.
 FAST = ["--lease-ttl", "3", "--renew-deadline", "2", "--retry-period", "0.5", "--swap-timeout", "30"]

@@ -136,7 +136,7 @@ def test_demo_json_is_one_object(env, up, tmp_path):
     assert doc["ok"] is True and doc["summary"] and Path(doc["timeline"]).exists()
 
 
-@pytest.mark.parametrize("program", ["timeslice.cli", "lockd.cli", "nodeagent.cli"])
+@pytest.mark.parametrize("program", ["timeslice.cli", "timeslice.lockd.cli", "timeslice.nodeagent.cli"])
 def test_version_on_every_command(program):
     r = subprocess.run([PY, "-m", program, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0 and r.stdout.split() == [program.split(".")[0], __version__]

@@ -18,8 +18,8 @@ from timeslice.config import (
 from timeslice.hooks import release_framework_cache
 from timeslice.model import NodeSpec
 
-from tscore.errors import TimesliceError
-from tscore.ids import check_id
+from timeslice.common.errors import TimesliceError
+from timeslice.common.ids import check_id
 
 
 @pytest.mark.parametrize("code,details,method,cls", [

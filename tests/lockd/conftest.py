@@ -1,9 +1,9 @@
 """Fixtures for lockd tests: real replicas (processes) against the real etcd."""
 import pytest
-from tsproto import lockd_pb2_grpc as pbg
 
-from tscore.testing.lockd import LockdCluster, admin_channel
-from tscore.testing.rawjob import RawJob
+from timeslice.proto import lockd_pb2_grpc as pbg
+from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.testing.rawjob import RawJob
 
 
 class Job(RawJob):

@@ -8,7 +8,7 @@ import pytest
 
 from tests.lockd.conftest import Job
 from tests.lockd.test_lockd_api import make_group, status
-from tsproto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2 as pb
 
 
 def req(job: Job, group: str, seq: int) -> pb.AcquireRequest:

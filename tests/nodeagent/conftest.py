@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.backends.sim import SimBackend
 from simhelpers import MiB, Worker
 
 

@@ -18,10 +18,10 @@ import sys
 
 import structlog
 
-from nodeagent.backends import curesult
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.backends import curesult
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.sim import SimBackend
 
 # What the driver answers, for each simulator error (DESIGN.md §6's measurements).
 _CODES = [(e.ProcessGone, 304), (e.NoCudaContext, 3), (e.LockTimeout, 600), (e.IllegalState, 401),

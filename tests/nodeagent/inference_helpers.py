@@ -12,7 +12,7 @@ from pathlib import Path
 class SimServer:
     def __init__(self, sim_dir: Path, flavor: str, regions: list[str], port: int = 0,
                  context: str = "1MiB"):
-        args = [sys.executable, "-m", "nodeagent.sim.inference_server", "--flavor", flavor,
+        args = [sys.executable, "-m", "timeslice.nodeagent.sim.inference_server", "--flavor", flavor,
                 "--sim-dir", str(sim_dir), "--port", str(port), "--context-bytes", context]
         for r in regions:
             args += ["--region", r]

@@ -9,17 +9,17 @@ import pytest
 from inference_helpers import SimServer
 from simhelpers import MiB
 
-from nodeagent.backends.app_endpoint import (
+from timeslice.nodeagent.backends.app_endpoint import (
     SglangSwapper,
     SwapConfigError,
     SwapNotVerified,
     VllmSwapper,
     make_app_swapper,
 )
-from nodeagent.backends.errors import ProcessGone
-from nodeagent.backends.swapper import SwapRefused, SwapState, SwapTimeout
-from nodeagent.sim.device import SimMeter
-from tscore.records import WorkerValue
+from timeslice.nodeagent.backends.errors import ProcessGone
+from timeslice.nodeagent.backends.swapper import SwapRefused, SwapState, SwapTimeout
+from timeslice.nodeagent.sim.device import SimMeter
+from timeslice.common.records import WorkerValue
 
 VLLM_REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard"]
 SGL_REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard", "cuda_graph=2MiB:discard"]

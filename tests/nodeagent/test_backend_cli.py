@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends import errors as e
-from nodeagent.backends import pick_backend
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.cuda_cli import CudaCliBackend
-from nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
-from nodeagent.backends.records import SnapshotRecords
-from nodeagent.sim.device import SimDevice, SimMeter
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends import pick_backend
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.cuda_cli import CudaCliBackend
+from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
+from timeslice.nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.sim.device import SimDevice, SimMeter
 from simhelpers import MiB
 
 FAKE = Path(__file__).with_name("fake_cuda_checkpoint.py")

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.cuda_driver import CudaDriver, CudaDriverBackend
-from nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
-from nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.cuda_driver import CudaDriver, CudaDriverBackend
+from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
+from timeslice.nodeagent.backends.records import SnapshotRecords
 
 GiB = 1 << 30
 SRC = Path(__file__).with_name("fake_libcuda.c")

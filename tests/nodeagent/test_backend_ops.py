@@ -9,11 +9,11 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.ops import (Outcome, arestore_processes, asnapshot_processes, restore_processes,
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.ops import (Outcome, arestore_processes, asnapshot_processes, restore_processes,
                                     snapshot_processes)
-from nodeagent.backends.sim import SimBackend
-from nodeagent.hostmem import HostMemory
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.hostmem import HostMemory
 from simhelpers import MiB, wait_until, write_meminfo
 
 

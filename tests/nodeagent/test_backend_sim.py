@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from nodeagent.backends import errors as e
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
-from nodeagent.backends.sim import SimBackend
-from nodeagent.sim.device import DEVICE_ID
-from nodeagent.sim.worker import pattern
+from timeslice.nodeagent.backends import errors as e
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.sim.device import DEVICE_ID
+from timeslice.nodeagent.sim.worker import pattern
 from simhelpers import MiB, wait_until
 
 

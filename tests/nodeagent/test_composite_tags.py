@@ -1,5 +1,5 @@
 """Which regions a cooperative snapshot releases (sans-IO: backends.composite.choose_tags)."""
-from nodeagent.backends.composite import choose_tags
+from timeslice.nodeagent.backends.composite import choose_tags
 
 MiB = 1 << 20
 A = ({"weights": "offload", "optimizer": "offload", "kv": "discard"},

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends import cuda_driver
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.errors import LockTimeout
-from nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
-from nodeagent.backends.records import SnapshotRecords
-from nodeagent.hostmem import HostMemory
+from timeslice.nodeagent.backends import cuda_driver
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.errors import LockTimeout
+from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
+from timeslice.nodeagent.backends.records import SnapshotRecords
+from timeslice.nodeagent.hostmem import HostMemory
 
 GiB = 1 << 30
 WORKER = Path(__file__).with_name("torch_worker.py")

@@ -6,8 +6,8 @@ import ctypes.util
 
 import pytest
 
-from nodeagent.backends import curesult, errors as e, pick_backend
-from nodeagent.backends.cuda_driver import CheckpointArgs, CudaDriver, LockArgs, RestoreArgs, UnlockArgs
+from timeslice.nodeagent.backends import curesult, errors as e, pick_backend
+from timeslice.nodeagent.backends.cuda_driver import CheckpointArgs, CudaDriver, LockArgs, RestoreArgs, UnlockArgs
 
 
 @pytest.mark.parametrize("code,op,cls", [

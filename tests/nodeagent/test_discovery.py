@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends import procfs
-from nodeagent.discovery import local_registered_pids, parse_pod_uid, pod_gpu_pids, pod_uid_of
+from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.discovery import local_registered_pids, parse_pod_uid, pod_gpu_pids, pod_uid_of
 
 PROC = Path(__file__).parent / "fixtures" / "proc"
 POD_A = "0b6c5f2e-3c1a-4c5e-9d2f-1a2b3c4d5e6f"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
-from nodeagent.hostmem import ENV_HOST_RESERVE, HostMemory, admit_restore, read_meminfo
-from tscore.errors import ConfigError
+from timeslice.nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
+from timeslice.nodeagent.hostmem import ENV_HOST_RESERVE, HostMemory, admit_restore, read_meminfo
+from timeslice.common.errors import ConfigError
 
 PROC = Path(__file__).parent / "fixtures" / "proc"
 GiB = 1 << 30

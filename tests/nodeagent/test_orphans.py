@@ -1,5 +1,5 @@
 """Which processes the agent freezes and thaws (sans-IO: nodeagent.orphans)."""
-from nodeagent import orphans as O
+from timeslice.nodeagent import orphans as O
 
 
 def states(**by_pid):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.backends.base import ProcState
-from nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
-from nodeagent.backends.sim import SimBackend
-from nodeagent.hostmem import HostMemory
-from nodeagent.inventory import Inventory
+from timeslice.nodeagent.backends.base import ProcState
+from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
+from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.hostmem import HostMemory
+from timeslice.nodeagent.inventory import Inventory
 from simhelpers import MiB, Worker
 
 

@@ -1,7 +1,7 @@
 """SIMULATOR: the simulated device's utilization (the duty-cycle metric in CI) follows its workers."""
 from __future__ import annotations
 
-from nodeagent.sim.utilization import SimUtilization
+from timeslice.nodeagent.sim.utilization import SimUtilization
 from simhelpers import MiB
 
 

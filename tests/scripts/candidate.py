@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from tscore.errors import NotLeader, TimesliceError
-from tscore.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming, ops
+from timeslice.common.errors import NotLeader, TimesliceError
+from timeslice.common.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming, ops
 
 
 def log(out, **rec):

@@ -16,7 +16,7 @@ first hold, and registers as a cooperative worker then.
 import json
 import sys
 
-from nodeagent.sim.coop import SimCooperativeMemory
+from timeslice.nodeagent.sim.coop import SimCooperativeMemory
 from timeslice import OrchestratorClient
 
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from nodeagent.sim.device import SimDevice
-from tscore.etcd import EtcdClient, EtcdConfig, ops
-from tscore.keys import Keys
-from tscore.testing.agent import AgentProcess, SimWorker
-from tscore.testing.lockd import LockdCluster, admin_channel, shared_admin_token
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.keys import Keys
+from timeslice.testing.agent import AgentProcess, SimWorker
+from timeslice.testing.lockd import LockdCluster, admin_channel, shared_admin_token
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
 
 MiB = 1 << 20
 NODE = "sec-node"

@@ -10,11 +10,11 @@ import os
 
 import grpc
 
-from nodeagent import config as C
+from timeslice.nodeagent import config as C
 from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from tscore.testing.lockd import admin_channel
-from tsproto import nodeagent_pb2 as pb
-from tsproto import nodeagent_pb2_grpc as pbg
+from timeslice.testing.lockd import admin_channel
+from timeslice.proto import nodeagent_pb2 as pb
+from timeslice.proto import nodeagent_pb2_grpc as pbg
 
 
 async def test_unauthenticated_callers_cannot_snapshot_restore_or_see_processes(stack, etcd_client, jobs, workers):

@@ -7,12 +7,12 @@ import subprocess
 import grpc
 import pytest
 
-from nodeagent.sim.device import SimDevice
+from timeslice.nodeagent.sim.device import SimDevice
 from tests.security.conftest import MiB, rpc_error
-from tscore.testing.agent import AgentProcess
-from tscore.testing.lockd import shared_admin_token
-from tsproto import nodeagent_pb2 as pb
-from tsproto import nodeagent_pb2_grpc as pbg
+from timeslice.testing.agent import AgentProcess
+from timeslice.testing.lockd import shared_admin_token
+from timeslice.proto import nodeagent_pb2 as pb
+from timeslice.proto import nodeagent_pb2_grpc as pbg
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 

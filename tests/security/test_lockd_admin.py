@@ -6,13 +6,13 @@ import asyncio
 import grpc
 
 from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from tscore import records as R
-from tscore.etcd import ops
-from tscore.testing.lockd import LockdProcess, admin_channel
-from tsproto import lockd_pb2 as lpb
-from tsproto import lockd_pb2_grpc as lpbg
-from tsproto import nodeagent_pb2 as npb
-from tsproto import nodeagent_pb2_grpc as npbg
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.testing.lockd import LockdProcess, admin_channel
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
+from timeslice.proto import nodeagent_pb2 as npb
+from timeslice.proto import nodeagent_pb2_grpc as npbg
 
 
 async def test_group_calls_need_the_admin_token(stack, etcd_client, admin, jobs):

@@ -8,11 +8,11 @@ import pytest
 from grpc.aio import Metadata
 
 from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from tscore.etcd import EtcdClient, EtcdConfig, ops
-from tscore.etcd.errmap import ETCD_ERROR_TABLE, map_error
-from tscore.errors import EtcdLeaseGone, EtcdRequestTooLarge, EtcdUnavailable, OutcomeUnknown
-from tscore.serving import status_of
-from tsproto import lockd_pb2 as lpb
+from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.etcd.errmap import ETCD_ERROR_TABLE, map_error
+from timeslice.common.errors import EtcdLeaseGone, EtcdRequestTooLarge, EtcdUnavailable, OutcomeUnknown
+from timeslice.common.serving import status_of
+from timeslice.proto import lockd_pb2 as lpb
 
 
 async def _workers_of(admin, job_id: str) -> int:

@@ -6,10 +6,10 @@ import pkgutil
 
 import grpc
 
-import lockd
-import nodeagent
-import tscore
-from tscore.errors import TimesliceError
+import timeslice.common
+import timeslice.lockd
+import timeslice.nodeagent
+from timeslice.common.errors import TimesliceError
 
 #: The only errors that may say UNAVAILABLE: each goes away by itself (retry elsewhere or later).
 TRANSIENT = {
@@ -23,7 +23,7 @@ TRANSIENT = {
 
 
 def _load_all() -> None:
-    for pkg in (lockd, nodeagent, tscore):
+    for pkg in (timeslice.lockd, timeslice.nodeagent, timeslice.common):
         for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
             if ".testing" in m.name or m.name.endswith(("cli", "__main__")):
                 continue
@@ -40,7 +40,7 @@ def test_every_server_error_has_a_status_by_meaning():
     _load_all()
     seen = {}
     for cls in _subclasses(TimesliceError):
-        if not cls.__module__.startswith(("lockd", "nodeagent", "tscore")):
+        if not cls.__module__.startswith(("timeslice.lockd", "timeslice.nodeagent", "timeslice.common")):
             continue
         assert hasattr(grpc.StatusCode, cls.code), f"{cls.__qualname__}: {cls.code!r} is no gRPC status"
         assert cls.code not in ("UNKNOWN", "OK"), cls

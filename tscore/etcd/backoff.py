@@ -19,7 +19,8 @@ class Backoff:
             raise ValueError("backoff needs 0 < initial <= maximum")
         self.initial, self.maximum = initial, maximum
         self._wait = tenacity.wait_random_exponential(multiplier=initial, max=maximum)
-        self._state = tenacity.RetryCallState(None, None, (), {})
+        # tenacity's wait strategies read only attempt_number from the state
+        self._state = tenacity.RetryCallState(None, None, (), {})  # type: ignore[arg-type]
         self.failures = 0
 
     def reset(self) -> None:

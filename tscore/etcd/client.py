@@ -19,8 +19,8 @@ import tenacity
 from aetcd import Client as _AetcdClient
 from aetcd import rpc
 
-from tscore.errors import ConfigError, EtcdUnavailable
-from tscore.etcd.errmap import map_error
+from timeslice.common.errors import ConfigError, EtcdUnavailable
+from timeslice.common.etcd.errmap import map_error
 
 # Client-side HTTP/2 keepalive finds a dead or paused member, so pick_first moves
 # on to the next endpoint. etcd rejects pings more often than every 5 s by default.
@@ -82,7 +82,8 @@ class EtcdConfig:
 
 def _target(endpoints: tuple[str, ...]) -> tuple[str, str | None]:
     """A gRPC target that lists every member, and the TLS name to verify."""
-    addrs, names = [], []
+    addrs: list[tuple[str, str]] = []
+    names: list[str] = []
     for ep in endpoints:
         host, _, port = ep.rpartition(":")
         host = host.strip("[]")
@@ -92,7 +93,7 @@ def _target(endpoints: tuple[str, ...]) -> tuple[str, str | None]:
         except ValueError:
             names.append(host)
             for info in socket.getaddrinfo(host, int(port), proto=socket.IPPROTO_TCP):
-                addrs.append((info[4][0], port))
+                addrs.append((str(info[4][0]), port))
     if not addrs:
         raise EtcdUnavailable(f"no address found for {endpoints}")
     v6 = any(":" in a for a, _ in addrs)

@@ -15,11 +15,11 @@ from typing import AsyncIterator
 
 from aetcd import rpc
 
-from tscore.errors import NotLeader
-from tscore.etcd import ops
-from tscore.etcd.queue import Entry, FifoQueue
-from tscore.etcd.session import Session
-from tscore.etcd.watch import Watch
+from timeslice.common.errors import NotLeader
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.queue import Entry, FifoQueue
+from timeslice.common.etcd.session import Session
+from timeslice.common.etcd.watch import Watch
 
 
 @dataclass(frozen=True)

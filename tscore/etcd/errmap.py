@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 
-from tscore.errors import (EtcdError, EtcdLeaseGone, EtcdNoSpace, EtcdRefused, EtcdRequestTooLarge,
+from timeslice.common.errors import (EtcdError, EtcdLeaseGone, EtcdNoSpace, EtcdRefused, EtcdRequestTooLarge,
                            EtcdUnavailable, OutcomeUnknown)
 
 _TRANSIENT = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,

@@ -14,11 +14,11 @@ from typing import Callable, Iterable
 import structlog
 from aetcd import rpc
 
-from tscore.errors import WatchCompacted
-from tscore.etcd.backoff import Backoff
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.watch import Watch, WatchEvent
+from timeslice.common.errors import WatchCompacted
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.watch import Watch, WatchEvent
 
 log = structlog.get_logger("tscore.mirror")
 

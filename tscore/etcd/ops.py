@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from aetcd import rpc
 
-from tscore.keys import prefix_range_end
+from timeslice.common.keys import prefix_range_end
 
 _RESULT = {
     "==": rpc.Compare.EQUAL,

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
-from tscore.errors import LockError, NotHolder, SessionLost, WaitCancelled, WatchCompacted
-from tscore.etcd import ops
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.watch import DELETE, Watch
+from timeslice.common.errors import LockError, NotHolder, SessionLost, WaitCancelled, WatchCompacted
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.watch import DELETE, Watch
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ from typing import Callable
 
 import structlog
 
-from tscore.errors import EtcdError, SessionClosed, SessionLost
-from tscore.etcd.backoff import Backoff
-from tscore.etcd.client import EtcdClient
-from tscore.etcd.timing import SessionTiming
+from timeslice.common.errors import EtcdError, SessionClosed, SessionLost
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.timing import SessionTiming
 
 log = structlog.get_logger("tscore.session")
 
@@ -72,7 +72,7 @@ class Session:
         return self.error is None and not self._closed
 
     async def _keepalive(self) -> None:
-        interval = self.timing.keepalive_interval
+        interval = self.timing.interval
         # One renewal may not use up the renew deadline: while etcd elects a new raft
         # leader a keepalive hangs; cut it short and try again (jittered, sooner than
         # the interval), so the lease is renewed about as soon as etcd can do it.

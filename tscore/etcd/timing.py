@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tscore.errors import ConfigError
+from timeslice.common.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,16 @@ class SessionTiming:
             raise ConfigError(f"session ttl must be an integer >= 2 s, got {self.ttl!r}")
         if self.keepalive_interval is None:
             object.__setattr__(self, "keepalive_interval", self.ttl / 3)
-        if not 0 < self.keepalive_interval <= self.ttl / 2:
+        if not 0 < self.interval <= self.ttl / 2:
             raise ConfigError(
                 f"keepalive interval {self.keepalive_interval} must be in (0, ttl/2 = {self.ttl / 2}]"
             )
+
+    @property
+    def interval(self) -> float:
+        """The keepalive interval, resolved (ttl/3 unless given)."""
+        assert self.keepalive_interval is not None      # set by __post_init__
+        return self.keepalive_interval
 
 
 @dataclass(frozen=True)

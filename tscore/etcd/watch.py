@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 import structlog
 from aetcd import rpc
 
-from tscore.errors import WatchCompacted
-from tscore.etcd.backoff import Backoff
-from tscore.etcd.client import EtcdClient
-from tscore.keys import prefix_range_end
+from timeslice.common.errors import WatchCompacted
+from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.keys import prefix_range_end
 
 log = structlog.get_logger("tscore.watch")
 
@@ -71,7 +71,7 @@ class Watch:
         self._backoff = Backoff(retry_delay, max_retry_delay)
         self._closed = False
         self._call = None
-        self._gen = None
+        self._gen: AsyncGenerator[list[WatchEvent], None] | None = None
         self.reconnects = 0
 
     def close(self) -> None:
@@ -92,8 +92,8 @@ class Watch:
                 pass                        # iterated by another task, which ends it itself
 
     def __aiter__(self) -> AsyncIterator[list[WatchEvent]]:
-        self._gen = self._run()
-        return self._gen
+        self._gen = gen = self._run()
+        return gen
 
     def _request(self) -> rpc.WatchRequest:
         create = rpc.WatchCreateRequest(key=self.key, start_revision=self.next_revision,
@@ -102,7 +102,7 @@ class Watch:
             create.range_end = self.range_end
         return rpc.WatchRequest(create_request=create)
 
-    async def _run(self) -> AsyncIterator[list[WatchEvent]]:
+    async def _run(self) -> AsyncGenerator[list[WatchEvent], None]:
         while not self._closed:
             await self.client.connect()
             call = self.client.watchstub.Watch(metadata=self.client.watch_metadata())

@@ -5,10 +5,9 @@ import os
 import shutil
 import subprocess
 
+from timeslice.common.netutil import http_json
 from timeslice.launcher.etcd import ETCD_BIN_ENV, PortTaken
 from timeslice.launcher.etcd import etcd_env as clean_env
-
-from tscore.netutil import http_json
 
 __all__ = ["ETCDCTL_BIN_ENV", "ETCD_BIN_ENV", "EtcdHarnessError", "PortCollision", "clean_env", "etcdctl_run",
            "find_binary", "http_json"]

@@ -27,10 +27,9 @@ import tempfile
 import time
 
 from timeslice.launcher.etcd import initial_cluster, start_members
-
-from tscore.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
-from tscore.testing.member import EtcdMember
-from tscore.testing.ports import free_port
+from timeslice.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
+from timeslice.testing.member import EtcdMember
+from timeslice.testing.ports import free_port
 
 _live: list[EtcdCluster] = []  # started and not yet stopped; see live_clusters()
 
@@ -101,7 +100,7 @@ class EtcdCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> EtcdCluster:  # noqa: PYI034 - start() returns self
+    def __enter__(self) -> EtcdCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

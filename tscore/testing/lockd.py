@@ -1,6 +1,6 @@
 """Real lockd replicas as processes, for tests, chaos scenarios and benchmarks.
 
-Each replica is the launcher's ``LockdReplica`` (``python -m lockd.cli serve``
+Each replica is the launcher's ``LockdReplica`` (``python -m timeslice.lockd.cli serve``
 on a free loopback port, logging JSON to its own file) with the harness's
 faults: stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and
 resumed, restarted (see tscore/testing/server.py).
@@ -13,11 +13,11 @@ import tempfile
 import time
 
 import grpc
-from timeslice.launcher.servers import LockdReplica, read_leader
 
-from tscore.auth import ENV_ADMIN_TOKEN
-from tscore.testing.procs import terminate
-from tscore.testing.server import ServerProcess
+from timeslice.common.auth import ENV_ADMIN_TOKEN
+from timeslice.launcher.servers import LockdReplica, read_leader
+from timeslice.testing.procs import terminate
+from timeslice.testing.server import ServerProcess
 
 
 class LockdProcess(ServerProcess, LockdReplica):
@@ -62,7 +62,7 @@ class LockdCluster:
             r.resume() if r.alive() else None
         terminate([r.proc for r in self.replicas if r.proc is not None], 10.0)
 
-    def __enter__(self) -> LockdCluster:  # noqa: PYI034 - start() returns self
+    def __enter__(self) -> LockdCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -98,7 +98,7 @@ class _BearerInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStr
         self.md = ("authorization", f"Bearer {token}")
 
     def _details(self, d):
-        md = list(d.metadata or ()) + [self.md]
+        md = [*(d.metadata or ()), self.md]
         return d._replace(metadata=md) if hasattr(d, "_replace") else \
             grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
 

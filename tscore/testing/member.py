@@ -11,9 +11,8 @@ import os
 import signal
 
 from timeslice.launcher import etcd as launcher
-
-from tscore.testing import procs
-from tscore.testing.ctl import (
+from timeslice.testing import procs
+from timeslice.testing.ctl import (
     ETCD_BIN_ENV,
     EtcdHarnessError,
     PortCollision,

@@ -1,5 +1,5 @@
 """pytest fixtures over the etcd harness; enable with
-``pytest_plugins = ["tscore.testing.pytest_plugin"]`` in a top-level conftest.
+``pytest_plugins = ["timeslice.testing.pytest_plugin"]`` in a top-level conftest.
 
 - ``etcd``: one single-member cluster for the whole session (fast);
 - ``etcd3``: a 3-member cluster per module, for failover tests;
@@ -19,9 +19,9 @@ import secrets
 
 import pytest
 
-from tscore.testing.etcd import EtcdCluster, live_clusters
-from tscore.testing.lockd import shared_admin_token
-from tscore.testing.procs import ProcReaper
+from timeslice.testing.etcd import EtcdCluster, live_clusters
+from timeslice.testing.lockd import shared_admin_token
+from timeslice.testing.procs import ProcReaper
 
 shared_admin_token()        # lockd/agents the tests start and the tests' own clients share it
 

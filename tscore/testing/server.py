@@ -14,8 +14,7 @@ import signal
 import time
 
 from timeslice.launcher.procs import log_events
-
-from tscore.testing.procs import terminate, track, untrack
+from timeslice.testing.procs import terminate, track, untrack
 
 
 class ServerProcess:

@@ -72,16 +72,17 @@ def overlapping_pairs(phases: list[dict]) -> list[tuple[dict, dict]]:
 
 
 def union_length(intervals: list[tuple[float, float]]) -> float:
-    total, cur_s, cur_e = 0.0, None, None
+    total = 0.0
+    current: tuple[float, float] | None = None
     for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
+        if current is None or s > current[1]:
+            if current is not None:
+                total += current[1] - current[0]
+            current = (s, e)
         else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
+            current = (current[0], max(current[1], e))
+    if current is not None:
+        total += current[1] - current[0]
     return total
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import time
 import zlib
+from typing import Any
 
 BLOCK = 4 << 20                                       # bytes rewritten per step
 CUDA_CONTEXT_BYTES = 1 << 30                          # allowance for a CUDA context in a job's hint
@@ -30,7 +31,7 @@ class SimGpu:
     kind = "sim"
 
     def __init__(self, sim_dir: str, nbytes: int, seed: int):
-        from nodeagent.sim.client import SimDeviceClient
+        from timeslice.nodeagent.sim.client import SimDeviceClient
         self.dev = SimDeviceClient.open(sim_dir)     # registers this process on the device
         self.nbytes = int(nbytes)
         self.hint_bytes = self.nbytes                # what the job will hold: device_bytes_hint
@@ -111,7 +112,7 @@ class SimCoopGpu(SimGpu):
         self.crcs: list[int] = []
         self.allocated = False
         self._next = 0
-        self.memory = None
+        self.memory: Any = None      # a SimCooperativeMemory once allocated
 
     def _blocks(self):
         n = self.nbytes - self.CONTEXT
@@ -119,11 +120,11 @@ class SimCoopGpu(SimGpu):
             yield off, min(BLOCK, n - off)
 
     def allocate(self) -> None:
-        from nodeagent.sim.coop import SimCooperativeMemory
-        self.memory = SimCooperativeMemory({"weights": (self.nbytes - self.CONTEXT, "offload")}, self.sim_dir,
-                                           seed=self.seed, context_bytes=self.CONTEXT)
-        self.dev = self.memory.dev
-        with self.memory.compute("weights") as mem:
+        from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+        memory = SimCooperativeMemory({"weights": (self.nbytes - self.CONTEXT, "offload")}, self.sim_dir,
+                                      seed=self.seed, context_bytes=self.CONTEXT)
+        self.memory, self.dev = memory, memory.dev
+        with memory.compute("weights") as mem:
             self.crcs = [zlib.crc32(mem[off:off + n]) for off, n in self._blocks()]
         self.allocated = True
 
@@ -151,8 +152,9 @@ class TorchGpu:
         self.hint_bytes = self.nbytes + CUDA_CONTEXT_BYTES
         self.seed = seed
         self.allocated = False
-        self.w = self.a = None
-        self.checksum = None
+        self.w: Any = None           # torch tensors once allocated (torch is imported lazily)
+        self.a: Any = None
+        self.checksum: float | None = None
 
     def allocate(self) -> None:
         torch = self.torch
@@ -201,9 +203,9 @@ def torch_cuda_available() -> bool:
     """True if torch imports and sees a CUDA device (checked in a way that creates no context)."""
     try:
         import torch
-    except Exception:  # noqa: BLE001 - torch missing or broken: no GPU path
+    except Exception:
         return False
     try:
         return torch.cuda.device_count() > 0
-    except Exception:  # noqa: BLE001
+    except Exception:
         return False

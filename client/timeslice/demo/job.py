@@ -25,6 +25,11 @@ import os
 import sys
 import time
 import zlib
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from timeslice import OrchestratorClient
+    from timeslice.demo.devices import SimCoopGpu, SimGpu, TorchGpu
 
 
 def _size(n: int) -> str:
@@ -37,7 +42,8 @@ class Job:
         self.events = open(a.events, "a", buffering=1)  # noqa: SIM115 - open for the whole run
         self.grant = None
         self.grants_seen = 0
-        self.client = None
+        self.client: OrchestratorClient | None = None
+        self.gpu: TorchGpu | SimCoopGpu | SimGpu
         if a.device == "cuda":
             from timeslice.demo.devices import TorchGpu
             self.gpu = TorchGpu(a.bytes, a.seed)
@@ -76,7 +82,7 @@ class Job:
             # registered, so that the node agent can snapshot it.
             self.gpu.allocate()
             if self.client is not None and self.a.swap == "cooperative":
-                self.client.cooperate(self.gpu.memory, node=self.a.node)
+                self.client.cooperate(cast("SimCoopGpu", self.gpu).memory, node=self.a.node)
                 self._wait_reported()
             elif self.client is not None:
                 self.client.register_worker(pid=os.getpid(), node=self.a.node, device_bytes=self.gpu.nbytes)
@@ -111,6 +117,7 @@ class Job:
 
     def _reported_free(self) -> tuple[int, int] | None:
         """(free, total) device bytes of our node as the agent last reported them, via lockd."""
+        assert self.client is not None, "only a sliced job asks lockd"
         st = self.client.status(self.a.group)
         mine = [n for n in st.node_status if n.node == self.a.node and n.agent_alive]
         return (mine[0].device_free_bytes, mine[0].device_total_bytes) if mine else None
@@ -153,7 +160,7 @@ class Job:
         ev.update(t_request=t_req, t_released=time.time())
         self.emit(**ev)
         part = f"{name} {ev['t_end'] - ev['t_start']:.1f}s"
-        extra = []
+        extra: list[str] = []
         if self.client is not None:
             extra.append(f"waited {ev['t_start'] - t_req:.2f}s")
             if ev.get("restored"):
@@ -170,9 +177,9 @@ class Job:
         gpu_phase = self.gpu_phase
         if a.mode == "sliced":
             from timeslice import OrchestratorClient
-            self.client = OrchestratorClient(target=a.target, job_id=a.job_id, after_acquire=self._on_grant)
-            self.client.open_session()
-            orchestrator = self.client
+            orchestrator = self.client = OrchestratorClient(target=a.target, job_id=a.job_id,
+                                                            after_acquire=self._on_grant)
+            orchestrator.open_session()
             hint = self.gpu.hint_bytes
             # The whole change a job needs: its GPU phases hold the group.
             generate = orchestrator.on_accelerators(group_id=a.group, device_bytes_hint=hint)(gpu_phase)
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
                     help="cooperative: the job's memory is a SIMULATED cooperative region it moves itself")
     a = ap.parse_args(argv)
-    from tscore import logs
+    from timeslice.common import logs
     logs.configure("demo-job", "warning", json=False, stream=sys.stderr)
     return Job(a).main()
 

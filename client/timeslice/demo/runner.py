@@ -92,21 +92,23 @@ class JobProc:
         self.log = open(log_path, "ab")  # noqa: SIM115 - closed by kill()
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
                                      env=env, text=True, bufsize=1, start_new_session=True)
+        assert self.proc.stdin is not None and self.proc.stdout is not None     # both are pipes
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        for line in self.proc.stdout:
+        for line in self.stdout:
             self.lines.put(line.rstrip("\n"))
         self.lines.put(None)
 
     def go(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        self.stdin.write("go\n")
+        self.stdin.flush()
 
     def kill(self) -> None:
         try:
-            self.proc.stdin.close()          # a ballast ends when its stdin closes
+            self.stdin.close()          # a ballast ends when its stdin closes
         except OSError:
             pass
         if self.proc.poll() is None:
@@ -213,7 +215,7 @@ class Demo:
         # them (a real GPU frees a process's memory when it exits); the jobs of
         # this run are gone, so their leftovers go.
         try:
-            from nodeagent.sim.device import SimDevice
+            from timeslice.nodeagent.sim.device import SimDevice
             SimDevice(self.cluster["sim"]["dir"]).reap()
         except OSError:
             pass

@@ -5,7 +5,7 @@ the handle on a running cluster (addresses, health, stop) and ``start`` its
 start sequence; ``state`` writes and finds ``cluster.json``.
 
 The processes themselves are the building blocks that the test harness
-(``tscore.testing``), the benchmarks and the chaos scenarios start too, adding
+(``timeslice.testing``), the benchmarks and the chaos scenarios start too, adding
 their fault injection on top: ``procs.Child`` (spawn detached with a log file,
 wait until ready, stop, kill), ``etcd.EtcdMember``, ``servers.LockdReplica``
 and ``servers.NodeAgent`` (each builds its own command line), and ``pids``

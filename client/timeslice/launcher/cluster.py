@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from timeslice.common.auth import TOKEN_FILE_NAME
 from timeslice.launcher import start as _start
 from timeslice.launcher import state as S
 from timeslice.launcher.etcd import EtcdNotFound, probe_healthy
 from timeslice.launcher.procs import Child, ChildFailed, stop_all
 from timeslice.launcher.progress import Progress, size_text
 from timeslice.launcher.settings import Settings
-from tscore.auth import TOKEN_FILE_NAME
 
 __all__ = ["DEFAULT_GROUP", "LaunchError", "LocalCluster", "Progress"]
 
@@ -105,7 +105,7 @@ class LocalCluster:
             _start.start_etcd(self, timeout)
             _start.start_lockd_and_agent(self, timeout)
             if self.group:
-                _start.create_group(self)
+                _start.create_group(self, self.group)
         except BaseException as e:
             self.progress(f"start failed: {e.__class__.__name__}; stopping what started")
             self.stop(quiet=True)

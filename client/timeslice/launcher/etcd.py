@@ -6,7 +6,7 @@ cluster with its old data. Health and leadership are read over etcd's HTTP
 endpoints (``/health`` and the gRPC gateway's ``/v3/...``), which 3.4 and 3.5
 serve on the client port: a poll costs one local HTTP request.
 
-Ports are picked free (``tscore.netutil.free_port``) and may be taken by
+Ports are picked free (``timeslice.common.netutil.free_port``) and may be taken by
 someone else before etcd binds them; ``start_members`` then starts the
 members again on fresh ones (tenacity: a bounded number of attempts).
 """
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import tenacity
 
+from timeslice.common.netutil import http_json
 from timeslice.launcher.procs import Child, ChildFailed
-from tscore.netutil import http_json
 
 ETCD_BIN_ENV = "TIMESLICE_ETCD_BIN"
 
@@ -92,7 +92,7 @@ class EtcdMember(Child):
     def healthy(self, timeout: float = 1.0) -> bool:
         """True if the member answers /health with health=true (it has a leader, no alarm)."""
         reply = http_json(self.client_port, "/health", None, timeout)
-        return bool(reply) and reply.get("health") in ("true", True)
+        return reply is not None and reply.get("health") in ("true", True)
 
     def status(self, timeout: float = 1.0) -> dict | None:
         """The Maintenance.Status reply as JSON (ids are decimal strings), or None."""

@@ -12,6 +12,7 @@ as the whole launcher is); psutil would read the same file.
 """
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -129,10 +130,14 @@ def terminate(procs: Proc | list[Proc], grace: float = 5.0) -> None:
         pid = _pid(p)
         done = _wait_gone(p, deadline)
         if done and pid in groups:
-            done = wait_until(lambda pid=pid: not group_running(pid), deadline)
+            done = wait_until(functools.partial(_group_gone, pid), deadline)
         if not done:
             send(pid, signal.SIGKILL, pid in groups)
             _wait_gone(p, time.monotonic() + 10.0)
+
+
+def _group_gone(pgid: int) -> bool:
+    return not group_running(pgid)
 
 
 def _pid(proc: Proc) -> int:

@@ -1,6 +1,6 @@
 """The project's servers as children: lockd replicas and node agents, and who leads.
 
-Each is ``python -m lockd.cli serve ...`` / ``python -m nodeagent.cli serve ...``
+Each is ``python -m timeslice.lockd.cli serve ...`` / ``python -m timeslice.nodeagent.cli serve ...``
 on a loopback port (0: a free one, which the server reports), logging JSON to
 its own file; ready once it prints ``LOCKD_READY port=N`` /
 ``NODEAGENT_READY port=N node=NAME backend=B``. The command line is built
@@ -13,9 +13,9 @@ import json
 import sys
 from collections.abc import Callable, Iterable
 
+from timeslice.common.keys import prefix_range_end
+from timeslice.common.netutil import http_json
 from timeslice.launcher.procs import Child, log_events, read_ready_line
-from tscore.keys import prefix_range_end
-from tscore.netutil import http_json
 
 
 def _metrics(port: int | None) -> list[str]:
@@ -51,7 +51,7 @@ class LockdReplica(Child):
         return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [*self.wrapper, self.python, "-m", "lockd.cli", "serve", "--etcd-endpoints", self.etcd_endpoints,
+        return [*self.wrapper, self.python, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.etcd_endpoints,
                 "--prefix", self.prefix, "--listen", f"{self.host}:{self.listen_port}", *_metrics(self.metrics_port),
                 "--replica-id", self.replica_id, *self.extra]
 
@@ -97,7 +97,7 @@ class NodeAgent(Child):
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        argv = [self.python, "-m", "nodeagent.cli", "serve", "--node", self.node,
+        argv = [self.python, "-m", "timeslice.nodeagent.cli", "serve", "--node", self.node,
                 "--etcd-endpoints", self.etcd_endpoints, "--prefix", self.prefix,
                 "--listen", f"127.0.0.1:{self.listen_port}", *_metrics(self.metrics_port),
                 "--backend", self.backend, "--state-dir", self.state_dir]

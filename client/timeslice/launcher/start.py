@@ -12,6 +12,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from timeslice.common.auth import (
+    ENV_ADMIN_TOKEN,
+    ENV_ADMIN_TOKEN_FILE,
+    TOKEN_FILE_NAME,
+    write_token_file,
+)
+from timeslice.common.netutil import free_port
 from timeslice.launcher.etcd import (
     EtcdMember,
     find_etcd,
@@ -21,13 +28,6 @@ from timeslice.launcher.etcd import (
 from timeslice.launcher.procs import ChildFailed
 from timeslice.launcher.progress import clip, size_text
 from timeslice.launcher.servers import LockdReplica, NodeAgent, read_leader
-from tscore.auth import (
-    ENV_ADMIN_TOKEN,
-    ENV_ADMIN_TOKEN_FILE,
-    TOKEN_FILE_NAME,
-    write_token_file,
-)
-from tscore.netutil import free_port
 
 if TYPE_CHECKING:
     from timeslice.launcher.cluster import LocalCluster
@@ -54,9 +54,11 @@ def start_etcd(c: LocalCluster, timeout: float) -> None:
                   # cluster (the agent refreshes its key) stays small
                   "--auto-compaction-mode", "periodic", "--auto-compaction-retention", "1h",
                   "--logger", "zap", "--log-outputs", "stderr", "--log-level", "warn"]
-        c.etcd = [EtcdMember(nm, cp, pp, str(c.run_dir / "etcd" / f"{nm}.etcd"), str(c.run_dir / f"etcd-{nm}.log"),
-                             shared, binary) for nm, cp, pp in zip(names, cports, pports)]
-        return c.etcd
+        members = [EtcdMember(nm, cp, pp, str(c.run_dir / "etcd" / f"{nm}.etcd"), str(c.run_dir / f"etcd-{nm}.log"),
+                              shared, binary) for nm, cp, pp in zip(names, cports, pports)]
+        c.etcd = []
+        c.etcd.extend(members)         # the handle stops what started, should the start fail
+        return members
 
     def wait(members: list[EtcdMember]) -> None:
         for m in members:
@@ -81,23 +83,25 @@ def start_lockd_and_agent(c: LocalCluster, timeout: float) -> None:
     n = s.lockd_replicas
     c.progress(f"lockd: starting {n} replica{'s' if n > 1 else ''}; "
                f"nodeagent: starting on node {c.node!r} (backend {s.backend})")
+    replicas: list[LockdReplica] = []
     for i in range(n):                     # all of them at once; then wait for each
-        c.lockd.append(LockdReplica(
+        replicas.append(LockdReplica(
             f"r{i}", eps, s.prefix, str(c.run_dir / f"lockd-r{i}.log"),
             listen_port=s.lockd_port + i if s.lockd_port else 0,
             metrics_port=s.lockd_metrics_port + i if s.lockd_metrics_port else free_port(),
             env=env, python=c.python).spawn())
-    c.agent = agent_child(c, eps, env).spawn()
-    for r in c.lockd:
+        c.lockd.append(replicas[-1])
+    agent = c.agent = agent_child(c, eps, env).spawn()
+    for r in replicas:
         r.wait_serving(timeout, c.interrupted)
         c.progress(f"lockd {r.name}: ready at 127.0.0.1:{r.info['port']} "
                    f"(metrics :{r.info['metrics_port']}, pid {r.pid})")
     c.leader = wait_leader(c, timeout)
     c.progress(f"lockd: leader is {c.leader['replica']} (epoch {c.leader['epoch']})")
-    c.agent.wait_serving(timeout, c.interrupted)
-    why, _, passed = c.agent.info.get("why", "").partition(" (passed over: ")
-    c.progress(f"nodeagent {c.node}: ready at 127.0.0.1:{c.agent.info['port']} "
-               f"(metrics :{c.agent.info['metrics_port']}), "
+    agent.wait_serving(timeout, c.interrupted)
+    why, _, passed = agent.info.get("why", "").partition(" (passed over: ")
+    c.progress(f"nodeagent {c.node}: ready at 127.0.0.1:{agent.info['port']} "
+               f"(metrics :{agent.info['metrics_port']}), "
                f"backend {c.backend}" + (f": {why}" if why else ""))
     if passed:
         c.progress(f"nodeagent: passed over {clip(passed.rstrip(')'), 150)}")
@@ -179,8 +183,8 @@ def wait_leader(c: LocalCluster, timeout: float) -> dict:
     raise LeaderTimeout(f"no lockd replica became leader within {timeout:.0f}s; see {c.run_dir}/lockd-*.log")
 
 
-def create_group(c: LocalCluster) -> None:
+def create_group(c: LocalCluster, group: str) -> None:
     from timeslice.client import OrchestratorClient
     with OrchestratorClient(c.target, job_id="timeslice-up", timeout=20.0) as client:
-        client.create_group(c.group, nodes=[c.node])
-    c.progress(f"group {c.group!r} over node {c.node!r} created")
+        client.create_group(group, nodes=[c.node])
+    c.progress(f"group {group!r} over node {c.node!r} created")
