@@ -22,20 +22,20 @@ def fault_recoveries(faults: list, events: list[dict]) -> list[float | None]:
     return out
 
 
-def print_figures(w, report: Report, events: list[dict]) -> None:
+def print_figures(world, report: Report, events: list[dict]) -> None:
     """The scenario's figures: printed (pytest -s) and kept in <workdir>/figures.txt."""
-    rec = fault_recoveries(w.faults, events)
+    rec = fault_recoveries(world.faults, events)
     by_kind: dict[str, int] = {}
     for e in events:
         if e["ev"] == "error":
             k = e.get("kind", "?")
             by_kind[k] = by_kind.get(k, 0) + 1
     figures = {
-        "scenario": w.name, "seed": w.seed,
-        "duration_s": round(w.elapsed(), 1),
+        "scenario": world.name, "seed": world.seed,
+        "duration_s": round(world.elapsed(), 1),
         "grants": report.grants, "acquires": report.acquires, "groups": report.groups,
         "jobs": report.jobs, "critical_sections": report.critical_sections,
-        "faults_injected": len(w.faults),
+        "faults_injected": len(world.faults),
         "longest_gap_without_grant_s": round(report.max_grant_gap_s, 3),
         "longest_wait_s": round(report.max_wait_s, 3),
         "errors": report.errors, "errors_by_kind": by_kind, "abandoned": report.abandoned,
@@ -44,25 +44,25 @@ def print_figures(w, report: Report, events: list[dict]) -> None:
         "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
         "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
         "violations": len(report.violations),
-        "client_crashes": len(w.crashes),
+        "client_crashes": len(world.crashes),
     }
-    lines = [f"===== chaos scenario {w.name} (seed {w.seed}; histories and logs in {w.dir}) ====="]
-    w = max(len(k) for k in figures)
-    lines += [f"  {k:<{w}}  {json.dumps(v)}" for k, v in figures.items()]
+    lines = [f"===== chaos scenario {world.name} (seed {world.seed}; histories and logs in {world.dir}) ====="]
+    width = max(len(k) for k in figures)
+    lines += [f"  {k:<{width}}  {json.dumps(v)}" for k, v in figures.items()]
     lines.append("  faults:")
-    for f, r in zip(w.faults, rec):
-        lines.append(f"    +{f.t0 - w.t_start:6.2f}s  {f.what}"
+    for f, r in zip(world.faults, rec):
+        lines.append(f"    +{f.t0 - world.t_start:6.2f}s  {f.what}"
                      + (f" (for {f.t1 - f.t0:.2f}s)" if f.t1 else "")
                      + f"  first grant after injection: {r}s" + (f"  {f.detail}" if f.detail else ""))
     for v in report.violations[:50]:
         lines.append(f"  VIOLATION {v}")
-    for c in w.crashes:
+    for c in world.crashes:
         lines.append(f"  CRASH {c}")
     lines.append("  json: " + json.dumps({**figures, "fault_list": [
-        {"what": f.what, "at_s": round(f.t0 - w.t_start, 2),
+        {"what": f.what, "at_s": round(f.t0 - world.t_start, 2),
          "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r}
-        for f, r in zip(w.faults, rec)], "violation_list": report.violations[:50]}))
+        for f, r in zip(world.faults, rec)], "violation_list": report.violations[:50]}))
     text = "\n".join(lines)
     print(text, flush=True)
-    with open(os.path.join(w.dir, "figures.txt"), "w") as f:
+    with open(os.path.join(world.dir, "figures.txt"), "w") as f:
         f.write(text + "\n")

@@ -35,6 +35,10 @@ class LockdProcess(ServerProcess, LockdReplica):
     def endpoints(self) -> str:
         return self.etcd_endpoints
 
+    @endpoints.setter
+    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
+        self.etcd_endpoints = value
+
 
 def shared_admin_token() -> str:
     """The admin token of everything this process starts: $TIMESLICE_ADMIN_TOKEN, set to a fresh random
