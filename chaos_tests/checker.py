@@ -30,6 +30,9 @@ ghost,      With an observer's ``grant_put``/``grant_end`` and library clients'
 session-loss ``session_lost`` events (claims.py): every grant is returned to a
             live caller or released within ``ghost_bound_s``; no job is told its
             session is lost while its lease is alive.
+cross-group With an observer's ``group_spec`` and ``parked``/``unparked`` events
+            (crossgroup.py): a job holding any group is never snapshotted,
+            frozen or being moved on that group's devices.
 
 Fence rejections are figures, not violations.
 """
@@ -39,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 
 from chaos_tests.claims import check_claims
+from chaos_tests.crossgroup import check_cross_group
 
 _OPEN = math.inf
 
@@ -135,6 +139,7 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
     for group, g in active.items():
         _check_group(group, g, report, at, _expected_for(expected_order, group))
     check_claims(events, report, at, ghost_bound_s)
+    check_cross_group(events, report, at)
     report.groups = len(active)
     report.jobs = len({job for (_, job), _ in states.items() if job is not None})
     return report

@@ -1,10 +1,15 @@
-"""Writes down what the server granted, for the checker's ghost rule (claims.py).
+"""Writes down what the server granted and where jobs were parked, for the checker's ghost
+(claims.py) and cross-group (crossgroup.py) rules.
 
 A thread of the test process runs one resumable etcd watch (tscore's ``Watch``)
-on ``<prefix>groups/`` and records, for every group's ``grant`` key:
+on the whole prefix, so its events come in etcd's revision order, and records:
 
-    grant_put   group, job, token     the grant was written (or rewritten)
+    grant_put   group, job, token     a group's grant was written (or rewritten)
     grant_end   group, job, token     it was deleted (yield, lease expiry, ...)
+    group_spec  group, nodes          a group's spec was written
+    parked      job, node, gpus, state   the agent's status of the job entered a parked state
+                                      (gpus: indexes, from the agent key's device list)
+    unparked    job, node             ... and left it (or was deleted)
 
 Times are when the watch delivered the event, a few ms after etcd applied it; the
 checker's bound is seconds, so this does not matter. The watch starts from the
@@ -16,6 +21,7 @@ import asyncio
 import json
 import threading
 
+from chaos_tests.crossgroup import PARKED
 from chaos_tests.history import HistoryRecorder
 from timeslice.common.etcd import EtcdClient, EtcdConfig, Watch, ops
 
@@ -28,6 +34,8 @@ class GrantObserver:
         self._task: asyncio.Task | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True, name="grant-observer")
+        self._gpus: dict[str, dict[str, int]] = {}       # node -> device id -> GPU index (agent key)
+        self._parked: set[tuple[str, str]] = set()       # (node, job) parked now
 
     def start(self) -> GrantObserver:
         self._thread.start()
@@ -48,7 +56,7 @@ class GrantObserver:
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         client = EtcdClient(EtcdConfig.parse(self.endpoints, timeout=5))
-        root = (self.prefix + "groups/").encode()
+        root = self.prefix.encode()
         try:
             r = await client.range(ops.range_req(root, prefix=True))
             for kv in r.kvs:
@@ -68,11 +76,26 @@ class GrantObserver:
 
     def _note(self, key: bytes, raw: bytes, put: bool) -> None:
         parts = key.decode(errors="replace")[len(self.prefix):].split("/")
-        if len(parts) != 3 or parts[2] != "grant":
-            return
         try:
-            g = json.loads(raw) if raw else {}
+            v = json.loads(raw) if raw else {}
         except ValueError:
-            g = {}
-        self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=g.get("job"),
-                        token=g.get("token"))
+            v = {}
+        if len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
+            self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=v.get("job"),
+                            token=v.get("token"))
+        elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "spec" and put:
+            self.rec.record("group_spec", group=parts[1], job=None, nodes=v.get("nodes", []))
+        elif len(parts) == 3 and parts[0] == "nodes" and parts[2] == "agent" and put:
+            self._gpus[parts[1]] = {str(g.get("uuid")): g.get("index") for g in v.get("gpus", [])}
+        elif len(parts) == 4 and parts[0] == "nodes" and parts[2] == "status":
+            node, job = parts[1], parts[3]
+            parked = put and v.get("state") in PARKED
+            if parked:
+                index = self._gpus.get(node, {})
+                gpus = [index.get(str(d)) for d in (v.get("gpu_bytes") or {})]
+                self.rec.record("parked", job=job, node=node, state=v.get("state"),
+                                gpus=[] if None in gpus else sorted(gpus))
+                self._parked.add((node, job))
+            elif (node, job) in self._parked:
+                self._parked.discard((node, job))
+                self.rec.record("unparked", job=job, node=node)

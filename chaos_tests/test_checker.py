@@ -234,3 +234,68 @@ def test_session_loss_while_the_lease_is_alive_is_a_violation():
     bad = [ev(3, "session_lost", "C", group=None, lease=9, lease_ttl_left=4)]
     v = check(good_history() + bad).of_kind("session-loss")
     assert len(v) == 1 and "C" in v[0] and "4s" in v[0]
+
+
+def test_a_holder_parked_on_its_groups_devices_is_a_cross_group_violation():
+    """#15 item 4: PX holds gA (GPU 0 of n1); gB (GPU 1) hands over; PX must never be parked on GPU 0."""
+    specs = [ev(0, "group_spec", None, "gA", nodes=[{"node": "n1", "gpus": [0]}]),
+             ev(0, "group_spec", None, "gB", nodes=[{"node": "n1", "gpus": [1]}])]
+    held = [ev(10, "grant_put", "PX", "gA", token=5), ev(30, "grant_end", "PX", "gA", token=5)]
+
+    def parked(t0, t1, gpus, state="snapshotting", job="PX"):
+        return [ev(t0, "parked", job, None, node="n1", gpus=gpus, state=state),
+                ev(t1, "unparked", job, None, node="n1")]
+
+    bad = check(specs + held + parked(20, 40, [0]))
+    assert bad.of_kind("cross-group") and "PX: snapshotting on n1 GPUs [0]" in bad.of_kind("cross-group")[0]
+    assert check(specs + held + parked(20, 25, [], state="frozen")).of_kind("cross-group")   # unknown GPUs: all
+    assert check(specs + held + parked(5, 12, [0], state="restoring")).of_kind("cross-group")  # granted mid-restore
+    assert not check(specs + held + parked(20, 40, [1])).of_kind("cross-group")       # another group's GPU
+    assert not check(specs + held + parked(31, 40, [0])).of_kind("cross-group")       # after the yield
+    assert not check(specs + held + parked(2, 9, [0])).of_kind("cross-group")         # restored before the grant
+    assert not check(specs + held + parked(20, 40, [0], job="PY")).of_kind("cross-group")
+    # Without the observer's grants, the client's granted ... yield is the hold.
+    client_held = [ev(9, "acquire_req", "PX", "gA"), ev(10, "granted", "PX", "gA", token=5),
+                   ev(30, "yield", "PX", "gA", token=5)]
+    assert check(specs + client_held + parked(20, 40, [0])).of_kind("cross-group")
+    assert not check(specs + client_held + parked(31, 40, [0])).of_kind("cross-group")
+
+
+def test_the_observer_records_specs_and_parkings_from_etcd(etcd, tmp_path):
+    """The cross-group rule's events come from a real etcd watch (observer.py), in revision order."""
+    import asyncio
+    import json
+    import time
+
+    from chaos_tests.observer import GrantObserver
+    from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+
+    prefix = "/obs-test/"
+
+    async def writes():
+        c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+        await c.connect()
+        try:
+            for key, val in [("groups/gA/spec", {"nodes": [{"node": "n1", "gpus": [0]}]}),
+                             ("nodes/n1/agent", {"gpus": [{"index": 0, "uuid": "sim0"}, {"index": 1, "uuid": "sim1"}]}),
+                             ("groups/gA/grant", {"job": "PX", "token": 5}),
+                             ("nodes/n1/status/PX", {"state": "snapshotting", "gpu_bytes": {"sim0": 9}}),
+                             ("nodes/n1/status/PX", {"state": "snapshotted", "gpu_bytes": {"sim0": 9}}),
+                             ("nodes/n1/status/PX", {"state": "running", "gpu_bytes": {"sim0": 9}})]:
+                await c.txn([], [ops.put((prefix + key).encode(), json.dumps(val).encode())])
+            await c.txn([], [ops.delete((prefix + "groups/gA/grant").encode())])
+        finally:
+            await c.close()
+
+    obs = GrantObserver(etcd.endpoints_str, prefix, str(tmp_path)).start()
+    asyncio.run(writes())
+    deadline = time.monotonic() + 10
+    while not any(e["ev"] == "grant_end" for e in load_history(str(tmp_path))):
+        assert time.monotonic() < deadline, load_history(str(tmp_path))
+        time.sleep(0.05)
+    obs.stop()
+    got = [(e["ev"], e.get("job"), e.get("gpus"), e.get("state")) for e in load_history(str(tmp_path))]
+    assert got == [("group_spec", None, None, None), ("grant_put", "PX", None, None),
+                   ("parked", "PX", [0], "snapshotting"), ("parked", "PX", [0], "snapshotted"),
+                   ("unparked", "PX", None, None), ("grant_end", "PX", None, None)]
+    assert check(load_history(str(tmp_path))).of_kind("cross-group")       # PX was parked while holding gA

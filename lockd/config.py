@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass, field
 
 from timeslice.lockd.plan import Policy
-from timeslice.lockd.sessions import SessionLimits
+from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
 from timeslice.common import defaults as D
 from timeslice.common.auth import load_admin_token
 from timeslice.common.errors import ConfigError
@@ -79,6 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--insecure-no-admin-auth", type=_bool, default=False, nargs="?", const=True,
              help="let anyone make admin calls (test setups only; never in production)")
     env_flag(p, "--max-groups", type=int, default=4096, help="most groups the system holds")
+    env_flag(p, "--max-sessions", type=int, default=MAX_SESSIONS,
+             help="most live job sessions in the system (each is an etcd lease); OpenSession beyond: "
+                  "RESOURCE_EXHAUSTED 'limit max_sessions'")
+    env_flag(p, "--max-sessions-per-peer", type=int, default=MAX_SESSIONS_PER_PEER,
+             help="most live sessions one caller may hold: a caller is its mutual-TLS certificate's CN when "
+                  "it presents one, else its IP address (port ignored; behind a proxy all clients share the "
+                  "proxy's); beyond: RESOURCE_EXHAUSTED 'limit max_sessions_per_peer'")
     env_flag(p, "--log-level", default="info")
 
 
@@ -92,7 +99,8 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
         etcd=etcd, prefix=a.prefix, listen=a.listen, metrics_port=int(a.metrics_port),
         metrics_host=a.metrics_host or "0.0.0.0",
         election=ElectionTiming(int(a.lease_ttl), float(a.renew_deadline), float(a.retry_period)),
-        sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl))),
+        sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl)),
+                               max_sessions=int(a.max_sessions), max_per_peer=int(a.max_sessions_per_peer)),
         policy=Policy(swap_timeout_ms=int(float(a.swap_timeout) * 1000),
                       device_margin_bytes=int(a.device_margin_bytes)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,

@@ -12,7 +12,9 @@ The swap for head job B (token t), per node of the group, GPU by GPU
      → snapshot intents for them (carrying t); wait for the agent's reports;
      a job that holds a group on those devices is never snapshotted: B waits;
   2. B snapshotted on the node → restore intent for B; wait;
-  3. every node settled → grant {B, t, epoch}.
+  3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
+     B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
+  4. every node settled → grant {B, t, epoch}.
 A failed or refused step, a dead agent, or an agent silent past the swap
 timeout fails B's Acquire with the reason; the group moves on to the next job.
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.lockd.index import GroupState, JobState, NodeState
+from timeslice.lockd import strict as S
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
 from timeslice.common import records as R
 
@@ -83,8 +86,8 @@ def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
     st = _status(ns, job)
     if not on_node:
         return "absent"
-    if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING):
-        return "running"
+    if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING, R.FROZEN):
+        return "running"                                  # a context on the device (frozen: locked there)
     if st.state in (R.SNAPSHOTTED, R.RESTORING):
         return "snapshotted"
     return "gone"                                         # gone or lost: nothing to move
@@ -159,7 +162,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                                    reason=f"node agent on {node} is not alive")]
             continue
         view = NodeView.of(node, R.AgentValue.load(ns.agent.value))
-        if unfenced(view.agent, node, head_job, jobs):
+        if unfenced(view.agent, node, head_job, jobs, ns):
             # A job the agent still reports running here has no registration any more (its session
             # went): it may still run kernels. Wait until the agent froze it (nodeagent/orphans.py:
             # it then leaves the running jobs) or saw it exit; the Acquire's deadline bounds the wait.
@@ -210,9 +213,18 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             actions += [_intent(ns, node, j, R.SNAPSHOT, token, room(j)) for j in evict]
             pending = True
             continue
+        freeze = S.to_freeze(spec.isolation, ns, node, view.group_gpus(entry), residents, token, view, holding)
+        if freeze:
+            # Strict: those left beside B run nothing until they acquire again; B waits for the agent.
+            actions += [_intent(ns, node, j, R.FREEZE, token) for j in freeze]
+            pending = True
         elided |= any(g & set(b_gpus) for g in residents.values())
         if b_where == "snapshotted":
             actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            pending = True
+        elif S.is_frozen(ns, head_job):
+            # At once, beside the freezes: nobody holds the group until the grant, which waits for both.
+            actions.append(_intent(ns, node, head_job, R.THAW, token))
             pending = True
     actions = [a for a in actions if a is not None]
     if waiting or pending:
@@ -220,10 +232,12 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 
-def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState]) -> list[str]:
+def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState],
+             ns: NodeState | None = None) -> list[str]:
     """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet."""
     return sorted(j for j, b in agent.job_device_bytes.items()
-                  if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ()))
+                  if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ())
+                  and not S.is_frozen(ns, j))
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],

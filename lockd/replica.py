@@ -36,7 +36,8 @@ class Replica:
         self.metrics.queue_depth.live_groups = lambda: list(self.index.groups)
         self.reflector = Reflector(self.client, self.keys.root())
         self.waiters = Waiters(self.keys)
-        self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions)
+        self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions,
+                                 seen=lambda rev: self.reflector.wait_revision(rev, timeout=5))
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)

@@ -11,6 +11,7 @@ import time
 
 import structlog
 
+from timeslice.lockd import peers
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
 from timeslice.proto import lockd_pb2 as pb
@@ -28,7 +29,7 @@ class LockdServicer(pbg.LockdServicer):
 
     @rpc
     async def OpenSession(self, req, context):
-        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds)
+        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peers.identity(context))
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
     @rpc

@@ -27,7 +27,7 @@ from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.backends.swapper import Swapper
-from timeslice.nodeagent import attest
+from timeslice.nodeagent import attest, fencing
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
@@ -171,56 +171,12 @@ class Agent:
         return None
 
     def _let_go(self, job: str) -> bool:
-        """True if ``job`` dropped its registrations itself: its session lives on, or CloseSession
-        left its marker. Only an expired session's on-device processes are frozen."""
-        return (self.jobs_mirror.get(self.keys.session(job)) is not None
-                or self.jobs_mirror.get(self.keys.closed(job)) is not None)
+        return fencing.let_go(self, job)
 
     async def fence(self) -> None:
-        """Freeze the on-device processes of jobs whose session expired; thaw them when their job
-        registers them again. See nodeagent/orphans.py. Device calls run in threads. A thaw waits
-        for no op: a job with an op in flight is thawed at a later refresh (the op's own status
-        write refreshes through here, holding the job's op lock)."""
-        from timeslice.nodeagent.backends.base import ProcState
-        regs = {pid: job for pid, (job, _) in self.jobs.local_workers().items()
-                if self.trusted_pids(job, [pid])}
-        base = self.backend.base
-
-        def state(pid: int) -> str:
-            st = self.backend.get_state(pid)
-            if st is ProcState.GONE:
-                return O.GONE
-            on = st is ProcState.RUNNING and (self.backend.device_bytes(pid) or 0) > 0
-            return O.ON_DEVICE if on else O.OFF_DEVICE
-
-        def work() -> None:
-            step = self.orphans.step(regs, state, self._let_go)
-            frozen, thawed = {}, {}
-            for pid, job in step.freeze.items():
-                try:
-                    base.lock(pid, 2_000)
-                    frozen[pid] = job
-                    log.warning("orphan_frozen", job=job, pid=pid,
-                                why="its session expired while it was on a GPU: it runs nothing there until "
-                                    "its job registers it again")
-                except Exception as e:  # noqa: BLE001 - gone meanwhile, or no context: reported, not fatal
-                    log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
-            for pid, job in step.thaw.items():
-                if job in busy:
-                    continue                              # next refresh
-                try:
-                    if base.get_state(pid) is ProcState.LOCKED:
-                        base.unlock(pid)
-                    thawed[pid] = job
-                    log.info("orphan_thawed", job=job, pid=pid)
-                except Exception as e:  # noqa: BLE001
-                    log.error("orphan_thaw_failed", job=job, pid=pid, error=str(e)[:300])
-            self.orphans.record(frozen, thawed)
-            if frozen or thawed or step.forgotten:
-                self.orphans.save(self._orphans_path)     # a restarted agent still knows whom it froze
-
-        busy = {job for job in set(regs.values()) if self.runner.busy(job) or self.driving(job)}
-        await asyncio.to_thread(work)
+        """Freeze and thaw at the device the processes of jobs that lost or left their sessions
+        (nodeagent/fencing.py)."""
+        await fencing.fence(self)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
@@ -385,13 +341,18 @@ class Agent:
                     outcome=d.outcome, state=pic.state, reason=d.reason)
             return
         await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
-        if not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
+        # A freeze or thaw moves nothing and takes a few ms: no in-progress report (an agent that dies
+        # mid-way runs the unanswered intent again; a lock or unlock done already is "already"), and
+        # no refreshed agent key with the answer (the device figures do not change). Each saves a
+        # write in the elided handoff of a strict group, which waits for these answers.
+        moves = intent.op in (R.SNAPSHOT, R.RESTORE)
+        if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
-        rev = await self._answer(intent, st)
+        rev = await self._answer(intent, st, refresh=moves)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))

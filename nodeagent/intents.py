@@ -11,7 +11,7 @@ Per intent, in this order:
      group → refused, nothing touched;
   2. no live process of the job on this node → gone (not an error);
   3. already in the target state (snapshotted for a snapshot, running for a
-     restore) → ok, nothing redone;
+     restore, frozen for a freeze, unlocked for a thaw) → ok, nothing redone;
   4. a snapshot the job's backend may not take (``checkpoint_refusal``: a
      collective worker swapped by the driver checkpoint) → refused, nothing touched;
   5. otherwise run the backend op.
@@ -28,7 +28,9 @@ from timeslice.nodeagent.picture import Picture
 from timeslice.common import records as R
 
 RUN, REPORT, REFUSE = "run", "report", "refuse"
-IN_PROGRESS = {R.SNAPSHOT: R.SNAPSHOTTING, R.RESTORE: R.RESTORING}
+# The status state while an op runs. A freeze or thaw moves nothing: the state says where the job
+# is until it is done (running until frozen, frozen until thawed); the op field says what is asked.
+IN_PROGRESS = {R.SNAPSHOT: R.SNAPSHOTTING, R.RESTORE: R.RESTORING, R.FREEZE: R.RUNNING, R.THAW: R.FROZEN}
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class Intent:
         except Exception as e:  # noqa: BLE001 - whatever is in the key, the answer is a refusal
             return cls(job, kv.mod_revision, None, f"unreadable intent: {e}")
         if v.op not in IN_PROGRESS:
-            return cls(job, kv.mod_revision, v, f"unknown op {v.op!r}; expected snapshot or restore")
+            return cls(job, kv.mod_revision, v, f"unknown op {str(v.op)[:32]!r}; expected one of {sorted(R.OPS)}")
         if not isinstance(v.token, int) or v.token <= 0:
             return cls(job, kv.mod_revision, v, f"intent token {v.token!r} is not a positive integer")
         return cls(job, kv.mod_revision, v)
@@ -66,6 +68,11 @@ class Intent:
         return {"job": self.job, "op": self.op, "group": self.group, "token": self.token,
                 "intent_revision": self.revision,
                 "epoch": self.value.leader_epoch if self.value else 0}
+
+
+def frozen_by_intent(status: R.StatusValue | None) -> bool:
+    """True if the job's status says a freeze intent froze it (and nothing has thawed it since)."""
+    return status is not None and status.op == R.FREEZE and status.outcome == R.OK and status.state == R.FROZEN
 
 
 def answered(intent: Intent, status: R.StatusValue | None) -> bool:

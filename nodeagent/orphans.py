@@ -77,6 +77,21 @@ class Orphans:
     def frozen_jobs(self) -> list[str]:
         return sorted(set(self.frozen.values()))
 
+    # -- a job frozen on purpose (a strict group's elided handoff) that leaves --------------
+    @staticmethod
+    def leaving(frozen: Mapping[str, list[int]], registered: Mapping[int, str],
+                deliberate: Callable[[str], bool]) -> dict[int, str]:
+        """Pids to thaw because their job let them go on purpose while a freeze intent held them.
+
+        ``frozen``: job -> pids its status says a freeze intent froze. A job that unregisters a
+        worker, or closes its session, is leaving: on the real driver a process exiting with
+        its CUDA context locked would wait on it, so its lock is lifted (the agent acts only on
+        registered workers from then on). A session that *expired* is no deliberate leave: those
+        processes stay frozen, like any orphan's.
+        """
+        return {pid: job for job, pids in frozen.items() if deliberate(job)
+                for pid in pids if registered.get(pid) != job}
+
     # -- durable across agent restarts (the frozen processes outlive the agent) --------------
     def save(self, path: Path) -> None:
         tmp = path.with_suffix(".tmp")

@@ -21,7 +21,9 @@ def job_state(states: Mapping[int, ProcState]) -> str:
 
     Any checkpointed process makes the job snapshotted (it cannot run until
     restored, and a restore of the others is a no-op); a process the driver
-    reports FAILED makes it lost.
+    reports FAILED makes it lost; every process on a device locked (and none
+    checkpointed) makes it frozen: in place, running nothing (a strict group's
+    elided handoff, an orphan; mid-op, a snapshot's lock looks the same).
     """
     live = [s for s in states.values() if s is not ProcState.GONE]
     if not live:
@@ -30,6 +32,9 @@ def job_state(states: Mapping[int, ProcState]) -> str:
         return R.LOST
     if ProcState.CHECKPOINTED in live:
         return R.SNAPSHOTTED
+    on = [s for s in live if s in _ON_DEVICE]
+    if on and all(s is ProcState.LOCKED for s in on):
+        return R.FROZEN
     return R.RUNNING
 
 
@@ -86,7 +91,8 @@ class Picture:
         live = [s for s in self.states.values() if s is not ProcState.GONE]
         if ProcState.FAILED in live or ProcState.UNKNOWN in live:
             return True            # let the op report the failure with the backend's words
-        todo = _ON_DEVICE if op == R.SNAPSHOT else (ProcState.CHECKPOINTED, ProcState.LOCKED)
+        todo = {R.SNAPSHOT: _ON_DEVICE, R.FREEZE: (ProcState.RUNNING,),
+                R.THAW: (ProcState.LOCKED,)}.get(op, (ProcState.CHECKPOINTED, ProcState.LOCKED))
         return any(s in todo for s in live)
 
     def describe(self) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Runs a job's snapshot or restore on the backend: one op per job at a time, jobs in parallel.
+"""Runs a job's snapshot, restore, freeze or thaw on the backend: one op per job at a time, jobs in parallel.
 
 Both the intent loop and the direct gRPC API come through here, so they share
 the per-job lock (a direct Restore can never interleave with an intent's
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import structlog
 
 from timeslice.nodeagent import picture as P
-from timeslice.nodeagent.backends import ops
+from timeslice.nodeagent.backends import freezing, ops
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.backends.errors import AdmissionRefused, SizeUnknown
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
@@ -91,6 +91,10 @@ class Runner:
     def _run(self, op: str, pids: Sequence[int]) -> tuple[ops.JobResult, ops.JobResult | None]:
         if op == R.RESTORE:
             return ops.restore_processes(self.backend, pids), None
+        if op == R.FREEZE:
+            return freezing.freeze_processes(self.backend, pids, lock_timeout_ms=self.lock_timeout_ms), None
+        if op == R.THAW:
+            return freezing.thaw_processes(self.backend, pids), None
         res = ops.snapshot_processes(self.backend, pids, lock_timeout_ms=self.lock_timeout_ms, host=self.host)
         done = [r.pid for r in res.results if r.outcome is ops.Outcome.DONE]
         if res.ok or not done:

@@ -7,7 +7,9 @@
   job a direct call restored is running). Statuses an intent driver is
   working on are left to it.
 * ``reconcile`` (at start): a process left LOCKED by an agent that died mid-op
-  is unlocked, unless an unanswered intent will finish the op instead.
+  is unlocked, unless an unanswered intent will finish the op instead, or the
+  lock is a freeze the agent made on purpose (a freeze intent it answered, an
+  orphan it froze): those outlive the agent.
 
 Writers of the liveness key hold ``lock`` while they compute *and* write it,
 so a value computed before an op can never land after the op's own.
@@ -55,7 +57,8 @@ class Upkeep:
     async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
         a = self.agent
         pictures = pictures if pictures is not None else await self.pictures()
-        running = {j: p for j, p in pictures.items() if p.state == R.RUNNING}
+        # A frozen job is on the devices too (its memory stays there): the leader counts it as resident.
+        running = {j: p for j, p in pictures.items() if p.state in (R.RUNNING, R.FROZEN)}
         resident = {j: p.resident_bytes for j, p in running.items()}
         a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
         # Per device, for the leader's per-GPU plan; a job listed with {} has no device
@@ -139,9 +142,9 @@ class Upkeep:
     async def reconcile(self) -> None:
         a = self.agent
         for job, pic in (await self.pictures()).items():
-            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED]
-            if not locked or a.pending(job) is not None:
-                continue
+            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED and p not in a.orphans.frozen]
+            if not locked or a.pending(job) is not None or I.frozen_by_intent(a.jobs.status(job)):
+                continue                    # an op will finish it, or the freeze is deliberate (kept)
             for pid in locked:
                 try:
                     await asyncio.to_thread(a.backend.unlock, pid)

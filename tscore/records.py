@@ -22,7 +22,8 @@ SNAPSHOTTED = "snapshotted"    # in host memory; the process is alive and paused
 RESTORING = "restoring"
 GONE = "gone"                  # the job's processes no longer exist
 LOST = "lost"                  # a restore failed in a way the driver cannot undo
-TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST})
+FROZEN = "frozen"              # on the device, every process locked: it runs nothing (strict groups, orphans)
+TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN})
 
 # How the op an intent asked for ended (status.outcome); "" while in progress.
 OK = "ok"
@@ -32,6 +33,9 @@ PROCESS_GONE = "gone"          # nothing to do: the processes are gone (not an e
 
 SNAPSHOT = "snapshot"
 RESTORE = "restore"
+FREEZE = "freeze"              # lock the job's processes in place (strict groups: an elided handoff)
+THAW = "thaw"                  # unlock them again (the frozen job acquires again)
+OPS = frozenset({SNAPSHOT, RESTORE, FREEZE, THAW})
 
 # How the agent moves a worker's memory (WorkerValue.swap; see lockd.proto WorkerRequest.swap).
 SWAP_CHECKPOINT = "checkpoint"
@@ -44,7 +48,21 @@ TAG_DISCARD = "discard"        # released on pause, recreated empty on resume
 TAG_POLICIES = frozenset({TAG_OFFLOAD, TAG_DISCARD})
 ISOLATION_NONE = ""            # a parked cooperative worker keeps its (small) CUDA context on the device
 ISOLATION_FULL = "full"        # after the cooperative pause, the CUDA checkpoint takes what is left
-ISOLATIONS = frozenset({ISOLATION_NONE, ISOLATION_FULL})
+# Everything "full" does, and on an elided handoff (the next job fits beside the yielded one) the
+# yielded jobs' processes on the group's GPUs are frozen (process lock) before the grant, and
+# thawed when their job acquires again. A ladder, one field: "" < "full" < "strict".
+ISOLATION_STRICT = "strict"
+ISOLATIONS = frozenset({ISOLATION_NONE, ISOLATION_FULL, ISOLATION_STRICT})
+
+
+def checkpoints_rest(isolation: str) -> bool:
+    """True if a cooperative pause is followed by the CUDA checkpoint of what is left."""
+    return isolation in (ISOLATION_FULL, ISOLATION_STRICT)
+
+
+def freezes_elided(isolation: str) -> bool:
+    """True if the jobs left resident by an elided handoff are frozen before the grant."""
+    return isolation == ISOLATION_STRICT
 
 
 def now_ms() -> int:
@@ -122,6 +140,7 @@ class SessionValue(Record):
     secret_sha256: str
     opened_ms: int = 0
     replica: str = ""
+    peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
 
 
 @dataclass

@@ -13,8 +13,10 @@ pid where its registration says (``WorkerValue.swap``):
 
 Around a cooperative pause the checkpoint backend still has a role:
 
-* ``isolation="full"`` (group policy): after the pause the CUDA checkpoint
-  takes what is left (context, stray allocations); restore runs it backwards;
+* ``isolation="full"`` or ``"strict"`` (group policy): after the pause the CUDA
+  checkpoint takes what is left (context, stray allocations); restore runs it
+  backwards. A worker frozen in place (a strict group's elided handoff) is
+  unlocked before its pause: the pause is CUDA work of its own;
 * ``freeze`` (off by default; agent flag ``--freeze-parked``): after the pause
   the process is locked (the driver's lock, ~0.5 ms), so a stray device call
   outside a hold *waits* instead of touching a released page. Measured on an
@@ -106,7 +108,7 @@ class CompositeBackend(Backend):
                 if (sw is not None and hasattr(sw, "tags") and hasattr(sw, "region_bytes")
                         and sw.state() is SwapState.RUNNING):
                     regions[p] = (sw.tags(), sw.region_bytes())
-            ctx.tags = choose_tags(regions, 0 if isolation == R.ISOLATION_FULL else need_bytes)
+            ctx.tags = choose_tags(regions, 0 if R.checkpoints_rest(isolation) else need_bytes)
         with self._mu:
             for p in pids:
                 self._ctx[p] = ctx
@@ -147,10 +149,12 @@ class CompositeBackend(Backend):
         if sw is None:
             return self.base.checkpoint(pid)
         ctx = self._context(pid)
+        if self.base.get_state(pid) is ProcState.LOCKED:
+            self.base.unlock(pid)                        # frozen in place: the worker needs its context to copy
         rep = sw.pause(ctx.tags.get(pid), self.deadline_s)
         moved = rep.bytes_moved
         b = self.base.get_state(pid)
-        if ctx.isolation == R.ISOLATION_FULL and b in (ProcState.RUNNING, ProcState.LOCKED):
+        if R.checkpoints_rest(ctx.isolation) and b in (ProcState.RUNNING, ProcState.LOCKED):
             try:
                 if b is ProcState.RUNNING:
                     self.base.lock(pid, self.lock_timeout_ms)
@@ -238,7 +242,7 @@ class CompositeBackend(Backend):
         chosen = list(tags) if chosen is None else chosen
         offload = sum(sizes.get(t, 0) for t in chosen if tags.get(t) == R.TAG_OFFLOAD)
         need = max(0, offload - sw.host_bytes())
-        if ctx.isolation == R.ISOLATION_FULL:
+        if R.checkpoints_rest(ctx.isolation):
             rest = (self.base.device_bytes(pid) or 0) - sum(sizes.values())
             need += max(0, rest)
         return need

@@ -15,7 +15,8 @@ are kept:
   back zeroed;
 * a region must be touched only through ``compute(tag)``, which blocks while
   the agent holds the process locked (the freeze after a pause) and raises if
-  the region is released — as a released torch-memory-saver page faults;
+  the region is released — as a released torch-memory-saver page faults; a
+  pause (copying device memory out) is device work too and waits likewise;
 * copies are paced to ``TIMESLICE_SIM_COOP_GBPS`` (default 50 GB/s, the
   pinned PCIe figure of DESIGN.md §6; 0 = unthrottled).
 """
@@ -83,19 +84,23 @@ class SimCooperativeMemory:
 
     def pause(self, tags: Sequence[str]) -> None:
         for t in tags:
-            buf = self._dev.get(t)
-            if buf is None:
-                continue
-            t0 = time.monotonic()
-            if self.tags[t] == "offload":
-                host = self._host.get(t)
-                if host is None:                            # the first pause allocates the backup, once
-                    host = self._host[t] = bytearray(len(buf))
-                host[:] = buf
-                self._sha[t] = hashlib.sha256(buf).hexdigest()   # what a resume must bring back
-                self._pace(len(buf), t0)
-            self._dev[t] = None
-            self._account()                                 # only now is the device memory released
+            with self.dev._device(None):                    # copying device memory is device work: waits while locked
+                self._pause_one(t)
+
+    def _pause_one(self, t: str) -> None:
+        buf = self._dev.get(t)
+        if buf is None:
+            return
+        t0 = time.monotonic()
+        if self.tags[t] == "offload":
+            host = self._host.get(t)
+            if host is None:                            # the first pause allocates the backup, once
+                host = self._host[t] = bytearray(len(buf))
+            host[:] = buf
+            self._sha[t] = hashlib.sha256(buf).hexdigest()   # what a resume must bring back
+            self._pace(len(buf), t0)
+        self._dev[t] = None
+        self._account()                                 # only now is the device memory released
 
     def resume(self, tags: Sequence[str]) -> None:
         for t in tags:

@@ -9,6 +9,9 @@ Commands arrive one per line on stdin; answers go to stdout, one line each:
     verify        -> VERIFY OK|BAD <sha256>  against the checksum at fill time
     hold <ms>     -> HOLDING, then HELD after keeping the device busy <ms> ms
     steps         -> STEPS <n>           compute steps done so far
+    free          -> FREED               stop computing, release the device memory (a device
+                                         operation: blocks while locked or checkpointed, as a CUDA
+                                         process's teardown does)
     quit          -> BYE, and exit 0
 
 At start it prints ``READY <pid> <sha256>``.
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             steps += 1
             time.sleep(a.step_ms / 1000)
 
-    threading.Thread(target=compute_loop, daemon=True).start()
+    computing = threading.Thread(target=compute_loop, daemon=True)
+    computing.start()
     say(f"READY {dev.pid} {expected}")
     for line in sys.stdin:
         cmd, *args = line.split() or [""]
@@ -85,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             say("HELD")
         elif cmd == "steps":
             say(f"STEPS {steps}")
+        elif cmd == "free":
+            stop.set()
+            computing.join()
+            dev.free()
+            say("FREED")
         elif cmd == "quit":
             break
     stop.set()
