@@ -1,15 +1,14 @@
-"""What every benchmark shares: the stack under test, a raw-stub job client, statistics,
-process accounting, machine facts, tables and result files.
+"""What every benchmark shares: the stack under test, the raw job client, statistics,
+machine facts, tables and result files.
 
-The job client talks to lockd through the generated gRPC stubs only (no client
-library), so the overhead a benchmark measures is the RPC itself and nothing
-else. It does the minimal failover a production client needs: on UNAVAILABLE
-it re-sends the same call to the next replica (Acquire and Yield-with-token are
-idempotent, see proto/tsproto/lockd.proto).
+The stack is the test harness's etcd and lockd (the launcher's processes, with the
+harness's kill/pause for the failover benchmark). The job client is the raw-stub
+one the chaos clients use too (``timeslice.testing.rawjob``: the generated gRPC stubs
+only, no client library, so the overhead a benchmark measures is the RPC itself;
+on UNAVAILABLE it re-sends the same call to the next replica).
 """
 from __future__ import annotations
 
-import asyncio
 import datetime as _dt
 import json
 import os
@@ -19,15 +18,14 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 
 import grpc
-from timeslice.auth import metadata_for
-from timeslice.proto import lockd_pb2 as pb
-from timeslice.proto import lockd_pb2_grpc as pbg
 
+from timeslice.auth import metadata_for
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.testing import rawjob
 from timeslice.testing.etcd import EtcdCluster
 from timeslice.testing.lockd import LockdCluster
 
@@ -129,73 +127,6 @@ def verdict(ok: bool | None) -> str:
     return "n/a" if ok is None else ("PASS" if ok else "MISS")
 
 
-# --- process accounting (/proc) -----------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` (its threads included), seconds; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK   # fields 14, 15 of stat(5)
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return round(int(f.read().split()[1]) * _PAGE / 2**20, 1)
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
-def _machine_ticks() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores, from /proc/stat."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)            # idle + iowait
-    total = sum(vals[:8])                                          # guest time is inside user already
-    return total - idle, total
-
-
-class CpuMeter:
-    """CPU seconds used by named processes between ``start()`` and ``stop()``.
-
-    Also how busy the whole machine was (all cores, everyone's processes), so a
-    reader can tell "lockd is slow" from "the box was saturated by other work".
-    """
-
-    def __init__(self, pids: dict[str, int]):
-        self.pids = dict(pids)
-        self._t0 = 0.0
-        self._c0: dict[str, float] = {}
-        self.result: dict[str, dict] = {}
-
-    def start(self) -> CpuMeter:
-        self._t0 = time.monotonic()
-        self._c0 = {n: cpu_seconds(p) for n, p in self.pids.items()}
-        self._m0 = _machine_ticks()
-        self._load0 = os.getloadavg()[0]
-        return self
-
-    def stop(self) -> dict[str, dict]:
-        wall = time.monotonic() - self._t0
-        self.result = {n: {"pid": p, "cpu_s": round(cpu_seconds(p) - self._c0[n], 2),
-                           "cpu_pct_of_one_core": round(100 * (cpu_seconds(p) - self._c0[n]) / wall, 1),
-                           "rss_mb": rss_mb(p)} for n, p in self.pids.items()}
-        (b0, t0), (b1, t1) = self._m0, _machine_ticks()
-        ours = sum(v["cpu_s"] for v in self.result.values())
-        self.machine = {"machine_busy_pct_all_cores": round(100 * (b1 - b0) / max(t1 - t0, 1), 1),
-                        "cores": os.cpu_count(),
-                        "measured_processes_cpu_pct_of_all_cores": round(100 * ours / wall / os.cpu_count(), 1),
-                        "loadavg_1min_start_end": [self._load0, os.getloadavg()[0]]}
-        return self.result
-
-
 # --- the stack under test -----------------------------------------------------
 
 class Stack:
@@ -226,7 +157,7 @@ class Stack:
         if self.etcd is not None:
             self.etcd.stop()
 
-    def __enter__(self) -> Stack:  # noqa: PYI034 - start() returns self
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -252,118 +183,9 @@ class Stack:
         return int(r.count), int(r.header.revision)
 
 
-# --- raw-stub job client with failover ----------------------------------------
+# --- the raw-stub job client (timeslice.testing.rawjob, shared with the chaos clients) ----
 
-class Channels:
-    """grpc.aio channels to lockd targets, ``per_target`` connections each (shared by jobs)."""
-
-    def __init__(self, per_target: int = 1):
-        self.per_target = per_target
-        self._ch: dict[tuple[str, int], tuple[grpc.aio.Channel, pbg.LockdStub]] = {}
-
-    def stub(self, target: str, slot: int = 0) -> pbg.LockdStub:
-        key = (target, slot % self.per_target)
-        got = self._ch.get(key)
-        if got is None:
-            ch = grpc.aio.insecure_channel(target, options=[("grpc.initial_reconnect_backoff_ms", 50),
-                                                            ("grpc.max_reconnect_backoff_ms", 200)])
-            got = self._ch[key] = (ch, pbg.LockdStub(ch))
-        return got[1]
-
-    async def close(self) -> None:
-        await asyncio.gather(*(c.close() for c, _ in self._ch.values()), return_exceptions=True)
-        self._ch.clear()
-
-
-class GiveUp(RuntimeError):
-    pass
-
-
-@dataclass
-class Job:
-    """One job's session and its calls, with failover over ``targets`` starting at ``home``."""
-
-    job_id: str
-    targets: list[str]
-    channels: Channels
-    home: int = 0
-    slot: int = 0
-    secret: str = ""
-    failovers: int = 0
-    resends: list = field(default_factory=list)   # (method, code) of each re-sent call
-
-    def __post_init__(self) -> None:
-        self._i = self.home % len(self.targets)
-
-    @property
-    def target(self) -> str:
-        return self.targets[self._i]
-
-    async def _call(self, method: str, req, deadline: float | None, retry: bool = True):
-        """One logical call; on UNAVAILABLE re-send it to the next replica until ``deadline``."""
-        delay = 0.02
-        while True:
-            timeout = None if deadline is None else deadline - time.monotonic()
-            if timeout is not None and timeout <= 0:
-                raise GiveUp(f"{self.job_id}: {method} not answered before its deadline")
-            try:
-                return await getattr(self.channels.stub(self.target, self.slot), method)(req, timeout=timeout)
-            except grpc.aio.AioRpcError as e:
-                # UNAVAILABLE: replica down or cannot reach etcd. CANCELLED as an RPC
-                # error (not asyncio.CancelledError) comes from the server: a replica
-                # shutting down cancels the calls still running after its grace period.
-                if not retry or e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    raise
-                self.resends.append((method, e.code().name))
-                self.failovers += 1
-                self._i = (self._i + 1) % len(self.targets)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.2)
-
-    async def open(self, ttl: int = 0, timeout: float = 30.0) -> None:
-        # OpenSession is not idempotent (ALREADY_EXISTS on a lost reply), so it is
-        # not re-sent: benchmarks open sessions before any fault.
-        r = await self._call("OpenSession", pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=ttl),
-                             time.monotonic() + timeout, retry=False)
-        self.secret = r.session_secret
-
-    async def keepalive(self, timeout: float = 5.0) -> int:
-        r = await self._call("KeepAlive", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
-                             time.monotonic() + timeout)
-        return r.ttl_seconds
-
-    async def keepalive_loop(self, period: float) -> None:
-        while True:
-            await asyncio.sleep(period)
-            try:
-                await self.keepalive()
-            except (grpc.aio.AioRpcError, GiveUp):
-                pass
-
-    async def close(self) -> None:
-        try:
-            await self._call("CloseSession", pb.SessionRef(job_id=self.job_id, session_secret=self.secret),
-                             time.monotonic() + 5, retry=False)
-        except grpc.aio.AioRpcError:
-            pass
-
-    async def acquire(self, group: str, timeout: float = 60.0) -> pb.AcquireReply:
-        req = pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret, group_id=group)
-        return await self._call("Acquire", req, time.monotonic() + timeout)
-
-    async def yield_(self, group: str, token: int, timeout: float = 30.0) -> bool:
-        """Release; True if this call released it, False if a re-sent Yield found it already done."""
-        req = pb.YieldRequest(job_id=self.job_id, session_secret=self.secret, group_id=group, token=token)
-        resent = len(self.resends)
-        try:
-            r = await self._call("Yield", req, time.monotonic() + timeout)
-            return r.released
-        except grpc.aio.AioRpcError as e:
-            # A re-sent Yield that finds the job no longer queued: the first one was applied.
-            if (len(self.resends) > resent and e.code() == grpc.StatusCode.FAILED_PRECONDITION
-                    and "not_queued" in (e.details() or "")):
-                return False
-            raise
+Channels, GiveUp, Job = rawjob.Channels, rawjob.GiveUp, rawjob.RawJob
 
 
 async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench-node",)) -> None:
@@ -377,40 +199,3 @@ async def create_group(stub_or_job, group: str, nodes: tuple[str, ...] = ("bench
 
 def now() -> float:
     return time.monotonic()
-
-
-# --- optional profiling of the lockd processes (py-spy) -----------------------
-
-class SpyRecorder:
-    """``py-spy record`` on some processes for a fixed window (``--py-spy DIR`` of a benchmark).
-
-    py-spy is not a project dependency: install it into the venv to use this
-    (``.venv/bin/pip install py-spy``). Output: DIR/<name>.txt in py-spy's raw
-    (collapsed stack) format; summarise with ``python -m benchmarks.spy_summary``.
-    """
-
-    def __init__(self, outdir: str | None, pids: dict[str, int], seconds: float, rate: int = 200):
-        self.outdir, self.pids, self.seconds, self.rate = outdir, pids, seconds, rate
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self) -> SpyRecorder:
-        if not self.outdir:
-            return self
-        os.makedirs(self.outdir, exist_ok=True)
-        exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
-        for name, pid in self.pids.items():
-            if name.startswith("etcd"):
-                continue                   # not a Python process
-            safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
-            self.procs.append(subprocess.Popen(
-                [exe, "record", "-p", str(pid), "-d", str(max(1, int(self.seconds))), "-r", str(self.rate),
-                 "-f", "raw", "--nonblocking", "-o", os.path.join(self.outdir, f"{safe}.txt")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        return self
-
-    def wait(self) -> None:
-        for p in self.procs:
-            try:
-                p.wait(self.seconds + 30)
-            except subprocess.TimeoutExpired:
-                p.kill()

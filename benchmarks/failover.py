@@ -144,7 +144,7 @@ async def trial(st: C.Stack, kind: str, n: int, before: float, after: float) -> 
         for t in keep:
             t.cancel()
         for j in (a, b):
-            await j.close()
+            await j.close_session()
             await j.channels.close()
     res = figures(pp, kind, t_fault, t_down, ended, lead.replica_id)
     res["resent_calls"] = a.resends + b.resends

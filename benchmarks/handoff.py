@@ -33,12 +33,12 @@ import itertools
 import json
 import sys
 
-from timeslice.proto import lockd_pb2 as pb
-
 from benchmarks import common as C
+from benchmarks import procstats as P
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient, EtcdConfig
 from timeslice.common.etcd.watch import Watch
+from timeslice.proto import lockd_pb2 as pb
 
 GROUP = "bench-handoff"
 TARGET_RATIO, TARGET_P99_MS = 3.0, 25.0
@@ -179,7 +179,7 @@ async def run_members(members: int, handoffs: int, block: int, settle_ms: float,
                     got.put_nowait(C.now())
             ftask = asyncio.create_task(feed())
 
-            cpu = C.CpuMeter({**st.pids(), "client": C.os.getpid()}).start()
+            cpu = P.CpuMeter({**st.pids(), "client": C.os.getpid()}).start()
             holder, waiter = a, b
             token = (await holder.acquire(GROUP)).token
             hand, floor, direction, not_blocked, tokens, waited_ms = [], [], [], 0, [token], []

@@ -34,6 +34,7 @@ import tempfile
 import time
 
 from benchmarks import common as C
+from benchmarks import procstats as P
 from benchmarks.handoff import one_handoff
 from timeslice.auth import metadata_for
 from timeslice.common import records as R
@@ -104,7 +105,7 @@ async def run(handoffs: int, block: int, settle_ms: float, warmup: int, job_mib:
                      for n, (a, b) in pairs.items()}
             out = {n: {"ms": [], "elided": 0, "moved": 0, "frozen_checked": 0, "freeze_ms": [], "thaw_ms": []}
                    for n in state}
-            cpu = C.CpuMeter({**st.pids(), "agent": agent.pid, "client": C.os.getpid()}).start()
+            cpu = P.CpuMeter({**st.pids(), "agent": agent.pid, "client": C.os.getpid()}).start()
             done = 0
             while done < handoffs + warmup:
                 n_block = min(block, handoffs + warmup - done)

@@ -32,6 +32,7 @@ import os
 import sys
 
 from benchmarks import common as C
+from benchmarks import procstats as P
 from benchmarks.handoff import GroupObserver
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient, EtcdConfig
@@ -79,7 +80,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
                     t = C.now()
                     try:
                         r = await job.acquire(group, timeout=60)
-                    except Exception as e:                 # noqa: BLE001 - counted and reported
+                    except Exception as e:
                         if not stop.is_set():
                             errors.append(f"{job.job_id}: acquire: {e!r}"[:300])
                         return
@@ -88,7 +89,7 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
                     waits.append((t1, (t1 - t) * 1000))
                     try:
                         await job.yield_(group, r.token)
-                    except Exception as e:                 # noqa: BLE001
+                    except Exception as e:
                         errors.append(f"{job.job_id}: yield: {e!r}"[:300])
                         return
 
@@ -97,8 +98,8 @@ async def part_a(groups: int, per_group: int, duration: float, warmup: float, tt
             await asyncio.sleep(warmup)
             pids = st.pids()
             pids["client"] = os.getpid()
-            cpu = C.CpuMeter(pids).start()
-            spy = C.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-a"), pids, duration).start()
+            cpu = P.CpuMeter(pids).start()
+            spy = P.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-a"), pids, duration).start()
             _, rev_a = await st.etcd_counts()
             t_a = C.now()
             await asyncio.sleep(duration)
@@ -161,7 +162,7 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
                     r = await job.acquire(group, timeout=300)
                     order.append((C.now(), job.job_id, r.token))
                     await job.yield_(group, r.token)
-                except Exception as e:                     # noqa: BLE001
+                except Exception as e:
                     errors.append(f"{job.job_id}: {e!r}"[:300])
 
             keys0, rev0 = await st.etcd_counts()
@@ -176,8 +177,8 @@ async def part_b(waiters: int, ttl: int, spy_dir: str | None = None) -> dict:
             await asyncio.sleep(1.0)                       # let every replica settle
             pids = st.pids()
             pids["client"] = os.getpid()
-            cpu = C.CpuMeter(pids).start()
-            spy = C.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-b"), pids, 3).start()
+            cpu = P.CpuMeter(pids).start()
+            spy = P.SpyRecorder(spy_dir and os.path.join(spy_dir, "scale-b"), pids, 3).start()
             t0 = C.now()
             await jobs[0].yield_(group, first.token)
             await asyncio.wait_for(asyncio.gather(*tasks), 600)

@@ -21,11 +21,8 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
-import time
 
 from timeslice.testing.lockd import LockdProcess
-from timeslice.testing.procs import track
 
 
 class NetnsUnavailable(Exception):
@@ -96,33 +93,11 @@ class Netns:
 
 
 class NetnsLockdProcess(LockdProcess):
-    """A lockd replica run inside ``ns`` (``ip netns exec`` execs it: same pid, same signals)."""
+    """A lockd replica run inside ``ns`` on ``port`` (``ip netns exec`` execs it: same pid, same signals)."""
 
     def __init__(self, ns: Netns, endpoints: str, prefix: str, replica_id: str, logdir: str,
                  extra: list[str], port: int):
-        super().__init__(endpoints, prefix, replica_id, logdir, [*extra, "--listen", f"{ns.ns_ip}:{port}"])
+        super().__init__(endpoints, prefix, replica_id, logdir, extra, listen_port=port)
         self.ns = ns
-        self.fixed_port = port
-
-    @property
-    def target(self) -> str:
-        return f"{self.ns.ns_ip}:{self.fixed_port}"
-
-    def start(self, timeout: float = 30.0) -> NetnsLockdProcess:
-        argv = self.ns.exec_argv([sys.executable, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
-                                  "--prefix", self.prefix, "--metrics-port", "-1",
-                                  "--replica-id", self.replica_id, *self.extra])
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
-        track(self.proc)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lockd {self.replica_id} exited rc={self.proc.returncode}:\n{self.log_tail()}")
-            if self._ready_port():
-                self.port = self.fixed_port
-                return self
-            time.sleep(0.05)
-        raise TimeoutError(f"lockd {self.replica_id} not ready in {timeout}s:\n{self.log_tail()}")
+        self.host = ns.ns_ip
+        self.wrapper = ns.exec_argv([])

@@ -27,12 +27,14 @@ import time
 from dataclasses import dataclass, field
 
 import grpc
-from timeslice.auth import metadata_for
-from timeslice.proto import lockd_pb2 as pb
-from timeslice.proto import lockd_pb2_grpc as pbg
 
 from chaos_tests.checker import Report, check
+from chaos_tests.figures import fault_recoveries, print_figures
 from chaos_tests.history import HistoryRecorder, load_history
+from timeslice.auth import metadata_for
+from timeslice.launcher import pids
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.testing.lockd import LockdCluster, LockdProcess
 from timeslice.testing.ports import free_port
 from timeslice.testing.procs import signal_tree
@@ -98,9 +100,9 @@ class World:
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
                                   extra=LOCKD_FLAGS + (lockd_flags or []))
         # Fixed ports, so a restarted replica comes back where the clients look for it.
-        self._addrs = [f"127.0.0.1:{free_port()}" for _ in self.lockd.replicas]
-        for r, addr in zip(self.lockd.replicas, self._addrs):
-            r.extra = [*r.extra, "--listen", addr]
+        for r in self.lockd.replicas:
+            r.listen_port = free_port()
+        self._addrs = [f"{r.host}:{r.listen_port}" for r in self.lockd.replicas]
         self.rec = HistoryRecorder(self.history_dir, name="test")
         self.clients: list[ClientProc] = []
         self.faults: list[Fault] = []
@@ -118,7 +120,7 @@ class World:
     def replace_replica(self, i: int, proc: LockdProcess) -> None:
         """Run replica ``i`` as ``proc`` (e.g. inside a network namespace), before ``start``."""
         self.lockd.replicas[i] = proc
-        self._addrs[i] = proc.target
+        self._addrs[i] = f"{proc.host}:{proc.listen_port}"
 
     def start(self, order: list[int] | None = None, duration: float = 20.0) -> World:
         for i in order or range(len(self.lockd.replicas)):
@@ -254,11 +256,7 @@ class World:
 
     @staticmethod
     def _paused(rep: LockdProcess) -> bool:
-        try:
-            with open(f"/proc/{rep.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] == "T"
-        except OSError:
-            return False
+        return pids.state(rep.pid) == "T"
 
     # -- clients ----------------------------------------------------------------------
     def last_event(self, c: ClientProc) -> dict | None:
@@ -384,63 +382,16 @@ class World:
         for fn in self.on_stop:
             try:
                 fn()
-            except Exception as e:  # noqa: BLE001 - tear everything down whatever fails
+            except Exception as e:
                 print(f"[{self.name}] teardown: {e!r}", flush=True)
         self.lockd.stop()
 
-    def fault_recoveries(self, events: list[dict]) -> list[float]:
+    def fault_recoveries(self, events: list[dict]) -> list[float | None]:
         """For each fault: seconds from its injection to the next grant in any group."""
-        grants = sorted(e["t"] for e in events if e["ev"] == "granted")
-        out = []
-        for f in self.faults:
-            t = int(f.t0 * 1e9)
-            nxt = next((g for g in grants if g > t), None)
-            out.append(round((nxt - t) / 1e9, 3) if nxt else None)
-        return out
+        return fault_recoveries(self.faults, events)
 
     def print_figures(self, report: Report, events: list[dict]) -> None:
-        rec = self.fault_recoveries(events)
-        by_kind: dict[str, int] = {}
-        for e in events:
-            if e["ev"] == "error":
-                k = e.get("kind", "?")
-                by_kind[k] = by_kind.get(k, 0) + 1
-        figures = {
-            "scenario": self.name, "seed": self.seed,
-            "duration_s": round(self.elapsed(), 1),
-            "grants": report.grants, "acquires": report.acquires, "groups": report.groups,
-            "jobs": report.jobs, "critical_sections": report.critical_sections,
-            "faults_injected": len(self.faults),
-            "longest_gap_without_grant_s": round(report.max_grant_gap_s, 3),
-            "longest_wait_s": round(report.max_wait_s, 3),
-            "errors": report.errors, "errors_by_kind": by_kind, "abandoned": report.abandoned,
-            "session_lost_signals": sum(1 for e in events if e["ev"] == "session_lost"),
-            "server_grants_observed": sum(1 for e in events if e["ev"] == "grant_put"),
-            "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
-            "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
-            "violations": len(report.violations),
-            "client_crashes": len(self.crashes),
-        }
-        lines = [f"===== chaos scenario {self.name} (seed {self.seed}; histories and logs in {self.dir}) ====="]
-        w = max(len(k) for k in figures)
-        lines += [f"  {k:<{w}}  {json.dumps(v)}" for k, v in figures.items()]
-        lines.append("  faults:")
-        for f, r in zip(self.faults, rec):
-            lines.append(f"    +{f.t0 - self.t_start:6.2f}s  {f.what}"
-                         + (f" (for {f.t1 - f.t0:.2f}s)" if f.t1 else "")
-                         + f"  first grant after injection: {r}s" + (f"  {f.detail}" if f.detail else ""))
-        for v in report.violations[:50]:
-            lines.append(f"  VIOLATION {v}")
-        for c in self.crashes:
-            lines.append(f"  CRASH {c}")
-        lines.append("  json: " + json.dumps({**figures, "fault_list": [
-            {"what": f.what, "at_s": round(f.t0 - self.t_start, 2),
-             "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r}
-            for f, r in zip(self.faults, rec)], "violation_list": report.violations[:50]}))
-        text = "\n".join(lines)
-        print(text, flush=True)
-        with open(os.path.join(self.dir, "figures.txt"), "w") as f:
-            f.write(text + "\n")
+        print_figures(self, report, events)
 
 
 def load_history_file(path: str) -> list[dict]:

@@ -242,7 +242,7 @@ def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
         w.on_stop.append(ns.delete)
         base = w.lockd.replicas[2]
         cut = NetnsLockdProcess(ns, ",".join(b.endpoint for b in bridges), w.prefix, base.replica_id, w.log_dir,
-                                [a for a in base.extra[:-2]], free_port())
+                                base.extra, free_port())
         w.replace_replica(2, cut)
         w.start(order=[2, 0, 1], duration=30)
         for _ in range(3):

@@ -12,6 +12,7 @@ import textwrap
 import aetcd
 import pytest
 
+from timeslice.launcher import pids
 from timeslice.testing import etcd as etcd_mod
 from timeslice.testing.etcd import EtcdCluster, EtcdHarnessError
 from timeslice.testing.procs import pid_alive
@@ -121,7 +122,7 @@ def test_exit_without_stop_kills_members(tmp_path):
         print(c.members[0].pid, flush=True)
         raise SystemExit(3)
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False,
                           timeout=60)
     assert done.returncode == 3, done.stderr
     assert not pid_alive(int(done.stdout.strip()))
@@ -154,8 +155,68 @@ def test_proc_reaper_kills_process_group(proc_reaper, script):
 
 def _is_zombie(pid: int) -> bool:
     # The grandchild is reparented to init, which may not have reaped it yet.
+    return pids.state(pid) in (None, "Z")
+
+
+def test_harness_servers_are_the_launchers_processes(etcd, key_prefix, tmp_path):
+    """The harness adds faults on top of the launcher's processes: the command line a test's lockd
+    and agent run is the one the launcher builds, recorded by the launcher's spawn line."""
+    from timeslice.launcher.servers import LockdReplica, NodeAgent
+    from timeslice.testing.agent import AgentProcess
+    from timeslice.testing.lockd import LockdProcess
+
+    rep = LockdProcess(etcd.endpoints_str, key_prefix, "r0", str(tmp_path), [])
+    agent = AgentProcess(etcd.endpoints_str, key_prefix, "n-harness", str(tmp_path), sim_dir=tmp_path / "sim")
+    assert isinstance(rep, LockdReplica) and isinstance(agent, NodeAgent)
+    with rep, agent:
+        for proc in (rep, agent):
+            spawned = proc.events("launcher_spawned")
+            assert [ev["argv"] for ev in spawned] == [proc.command()], proc.label
+        assert rep.port and agent.port
+        rep.kill()
+        rep.restart()                     # same identity, same log: one more spawn line
+        assert [ev["argv"] for ev in rep.events("launcher_spawned")] == [rep.command()] * 2
+
+
+async def test_raw_job_resends_a_waiting_acquire_when_its_replica_stalls_and_keeps_its_place(
+        etcd, key_prefix, tmp_path):
+    """The raw job client (benchmarks, chaos): an Acquire waiting on a replica that stops answering
+    is re-sent to the next one, the first left running, and is granted at the queue place it had."""
+    import asyncio
+
+    from timeslice.proto import lockd_pb2 as pb
+    from timeslice.proto import lockd_pb2_grpc as pbg
+    from timeslice.testing.lockd import LockdCluster, admin_channel
+    from timeslice.testing.rawjob import RawJob
+
+    lockd = await asyncio.to_thread(LockdCluster(etcd.endpoints_str, key_prefix, n=2, logdir=str(tmp_path),
+                                                 extra=["--lease-ttl", "3", "--renew-deadline", "2",
+                                                        "--retry-period", "0.5"]).start)
+    t = [r.target for r in lockd.replicas]
+    holder = await RawJob("holder", [t[1]]).open()
+    waiter = await RawJob("waiter", t, home=0, rpc_timeout=0.5).open()
+    keep = asyncio.create_task(waiter.keepalive_loop(0.5))
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+        async with admin_channel(t[1]) as ch:
+            stub = pbg.LockdStub(ch)
+            await stub.CreateGroup(pb.CreateGroupRequest(group_id="g"), timeout=10)
+            first = await holder.acquire("g")
+            pending = asyncio.ensure_future(waiter.acquire("g", timeout=60))
+            while not (st := await stub.GetGroupStatus(pb.GroupRef(group_id="g"), timeout=10)).waiters:
+                await asyncio.sleep(0.05)
+            place = st.waiters[0].token
+            await asyncio.to_thread(lockd.replicas[0].pause)
+            try:
+                while waiter.target != t[1]:          # the keepalive gives the silent replica up
+                    await asyncio.sleep(0.05)
+                await holder.yield_("g", first.token)
+                got = await asyncio.wait_for(pending, 60)
+            finally:
+                await asyncio.to_thread(lockd.replicas[0].resume)
+        assert (got.token, waiter.answered_by) == (place, t[1])
+        assert ("Acquire", "moved") in waiter.resends and waiter.seq == 2
+    finally:
+        keep.cancel()
+        for j in (holder, waiter):
+            await j.close()
+        await asyncio.to_thread(lockd.stop)

@@ -22,15 +22,11 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from timeslice.launcher import state as S
-from timeslice.launcher.cluster import (
-    DEFAULT_GROUP,
-    LaunchError,
-    LocalCluster,
-    Progress,
-    _size,
-)
+from timeslice.launcher.cluster import DEFAULT_GROUP, LaunchError, LocalCluster
+from timeslice.launcher.progress import Progress, size_text
 from timeslice.launcher.settings import Settings, SettingsError, flag_name, load
 
 _ALIASES = {"LOCKD_REPLICAS": ["--replicas"]}
@@ -44,7 +40,7 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     for key in Settings.key_names():
         names = [flag_name(key), *_ALIASES.get(key, [])]
         kind = str if key in ("PREFIX", "BACKEND", "LOG_DIR") else int
-        extra = {"choices": ["auto", "sim", "cuda-driver", "cuda-checkpoint"]} if key == "BACKEND" else {}
+        extra: dict[str, Any] = {"choices": ["auto", "sim", "cuda-driver", "cuda-checkpoint"]} if key == "BACKEND" else {}
         g.add_argument(*names, dest=f"cfg_{key}", type=kind, default=None, metavar=key, help=f"overrides {key}",
                        **extra)
 
@@ -85,11 +81,12 @@ def summary(c: LocalCluster, took: float) -> str:
     lines = [f"timeslice local cluster is up ({took:.1f}s)", ""]
     lines.append(f"  etcd       {c.etcd_endpoints_str}  ({len(c.etcd)} member{'s' if len(c.etcd) > 1 else ''})")
     lines.append(f"  lockd      {c.target}  (leader {c.leader.get('replica')}, epoch {c.leader.get('epoch')})")
+    agent_info = c.agent.info if c.agent else {}
     lines.append("  metrics    lockd " + ", ".join(f"127.0.0.1:{r.info.get('metrics_port')}" for r in c.lockd)
-                 + f"; nodeagent 127.0.0.1:{c.agent.info.get('metrics_port')}")
-    agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{c.agent.info.get('port')}, backend {c.backend}"
+                 + f"; nodeagent 127.0.0.1:{agent_info.get('metrics_port')}")
+    agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{agent_info.get('port')}, backend {c.backend}"
     if c.backend == "sim":
-        agent += f" = SIMULATED device, {_size(c.settings.sim_device_capacity_bytes)}"
+        agent += f" = SIMULATED device, {size_text(c.settings.sim_device_capacity_bytes)}"
     lines.append(agent)
     if c.group:
         lines.append(f"  group      {c.group!r} over node {c.node!r}")

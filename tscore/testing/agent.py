@@ -1,8 +1,8 @@
 """Real node agents and simulated-GPU workers as processes, for tests, chaos scenarios and demos.
 
-``AgentProcess`` runs ``python -m timeslice.nodeagent.cli serve`` on a free loopback port
-(it prints ``NODEAGENT_READY port=N node=NAME backend=B``), logging JSON to its
-own file; it can be stopped (SIGTERM: finishes the op in flight), killed
+``AgentProcess`` is the launcher's ``NodeAgent`` (``python -m timeslice.nodeagent.cli
+serve`` on a free loopback port, logging JSON to its own file) with the
+harness's faults: stopped (SIGTERM: finishes the op in flight), killed
 (SIGKILL), paused and resumed, and restarted on the same node name and state
 dir. ``SimWorker`` is a worker process on the SIMULATED device
 (``python -m timeslice.nodeagent.sim.worker``) driven line by line: it holds real bytes
@@ -17,44 +17,44 @@ import subprocess
 import sys
 import threading
 
+from timeslice.launcher.servers import NodeAgent
 from timeslice.testing.lockd import shared_admin_token
 from timeslice.testing.procs import track, untrack
 from timeslice.testing.server import ServerProcess
 
 
-class AgentProcess(ServerProcess):
-    READY_TAG = b"NODEAGENT_READY"
+class AgentProcess(ServerProcess, NodeAgent):
+    """A node agent on a free loopback port, metrics off; its state dir and channel socket are the test's."""
+
     NAME = "nodeagent"
 
     def __init__(self, etcd_endpoints: str, prefix: str, node: str, logdir: str, backend: str = "sim",
                  sim_dir: str | os.PathLike | None = None, extra: list[str] | None = None,
                  state_dir: str | os.PathLike | None = None, env: dict[str, str] | None = None):
-        self.endpoints, self.prefix, self.node, self.backend = etcd_endpoints, prefix, node, backend
-        self.sim_dir = str(sim_dir) if sim_dir else None
-        self.state_dir = str(state_dir or os.path.join(logdir, f"agent-{node}-state"))
+        state_dir = str(state_dir or os.path.join(logdir, f"agent-{node}-state"))
+        shared_admin_token()
         # The cooperative channel's socket lives with the test's files: agents of tests that run
         # at once (same node names) must never share one.
-        self.socket = os.path.join(self.state_dir, "agent.sock")
-        self.extra = list(extra or [])
-        shared_admin_token()
-        super().__init__(os.path.join(logdir, f"nodeagent-{node}.log"), env)
+        super().__init__(node, etcd_endpoints, prefix, os.path.join(logdir, f"nodeagent-{node}.log"),
+                         state_dir=state_dir, backend=backend, sim_dir=str(sim_dir) if sim_dir else None,
+                         channel_socket=os.path.join(state_dir, "agent.sock"), extra=extra or [],
+                         env=dict(env or {}))
 
     @property
-    def label(self) -> str:
-        return f"nodeagent {self.node}"
+    def endpoints(self) -> str:
+        return self.etcd_endpoints
+
+    @endpoints.setter
+    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
+        self.etcd_endpoints = value
+
+    @property
+    def socket(self) -> str:
+        return self.channel_socket
 
     def stop(self, grace: float = 15.0) -> None:
         super().stop(grace)
 
-    def argv(self) -> list[str]:
-        argv = [sys.executable, "-m", "timeslice.nodeagent.cli", "serve", "--node", self.node,
-                "--etcd-endpoints", self.endpoints, "--prefix", self.prefix, "--listen", "127.0.0.1:0",
-                "--metrics-port", "-1", "--backend", self.backend, "--state-dir", self.state_dir]
-        if self.sim_dir:
-            argv += ["--sim-dir", self.sim_dir]
-        if "--channel-socket" not in self.extra:
-            argv += ["--channel-socket", self.socket]
-        return argv + self.extra
 
 class SimWorker:
     """A simulated-GPU worker process (SIMULATOR): ``READY``, then one command per line.
@@ -89,7 +89,7 @@ class SimWorker:
             raise EOFError(f"worker {self.pid} exited rc={self.proc.wait()}: {self.proc.stderr.read()}")
         return line
 
-    def ready(self, timeout: float = 15.0) -> "SimWorker":
+    def ready(self, timeout: float = 15.0) -> SimWorker:
         tag, pid, sha = self.read(timeout).split()
         assert tag == "READY" and int(pid) == self.pid, (tag, pid)
         self.expected = sha

@@ -1,5 +1,9 @@
 """Real etcd servers for tests: one member or a 3-member cluster on loopback.
 
+The members are the launcher's (``timeslice.launcher.etcd``, what ``timeslice
+up`` runs), with test settings (fast elections, temp dirs) and the fault
+injection of ``member.py``.
+
 The lock's correctness rests on etcd's own semantics (revisions, leases, watch
 delivery, failover), which a fake would get subtly wrong, so every test talks to
 real ``etcd`` processes. Members can be stopped, killed, paused (SIGSTOP: the
@@ -22,14 +26,15 @@ import shutil
 import tempfile
 import time
 
+from timeslice.launcher.etcd import initial_cluster, start_members
 from timeslice.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
 from timeslice.testing.member import EtcdMember
 from timeslice.testing.ports import free_port
 
-_live: list["EtcdCluster"] = []  # started and not yet stopped; see live_clusters()
+_live: list[EtcdCluster] = []  # started and not yet stopped; see live_clusters()
 
 
-def live_clusters() -> list["EtcdCluster"]:
+def live_clusters() -> list[EtcdCluster]:
     """Clusters started in this process and not stopped yet (for failure log dumps)."""
     return list(_live)
 
@@ -61,34 +66,24 @@ class EtcdCluster:
 
     # -- lifecycle ---------------------------------------------------------
 
-    def start(self, timeout: float = 30.0) -> "EtcdCluster":
+    def start(self, timeout: float = 30.0) -> EtcdCluster:
         """Start every member and wait until the cluster serves; retries port collisions."""
-        for attempt in range(5):
-            self._create_members()
-            _live.append(self)
-            for m in self.members:
-                m.launch("new")
-            try:
-                self.wait_healthy(timeout)
-                return self
-            except PortCollision:
-                self.stop(grace=0)
-            except BaseException:
-                self.stop(grace=0)
-                raise
-        raise EtcdHarnessError("etcd could not bind free ports after 5 attempts")
+        start_members(self._create_members, lambda _ms: self.wait_healthy(timeout),
+                      lambda _ms: self.stop(grace=0), attempts=5)
+        return self
 
-    def _create_members(self) -> None:
+    def _create_members(self) -> list[EtcdMember]:
         # A fresh cluster token per attempt, so members of a dead attempt or of
         # another test cluster that reuses a port can never join this one.
         self._dir = tempfile.mkdtemp(prefix="timeslice-etcd-", dir=self._root)
         names = [f"{self.name_prefix}{i}" for i in range(self.size)]
         ports = [(free_port(), free_port()) for _ in names]
-        initial = ",".join(f"{n}=http://127.0.0.1:{pp}" for n, (_, pp) in zip(names, ports))
-        cluster_args = ["--initial-cluster", initial,
+        cluster_args = ["--initial-cluster", initial_cluster(names, [pp for _, pp in ports]),
                         "--initial-cluster-token", f"ts-{secrets.token_hex(6)}", *self.settings]
         self.members = [EtcdMember(n, cp, pp, self._dir, cluster_args)
                         for n, (cp, pp) in zip(names, ports)]
+        _live.append(self)
+        return self.members
 
     def stop(self, grace: float = 2.0) -> None:
         """End every member (SIGTERM, SIGKILL after ``grace``) and remove the temp dir.
@@ -105,7 +100,7 @@ class EtcdCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
-    def __enter__(self) -> "EtcdCluster":
+    def __enter__(self) -> EtcdCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -207,4 +202,4 @@ def _stop_leftovers() -> None:
         cluster.stop(grace=0)
 
 
-__all__ = ["EtcdCluster", "EtcdMember", "EtcdHarnessError", "PortCollision", "live_clusters"]
+__all__ = ["EtcdCluster", "EtcdHarnessError", "EtcdMember", "PortCollision", "live_clusters"]

@@ -1,45 +1,43 @@
 """Real lockd replicas as processes, for tests, chaos scenarios and benchmarks.
 
-Each replica is ``python -m timeslice.lockd.cli serve`` on a free loopback port (it
-prints ``LOCKD_READY port=N``), logging JSON to its own file. Replicas can be
-stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and resumed
-(see tscore/testing/server.py).
+Each replica is the launcher's ``LockdReplica`` (``python -m timeslice.lockd.cli serve``
+on a free loopback port, logging JSON to its own file) with the harness's
+faults: stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and
+resumed, restarted (see tscore/testing/server.py).
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
 import secrets
-import sys
 import tempfile
 import time
 
 import grpc
 
 from timeslice.common.auth import ENV_ADMIN_TOKEN
+from timeslice.launcher.servers import LockdReplica, read_leader
 from timeslice.testing.procs import terminate
 from timeslice.testing.server import ServerProcess
 
 
-class LockdProcess(ServerProcess):
-    READY_TAG = b"LOCKD_READY"
+class LockdProcess(ServerProcess, LockdReplica):
+    """A lockd replica on a free loopback port (``listen_port`` fixes one), metrics off."""
+
     NAME = "lockd"
 
-    def __init__(self, endpoints: str, prefix: str, replica_id: str, logdir: str, extra: list[str]):
-        self.endpoints, self.prefix, self.replica_id = endpoints, prefix, replica_id
-        self.extra = extra
+    def __init__(self, endpoints: str, prefix: str, replica_id: str, logdir: str, extra: list[str],
+                 listen_port: int = 0, env: dict[str, str] | None = None):
         shared_admin_token()
-        super().__init__(os.path.join(logdir, f"lockd-{replica_id}.log"))
+        super().__init__(replica_id, endpoints, prefix, os.path.join(logdir, f"lockd-{replica_id}.log"),
+                         listen_port=listen_port, extra=extra, env=dict(env or {}))
 
     @property
-    def label(self) -> str:
-        return f"lockd {self.replica_id}"
+    def endpoints(self) -> str:
+        return self.etcd_endpoints
 
-    def argv(self) -> list[str]:
-        return [sys.executable, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.endpoints,
-                "--prefix", self.prefix, "--listen", "127.0.0.1:0", "--metrics-port", "-1",
-                "--replica-id", self.replica_id, *self.extra]
+    @endpoints.setter
+    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
+        self.etcd_endpoints = value
 
 
 def shared_admin_token() -> str:
@@ -58,7 +56,7 @@ class LockdCluster:
         self.replicas = [LockdProcess(etcd_endpoints, prefix, f"r{i}", self.logdir, extra or [])
                          for i in range(n)]
 
-    def start(self) -> "LockdCluster":
+    def start(self) -> LockdCluster:
         for r in self.replicas:
             r.start()
         return self
@@ -68,7 +66,7 @@ class LockdCluster:
             r.resume() if r.alive() else None
         terminate([r.proc for r in self.replicas if r.proc is not None], 10.0)
 
-    def __enter__(self) -> "LockdCluster":
+    def __enter__(self) -> LockdCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -82,18 +80,15 @@ class LockdCluster:
         return next(r for r in self.replicas if r.replica_id == replica_id)
 
     def leader(self, etcd, timeout: float = 15.0) -> tuple[LockdProcess, int]:
-        """(leading replica, epoch), read from the election keys in etcd."""
+        """(leading replica, epoch), read from the election keys in etcd (its running members)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = etcd.etcdctl("get", self.prefix + "leader/", "--prefix", "-w", "json")
-            kvs = json.loads(out).get("kvs", [])
-            if kvs:
-
-                head = min(kvs, key=lambda kv: int(kv["create_revision"]))
-                rid = json.loads(base64.b64decode(head["value"]))["replica"]
-                rep = self.by_id(rid)
+            found = read_leader([m.client_port for m in etcd.members if m.is_running() and not m.paused],
+                                self.prefix)
+            if found:
+                rep = self.by_id(found["replica"])
                 if rep.alive():
-                    return rep, int(head["create_revision"])
+                    return rep, found["epoch"]
             time.sleep(0.1)
         raise TimeoutError("no lockd leader elected")
 
@@ -107,7 +102,7 @@ class _BearerInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStr
         self.md = ("authorization", f"Bearer {token}")
 
     def _details(self, d):
-        md = list(d.metadata or ()) + [self.md]
+        md = [*(d.metadata or ()), self.md]
         return d._replace(metadata=md) if hasattr(d, "_replace") else \
             grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
 

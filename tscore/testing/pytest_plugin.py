@@ -23,7 +23,6 @@ from timeslice.testing.etcd import EtcdCluster, live_clusters
 from timeslice.testing.lockd import shared_admin_token
 from timeslice.testing.procs import ProcReaper
 
-
 shared_admin_token()        # lockd/agents the tests start and the tests' own clients share it
 
 

@@ -1,11 +1,14 @@
-"""Processes of the local cluster: spawn detached, log to a file, wait until ready, stop.
+"""One server process of a local cluster: spawn detached, log to a file, wait until ready, stop.
 
 Every child runs in a session of its own, so a Ctrl-C in the terminal reaches
 only the launcher, which then stops the children in order (agent, lockd,
 etcd). Nothing here kills a process at interpreter exit: with ``--detach``
-the cluster must outlive the launcher. A child is identified by pid *and*
-start time, so a stop issued later (``timeslice up --stop``) never signals a
-process that merely reuses the pid.
+the cluster must outlive the launcher (the test harness adds that on top).
+A child known only from ``cluster.json`` (another process started it) is
+identified by pid *and* start time (see ``pids``).
+
+The servers print one ``<TAG> key=value ...`` line once they serve (see
+``timeslice.common.logs``); every other line of their logs is a JSON event.
 """
 from __future__ import annotations
 
@@ -14,47 +17,34 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 
 from timeslice.common.logs import parse_ready
+from timeslice.launcher.pids import same_process, signal_tree, start_time, terminate
 
-
-def start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks (field 22 of /proc/<pid>/stat); None if gone or a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            rest = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError, IndexError, PermissionError):
-        return None
-    if rest[0] in ("Z", "X", "x"):
-        return None
-    return int(rest[19])
-
-
-def same_process(pid: int, started: int | None) -> bool:
-    now = start_time(pid)
-    return now is not None and (started is None or started == now)
+__all__ = ["Child", "ChildFailed", "ChildNotReady", "log_events", "read_ready_line", "same_process",
+           "start_time", "stop_all"]
 
 
 class ChildFailed(RuntimeError):
     """A child exited or did not get ready; the message carries its log's tail."""
 
 
-@dataclass
-class Child:
-    """One server process of the cluster."""
+class ChildNotReady(ChildFailed, TimeoutError):
+    """A child still runs but did not get ready in time."""
 
-    kind: str                      # etcd | lockd | nodeagent
-    name: str                      # m0, r1, the node name
-    argv: list[str]
-    log_path: str
-    env: dict[str, str] | None = None
-    proc: subprocess.Popen | None = None
-    pid: int = 0
-    started: int | None = None
-    log_offset: int = 0            # where this run's lines start in the (appended) log
-    info: dict = field(default_factory=dict)   # what readiness found out (port, backend, ...)
+
+class Child:
+    """One server process of the cluster: ``kind`` etcd | lockd | nodeagent, ``name`` m0, r1, a node."""
+
+    def __init__(self, kind: str, name: str, argv: list[str], log_path: str, env: dict[str, str] | None = None,
+                 *, pid: int = 0, started: int | None = None, info: dict | None = None):
+        self.kind, self.name, self.argv, self.log_path, self.env = kind, name, list(argv), log_path, env
+        self.proc: subprocess.Popen | None = None
+        self.pid = pid
+        self.started = started
+        self.log_offset = 0            # where this run's lines start in the (appended) log
+        self.info: dict = dict(info or {})   # what readiness found out (port, backend, ...)
 
     def spawn(self) -> Child:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
@@ -67,10 +57,14 @@ class Child:
                                    "argv": self.argv}) + "\n").encode())
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+                                         stderr=subprocess.STDOUT, env=self.spawn_env(), start_new_session=True)
         self.pid = self.proc.pid
         self.started = start_time(self.pid)
         return self
+
+    def spawn_env(self) -> dict[str, str] | None:
+        """The child's environment (None: ours)."""
+        return self.env
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -102,47 +96,32 @@ class Child:
             if interrupted():
                 raise KeyboardInterrupt
             if time.monotonic() >= deadline:
-                raise ChildFailed(f"{self.kind} {self.name} not ready after {timeout:.0f}s; "
-                                  f"last lines of {self.log_path}:\n{self.log_tail()}")
+                raise ChildNotReady(f"{self.kind} {self.name} not ready after {timeout:.0f}s; "
+                                    f"last lines of {self.log_path}:\n{self.log_tail()}")
             time.sleep(0.05)
 
-    def stop(self, grace: float) -> bool:
-        """SIGTERM (and SIGCONT, should it be paused), SIGKILL after ``grace`` s. True if it stopped by itself."""
-        if not self.alive():
-            self._reap()
-            return True
-        self._signal(signal.SIGTERM)
-        self._signal(signal.SIGCONT)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if not self.alive():
-                self._reap()
-                return True
-            time.sleep(0.05)
-        self._signal(signal.SIGKILL)
-        end = time.monotonic() + 10
-        while self.alive() and time.monotonic() < end:
-            time.sleep(0.05)
-        self._reap()
-        return False
+    def stop(self, grace: float) -> None:
+        """SIGTERM to its group (and SIGCONT, should it be paused), SIGKILL after ``grace`` s; reaped."""
+        stop_all([self], grace)
 
-    def _signal(self, sig: int) -> None:
-        # The child leads its own process group (start_new_session): signal the
-        # group, so helpers it forked go too.
-        try:
-            if os.getpgid(self.pid) == self.pid:
-                os.killpg(self.pid, sig)
-            else:
-                os.kill(self.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def _reap(self) -> None:
+    def handle(self) -> subprocess.Popen | int | None:
+        """What ``pids.terminate`` takes: our Popen, else the pid if it is still the same process."""
         if self.proc is not None:
-            try:
-                self.proc.wait(1)
-            except subprocess.TimeoutExpired:
-                pass
+            return self.proc
+        return self.pid if self.alive() else None
+
+    def kill(self) -> None:
+        """SIGKILL to its group: a crash, no chance to clean up; reaped."""
+        if self.proc is not None and self.proc.poll() is None:
+            signal_tree(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        elif self.proc is None and self.alive():
+            signal_tree(self.pid, signal.SIGKILL)
+
+    def signal(self, sig: int) -> None:
+        """``sig`` to its group (SIGSTOP/SIGCONT pause and resume it), if it still runs."""
+        if self.alive():
+            signal_tree(self.pid, sig)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "name": self.name, "pid": self.pid, "start_time": self.started,
@@ -151,8 +130,31 @@ class Child:
     @classmethod
     def from_dict(cls, d: dict) -> Child:
         info = {k: v for k, v in d.items() if k not in ("kind", "name", "pid", "start_time", "log", "argv")}
-        return cls(d["kind"], d["name"], list(d.get("argv", [])), d["log"], pid=int(d["pid"]),
-                   started=d.get("start_time"), info=info)
+        return Child(d["kind"], d["name"], list(d.get("argv", [])), d["log"], pid=int(d["pid"]),
+                     started=d.get("start_time"), info=info)
+
+
+def stop_all(children: list[Child], grace: float) -> None:
+    """Stop them together: all are signalled, then awaited, one grace period in all."""
+    handles = [h for h in (c.handle() for c in children) if h is not None]
+    if handles:
+        terminate(handles, grace)
+
+
+def log_events(path: str, offset: int = 0) -> Iterator[dict]:
+    """The JSON events of a server's log, from ``offset`` on (other lines are skipped)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            lines = f.readlines()
+    except FileNotFoundError:
+        return
+    for line in lines:
+        if line.startswith(b"{"):
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
 
 
 def read_ready_line(path: str, tag: bytes, offset: int = 0) -> dict | None:

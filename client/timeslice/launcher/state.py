@@ -18,6 +18,9 @@ import json
 import os
 from pathlib import Path
 
+from timeslice.launcher.etcd import probe_healthy
+from timeslice.launcher.procs import Child
+
 STATE_FILE = "cluster.json"
 VERSION = 1
 ENV_USER_STATE_DIR = "TIMESLICE_USER_STATE_DIR"
@@ -43,20 +46,27 @@ def candidates(log_dir: str | os.PathLike) -> list[Path]:
     return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
+def children(doc: dict) -> tuple[list[Child], list[Child], list[Child]]:
+    """(etcd members, lockd replicas, agents) of a state document, as handles on their pids."""
+    out: dict[str, list[Child]] = {"etcd": [], "lockd": [], "nodeagent": []}
+    for p in doc["processes"]:
+        out["etcd" if p["kind"] == "etcd" else "lockd" if p["kind"] == "lockd" else "nodeagent"].append(
+            Child.from_dict(p))
+    return out["etcd"], out["lockd"], out["nodeagent"]
+
+
 def is_running(doc: dict) -> bool:
     """Status ``running``, every etcd member and the agent alive and etcd healthy, a lockd replica alive."""
-    from timeslice.launcher.cluster import LocalCluster
     if doc.get("status") != "running" or doc.get("version") != VERSION:
         return False
     try:
-        c = LocalCluster.from_state(doc, progress=lambda _m: None)
+        etcd, lockd, agents = children(doc)
     except (KeyError, TypeError, ValueError):
         return False
-    h = c.health()
-    etcd_ok = all(v for k, v in h.items() if k.startswith("etcd"))
-    lockd_ok = any(v for k, v in h.items() if k.startswith("lockd"))
-    agent_ok = all(v for k, v in h.items() if k.startswith("nodeagent"))
-    return etcd_ok and lockd_ok and agent_ok and bool(c.etcd) and c.agent is not None
+    etcd_ok = all(m.alive() and probe_healthy(m) is not None for m in etcd)
+    lockd_ok = any(r.alive() for r in lockd)
+    agent_ok = all(a.alive() for a in agents)
+    return etcd_ok and lockd_ok and agent_ok and bool(etcd) and bool(agents)
 
 
 def find_running(log_dir: str | os.PathLike) -> tuple[Path, dict] | None:

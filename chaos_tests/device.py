@@ -1,0 +1,104 @@
+"""A chaos client's GPU worker on the SIMULATED device (``client_proc.py --sim-bytes``).
+
+The client process registers itself on the node's simulated device
+(``timeslice.nodeagent.sim``); with its first grant it allocates and fills an arena and
+registers as the job's worker with lockd; in every later critical section it
+checks that its device bytes are exactly what it left there (the node agent
+may have snapshotted and restored them in between), recording a
+``data_check``, then changes them. Device calls block (while the context is
+away), so they run in a thread: the job's keepalive goes on meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import os
+import random
+import time
+
+import grpc
+
+from chaos_tests.history import HistoryRecorder
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.testing.rawjob import GiveUp, RawJob
+
+
+class SimWorkerDevice:
+    def __init__(self, a: argparse.Namespace, job: RawJob, rec: HistoryRecorder):
+        from timeslice.nodeagent.sim.client import SimDeviceClient
+
+        self.a, self.job, self.rec = a, job, rec
+        self.dev = SimDeviceClient.open(a.sim_dir)    # the arena comes with the first grant
+        self.expected_sha = ""
+        self.lost = False
+
+    def _short(self) -> float:
+        return 2 * len(self.job.targets) * self.a.rpc_timeout
+
+    async def register(self) -> None:
+        """Tell lockd this process holds the job's device memory (once it does)."""
+        if not self.expected_sha:
+            return
+        await self.job.call("RegisterWorker", pb.WorkerRequest(
+            job_id=self.a.job, session_secret=self.job.secret, node=self.a.node, pid=os.getpid(),
+            device_bytes=self.a.sim_bytes), timeout=self._short())
+
+    async def touch(self, group: str, token: int) -> None:
+        """Check that the device bytes survived since our last section, then change them."""
+        if not self.expected_sha:
+            await self._first_fill(group)
+        elif not self.lost:
+            await asyncio.to_thread(self._check_and_stamp, group, token)
+
+    def _fill(self) -> None:
+        self.dev.alloc(self.a.sim_bytes, timeout_s=self.a.device_timeout)
+        data = random.Random(self.a.seed).randbytes(self.a.sim_bytes)
+        with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
+            mem[:] = data
+        self.expected_sha = hashlib.sha256(data).hexdigest()
+
+    async def _first_fill(self, group: str) -> None:
+        """First grant: the scheduler made room; allocate, fill, and tell lockd about it.
+
+        The section lasts until the node agent reports the allocation (free
+        device memory dropped by our bytes), as a job's first phase would keep
+        the GPU while loading: the leader decides later swaps from that report.
+        """
+        await asyncio.to_thread(self._fill)
+        await self.register()
+        deadline = time.monotonic() + self.a.device_timeout
+        while time.monotonic() < deadline:
+            try:
+                st = await self.job.call("GetGroupStatus", pb.GroupRef(group_id=group), timeout=self._short())
+                ns = next((n for n in st.node_status if n.node == self.a.node), None)
+                if ns is not None and ns.agent_alive and ns.device_free_bytes <= ns.device_total_bytes - self.a.sim_bytes:
+                    return
+            except (grpc.aio.AioRpcError, GiveUp):
+                pass
+            await asyncio.sleep(0.05)
+        self.job.log(f"agent did not report our {self.a.sim_bytes} bytes within {self.a.device_timeout}s")
+
+    def _check_and_stamp(self, group: str, token: int) -> None:
+        try:
+            with self.dev.compute(timeout_s=self.a.device_timeout) as mem:
+                # Touching a mapping whose file shrank would kill us with SIGBUS:
+                # look first, so that a lost context is a recorded failure, not a crash.
+                size = os.path.getsize(self.dev.dev.arena(self.dev.pid))
+                if size < self.a.sim_bytes:
+                    self.lost = True
+                    self.rec.data_check(group, False, f"device memory gone: the arena holds {size} of "
+                                        f"{self.a.sim_bytes} bytes in a granted section", token=token)
+                    return
+                got, want = hashlib.sha256(mem).hexdigest(), self.expected_sha
+                ok = got == want
+                stamp = f"{self.a.job}:{token}".encode().ljust(32, b".")
+                off = (token * 4099) % (len(mem) - 32)
+                mem[off:off + 32] = stamp
+                self.expected_sha = hashlib.sha256(mem).hexdigest()
+            self.rec.data_check(group, ok, "device bytes intact" if ok else
+                                f"device sha256 {got[:16]} != expected {want[:16]}", token=token)
+        except TimeoutError as e:
+            # The grant came while our context was not on the device.
+            self.rec.data_check(group, False, f"device not usable {self.a.device_timeout}s into the "
+                                f"section: {e}", token=token)

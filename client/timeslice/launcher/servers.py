@@ -1,0 +1,173 @@
+"""The project's servers as children: lockd replicas and node agents, and who leads.
+
+Each is ``python -m timeslice.lockd.cli serve ...`` / ``python -m timeslice.nodeagent.cli serve ...``
+on a loopback port (0: a free one, which the server reports), logging JSON to
+its own file; ready once it prints ``LOCKD_READY port=N`` /
+``NODEAGENT_READY port=N node=NAME backend=B``. The command line is built
+when the process is spawned, so a restart picks up changed settings.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Callable, Iterable
+
+from timeslice.common.keys import prefix_range_end
+from timeslice.common.netutil import http_json
+from timeslice.launcher.procs import Child, log_events, read_ready_line
+
+
+def _metrics(port: int | None) -> list[str]:
+    # None: no metrics endpoint (tests start many servers; none needs one)
+    return ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if port else ["--metrics-port", "-1"]
+
+
+class LockdReplica(Child):
+    """One lockd replica against ``etcd_endpoints``, serving on ``host:listen_port``."""
+
+    def __init__(self, replica_id: str, etcd_endpoints: str, prefix: str, log_path: str, *,
+                 host: str = "127.0.0.1", listen_port: int = 0, metrics_port: int | None = None,
+                 extra: Iterable[str] = (), env: dict[str, str] | None = None, python: str = sys.executable,
+                 wrapper: Iterable[str] = ()):
+        super().__init__("lockd", replica_id, [], log_path, env)
+        self.etcd_endpoints, self.prefix, self.host, self.listen_port = etcd_endpoints, prefix, host, listen_port
+        self.metrics_port, self.extra, self.python = metrics_port, list(extra), python
+        self.wrapper = list(wrapper)   # e.g. ``ip netns exec NS``: it execs the server (same pid)
+        if metrics_port:
+            self.info["metrics_port"] = metrics_port
+
+    @property
+    def replica_id(self) -> str:
+        return self.name
+
+    @property
+    def port(self) -> int:
+        """The port it serves on (0 until it said so)."""
+        return int(self.info.get("port") or 0)
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [*self.wrapper, self.python, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.etcd_endpoints,
+                "--prefix", self.prefix, "--listen", f"{self.host}:{self.listen_port}", *_metrics(self.metrics_port),
+                "--replica-id", self.replica_id, *self.extra]
+
+    def spawn(self) -> LockdReplica:
+        self.argv = self.command()
+        super().spawn()
+        return self
+
+    def wait_serving(self, timeout: float, interrupted: Callable[[], bool] = lambda: False) -> dict:
+        return self.wait_ready(probe_lockd, timeout, interrupted)
+
+
+class NodeAgent(Child):
+    """The node agent of ``node``; ``state_dir`` is where it keeps what must survive a restart."""
+
+    def __init__(self, node: str, etcd_endpoints: str, prefix: str, log_path: str, *, state_dir: str,
+                 backend: str = "sim", listen_port: int = 0, metrics_port: int | None = None,
+                 sim_dir: str | None = None, sim_capacity_bytes: int | None = None,
+                 sim_checkpoint_gbps: float | None = None, sim_restore_gbps: float | None = None,
+                 channel_socket: str | None = None, extra: Iterable[str] = (), env: dict[str, str] | None = None,
+                 python: str = sys.executable):
+        super().__init__("nodeagent", node, [], log_path, env)
+        self.etcd_endpoints, self.prefix, self.state_dir, self.backend = etcd_endpoints, prefix, state_dir, backend
+        self.listen_port, self.metrics_port, self.python = listen_port, metrics_port, python
+        self.sim_dir = sim_dir
+        self.sim = {"--sim-capacity-bytes": sim_capacity_bytes, "--sim-checkpoint-gbps": sim_checkpoint_gbps,
+                    "--sim-restore-gbps": sim_restore_gbps}
+        self.channel_socket, self.extra = channel_socket, list(extra)
+        self.info.update(node=node)
+        if metrics_port:
+            self.info["metrics_port"] = metrics_port
+
+    @property
+    def node(self) -> str:
+        return self.name
+
+    @property
+    def port(self) -> int:
+        return int(self.info.get("port") or 0)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        argv = [self.python, "-m", "timeslice.nodeagent.cli", "serve", "--node", self.node,
+                "--etcd-endpoints", self.etcd_endpoints, "--prefix", self.prefix,
+                "--listen", f"127.0.0.1:{self.listen_port}", *_metrics(self.metrics_port),
+                "--backend", self.backend, "--state-dir", self.state_dir]
+        if self.sim_dir:
+            argv += ["--sim-dir", self.sim_dir]
+        for flag, value in self.sim.items():
+            if value is not None:
+                argv += [flag, repr(value) if isinstance(value, float) else str(value)]
+        if self.channel_socket and "--channel-socket" not in self.extra:
+            argv += ["--channel-socket", self.channel_socket]
+        return argv + self.extra
+
+    def spawn(self) -> NodeAgent:
+        self.argv = self.command()
+        super().spawn()
+        return self
+
+    def wait_serving(self, timeout: float, interrupted: Callable[[], bool] = lambda: False) -> dict:
+        return self.wait_ready(probe_agent, timeout, interrupted)
+
+
+# -- readiness probes (Child -> info dict, or None while not ready) ------------------------------
+
+def probe_lockd(r: Child) -> dict | None:
+    got = read_ready_line(r.log_path, b"LOCKD_READY", r.log_offset)
+    return {"port": int(got["port"])} if got else None
+
+
+def probe_agent(a: Child) -> dict | None:
+    got = read_ready_line(a.log_path, b"NODEAGENT_READY", a.log_offset)
+    if not got:
+        return None
+    info = {"port": int(got["port"]), "backend": got.get("backend", "?")}
+    why = _event_field(a, "agent_started", "why") or _event_field(a, "backend_picked", "why")
+    if why:
+        info["why"] = why
+    return info
+
+
+def _event_field(c: Child, event: str, key: str) -> str | None:
+    for ev in log_events(c.log_path, c.log_offset):
+        if ev.get("event") == event and key in ev:
+            return str(ev[key])
+    return None
+
+
+# -- who leads ---------------------------------------------------------------------------------------
+
+def read_leader(etcd_ports: Iterable[int], prefix: str, timeout: float = 1.0) -> dict | None:
+    """``{"replica", "epoch"}`` of the lowest election key under <prefix>leader/, or None if there is none.
+
+    Read over etcd's JSON gateway (a linearizable range), from the first member that answers.
+    """
+    key = (prefix + "leader/").encode()
+    body = json.dumps({"key": _b64(key), "range_end": _b64(prefix_range_end(key))}).encode()
+    for port in etcd_ports:
+        reply = http_json(port, "/v3/kv/range", body, timeout)
+        if reply is None:
+            continue
+        kvs = reply.get("kvs") or []
+        if not kvs:
+            return None
+        head = min(kvs, key=lambda kv: int(kv["create_revision"]))
+        try:
+            who = json.loads(base64.b64decode(head["value"])).get("replica", "?")
+        except ValueError:
+            who = "?"
+        return {"replica": who, "epoch": int(head["create_revision"])}
+    return None
+
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode()
