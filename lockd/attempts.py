@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from timeslice.lockd.errors import Superseded
 from timeslice.common.errors import EtcdUnavailable, LockError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.keys import Keys
+from timeslice.lockd.errors import Superseded
 
 #: Tries of the compare-and-swap before giving up (UNAVAILABLE: the client re-sends).
 #: Each failed try means a concurrent write to this job's entry, which only the job's

@@ -6,10 +6,10 @@ import asyncio
 import os
 import sys
 
-from timeslice.lockd import config as C
 from timeslice.common import logs
-from timeslice.common.version import __version__
 from timeslice.common.errors import ConfigError
+from timeslice.common.version import __version__
+from timeslice.lockd import config as C
 
 
 def _run(coro) -> None:

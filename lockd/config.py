@@ -11,8 +11,6 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from timeslice.lockd.plan import Policy
-from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
 from timeslice.common import defaults as D
 from timeslice.common.auth import load_admin_token
 from timeslice.common.errors import ConfigError
@@ -20,7 +18,10 @@ from timeslice.common.etcd.client import EtcdConfig
 from timeslice.common.etcd.timing import ElectionTiming
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
-from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config, parse_bool as _bool
+from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config
+from timeslice.common.serving import parse_bool as _bool
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,17 @@
 """Groups: create, delete, list, and the status picture (from this replica's mirror)."""
 from __future__ import annotations
 
-from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
-from timeslice.lockd.index import StateIndex
-from timeslice.lockd.plan import residency
-from timeslice.lockd.revocations import Revocations
-from timeslice.proto import lockd_pb2 as pb
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
+from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.plan import residency
+from timeslice.lockd.revocations import Revocations
+from timeslice.proto import lockd_pb2 as pb
 
 MAX_NODES = 1024             # nodes in one group
 MAX_GPUS_PER_NODE = 64       # GPU indexes per node of a group, each in 0..MAX_GPU_INDEX

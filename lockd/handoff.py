@@ -20,12 +20,12 @@ import dataclasses
 
 from aetcd import rpc
 
-from timeslice.lockd import plan as P
-from timeslice.lockd.index import StateIndex
 from timeslice.common import records as R
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.election import Leadership
 from timeslice.common.keys import Keys
+from timeslice.lockd import plan as P
+from timeslice.lockd.index import StateIndex
 
 
 def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.WriteGrant | None:

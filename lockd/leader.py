@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 
-from timeslice.lockd.index import StateIndex
-from timeslice.lockd.metrics import Metrics
-from timeslice.lockd.plan import Policy
-from timeslice.lockd.scheduler import Scheduler
 from timeslice.common.errors import TimesliceError
 from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd.client import EtcdClient
@@ -25,6 +21,10 @@ from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.etcd.timing import ElectionTiming
 from timeslice.common.keys import Keys
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.scheduler import Scheduler
 
 log = structlog.get_logger("lockd.leader")
 

@@ -19,17 +19,11 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from aetcd import rpc
 
-from timeslice.lockd.attempts import AttemptFence
-from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
-from timeslice.lockd import handoff as H
-from timeslice.lockd.index import StateIndex
-from timeslice.lockd.plan import Policy
-from timeslice.lockd.waiters import Waiters
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
 from timeslice.common.etcd import ops
@@ -39,6 +33,12 @@ from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.queue import FifoQueue
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
+from timeslice.lockd import handoff as H
+from timeslice.lockd.attempts import AttemptFence
+from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.plan import Policy
+from timeslice.lockd.waiters import Waiters
 
 
 @dataclass(frozen=True)

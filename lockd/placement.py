@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from timeslice.lockd.index import JobState
 from timeslice.common import records as R
+from timeslice.lockd.index import JobState
 
 
 @dataclass
@@ -41,7 +41,7 @@ class NodeView:
     _regs: dict[int, list[R.WorkerValue]] = field(default_factory=dict)   # id(JobState) -> its workers here
 
     @classmethod
-    def of(cls, node: str, agent: R.AgentValue | None) -> "NodeView":
+    def of(cls, node: str, agent: R.AgentValue | None) -> NodeView:
         v = cls(node, agent)
         for g in (agent.gpus if agent else ()):
             try:

@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from timeslice.lockd.index import GroupState, JobState, NodeState
-from timeslice.lockd import strict as S
-from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
 from timeslice.common import records as R
+from timeslice.lockd import strict as S
+from timeslice.lockd.index import GroupState, JobState, NodeState
+from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
 
 
 @dataclass(frozen=True)
@@ -207,12 +207,10 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if evict:
             # How much each must free: a cooperative worker then releases only that much
             # (discard regions first); 0 = everything (unknown need, or a refused restore).
-            def room(j: str) -> int:
-                if need is None or refused_restore is not None:
-                    return 0
-                return sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes))
-                           for g in short & residents[j])
-            actions += [_intent(ns, node, j, R.SNAPSHOT, token, room(j)) for j in evict]
+            room = {j: 0 if need is None or refused_restore is not None else
+                    sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
+                    for j in evict}
+            actions += [_intent(ns, node, j, R.SNAPSHOT, token, room[j]) for j in evict]
             pending = True
             continue
         freeze = S.to_freeze(spec.isolation, ns, node, view.group_gpus(entry), residents, token, view, holding)

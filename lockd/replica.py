@@ -5,6 +5,13 @@ import asyncio
 
 import structlog
 
+from timeslice.common import records as R
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.election import Leadership
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.watch import WatchEvent
+from timeslice.common.keys import Keys
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.groups import Groups
 from timeslice.lockd.index import StateIndex
@@ -14,13 +21,6 @@ from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.sessions import Sessions
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.workers import Workers
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
 
 log = structlog.get_logger("lockd.replica")
 

@@ -14,12 +14,12 @@ looks for a notice); a KeepAlive pays one small keys-only read.
 """
 from __future__ import annotations
 
-from timeslice.lockd.errors import GroupRevoked
 from timeslice.common import records as R
 from timeslice.common.errors import EtcdLeaseGone
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.keys import Keys
+from timeslice.lockd.errors import GroupRevoked
 
 MAX_LISTED = 64      # revoked groups a KeepAlive reply lists
 BATCH = 64          # puts per transaction: etcd refuses a txn of more than --max-txn-ops (128) operations

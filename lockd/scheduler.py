@@ -12,16 +12,16 @@ import time
 
 import structlog
 
-from timeslice.lockd import plan as P
-from timeslice.lockd.cleanup import plan_cleanup
-from timeslice.lockd.index import StateIndex
-from timeslice.lockd.metrics import Metrics
 from timeslice.common import records as R
 from timeslice.common.errors import NotLeader, OutcomeUnknown, TimesliceError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.election import Leadership
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.keys import Keys
+from timeslice.lockd import plan as P
+from timeslice.lockd.cleanup import plan_cleanup
+from timeslice.lockd.index import StateIndex
+from timeslice.lockd.metrics import Metrics
 
 log = structlog.get_logger("lockd.scheduler")
 

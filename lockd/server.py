@@ -9,14 +9,14 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from timeslice.common import logs
+from timeslice.common.auth import Authority, Gate, load_admin_token
+from timeslice.common.grpc_metrics import GrpcServerMetrics
+from timeslice.common.serving import health_loop
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.replica import Replica
 from timeslice.lockd.servicer import LockdServicer
 from timeslice.proto import lockd_pb2_grpc as pbg
-from timeslice.common.auth import Authority, Gate, load_admin_token
-from timeslice.common import logs
-from timeslice.common.grpc_metrics import GrpcServerMetrics
-from timeslice.common.serving import health_loop
 
 log = structlog.get_logger("lockd.server")
 SERVICE_NAME = "timeslice.v1.Lockd"

@@ -11,13 +11,13 @@ import time
 
 import structlog
 
+from timeslice.common.errors import LockError, TimesliceError
+from timeslice.common.serving import bounded, rpc, status_of
 from timeslice.lockd import peers
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
-from timeslice.common.errors import LockError, TimesliceError
-from timeslice.common.serving import bounded, rpc, status_of
 
 log = structlog.get_logger("lockd.rpc")
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time

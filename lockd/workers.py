@@ -6,15 +6,15 @@ them to know which pids to snapshot and restore.
 """
 from __future__ import annotations
 
-from timeslice.lockd.errors import LimitExceeded, NotOwner
-from timeslice.lockd.index import StateIndex
-from timeslice.proto import lockd_pb2 as pb
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
+from timeslice.lockd.errors import LimitExceeded, NotOwner
+from timeslice.lockd.index import StateIndex
+from timeslice.proto import lockd_pb2 as pb
 
 MAX_PID = 2**22          # Linux pid_max upper bound
 MAX_GPUS = 64            # GPU indexes per worker

@@ -22,13 +22,21 @@ from pathlib import Path
 
 import structlog
 
+from timeslice.channel import default_socket_path
+from timeslice.common import records as R
+from timeslice.common.errors import ConfigError, TimesliceError
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.etcd.mirror import Reflector
+from timeslice.common.etcd.session import Session
+from timeslice.common.keys import Keys
+from timeslice.nodeagent import attest, fencing
 from timeslice.nodeagent import intents as I
+from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.backends.swapper import Swapper
-from timeslice.nodeagent import attest, fencing
-from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.discovery import local_registered_pids
@@ -42,14 +50,6 @@ from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
-from timeslice.common import records as R
-from timeslice.common.errors import ConfigError, TimesliceError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.session import Session
-from timeslice.common.keys import Keys
-from timeslice.channel import default_socket_path
 
 log = structlog.get_logger("nodeagent.agent")
 
@@ -168,7 +168,7 @@ class Agent:
             r = await self.client.range(ops.range_req(self.keys.session(job)))
             try:
                 digest = R.SessionValue.load(r.kvs[0].value).secret_sha256 if r.kvs else None
-            except Exception:  # noqa: BLE001 - not a session value: no session
+            except Exception:
                 digest = None
         if digest is None:
             return f"job {job!r} has no live session"
@@ -203,7 +203,7 @@ class Agent:
         try:
             async with self.runner.lock(info.job):
                 await asyncio.to_thread(unfreeze)
-        except Exception as e:  # noqa: BLE001 - gone already, most likely
+        except Exception as e:
             log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
 
     def _swapper(self, pid: int) -> Swapper | None:
@@ -283,7 +283,7 @@ class Agent:
                     delay = 0.1
                 except asyncio.CancelledError:
                     raise
-                except Exception as e:  # noqa: BLE001 - etcd down, a bug: retry the intent later
+                except Exception as e:
                     log.exception("intent_retry", **intent.log_ctx(), error=str(e))
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -298,7 +298,7 @@ class Agent:
         for kv in r.kvs:
             try:
                 out.append(R.WorkerValue.load(kv.value))
-            except Exception:  # noqa: BLE001 - a malformed registration names no process
+            except Exception:
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
         return out
 

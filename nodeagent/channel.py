@@ -30,11 +30,11 @@ from pathlib import Path
 
 import structlog
 
-from timeslice.nodeagent.backends import procfs
 from timeslice import channel as C
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
+from timeslice.nodeagent.backends import procfs
 
 log = structlog.get_logger("nodeagent.channel")
 

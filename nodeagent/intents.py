@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
+from timeslice.common import records as R
 from timeslice.nodeagent.backends.ops import JobResult, Outcome
 from timeslice.nodeagent.picture import Picture
-from timeslice.common import records as R
 
 RUN, REPORT, REFUSE = "run", "report", "refuse"
 # The status state while an op runs. A freeze or thaw moves nothing: the state says where the job
@@ -41,10 +41,10 @@ class Intent:
     error: str = ""                    # why the value could not be used
 
     @classmethod
-    def from_kv(cls, job: str, kv: rpc.KeyValue) -> "Intent":
+    def from_kv(cls, job: str, kv: rpc.KeyValue) -> Intent:
         try:
             v = R.IntentValue.load(kv.value)
-        except Exception as e:  # noqa: BLE001 - whatever is in the key, the answer is a refusal
+        except Exception as e:
             return cls(job, kv.mod_revision, None, f"unreadable intent: {e}")
         if v.op not in IN_PROGRESS:
             return cls(job, kv.mod_revision, v, f"unknown op {str(v.op)[:32]!r}; expected one of {sorted(R.OPS)}")

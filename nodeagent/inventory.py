@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from timeslice.common import records as R
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.errors import BackendError
 from timeslice.nodeagent.hostmem import HostMemory
-from timeslice.common import records as R
 
 if TYPE_CHECKING:   # for the annotation only: the module is imported on first use (_nvml_gpus)
     from timeslice.nodeagent.backends.nvml import Nvml
@@ -58,7 +58,7 @@ class Inventory:
         try:
             return [{"index": g.index, "uuid": g.uuid, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes}
                     for g in self._nvml.gpus()]
-        except Exception as e:  # noqa: BLE001 - NVML errors must not stop the liveness key
+        except Exception as e:
             log.warning("nvml_query_failed", error=str(e))
             return None
 

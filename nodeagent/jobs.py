@@ -25,7 +25,7 @@ def load_status(raw: bytes) -> R.StatusValue | None:
     """A status value, or None if the key holds something else (never crash on a bad key)."""
     try:
         return R.StatusValue.load(raw)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -103,7 +103,7 @@ class LocalJobs:
             if hit:
                 try:
                     out[hit[1]] = (hit[0], R.WorkerValue.load(kv.value))
-                except Exception:  # noqa: BLE001 - a malformed registration names no process
+                except Exception:
                     continue
         self._workers_cache = (rev, out)
         return out
@@ -115,7 +115,7 @@ class LocalJobs:
             return None
         try:
             return R.SessionValue.load(kv.value).secret_sha256
-        except Exception:  # noqa: BLE001
+        except Exception:
             return None
 
     def remembered(self, job: str) -> set[int]:

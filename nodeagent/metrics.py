@@ -69,7 +69,7 @@ def nvml_utilization() -> dict[str, float] | None:
         return None
     try:
         return n.utilization()
-    except Exception:  # noqa: BLE001 - a scrape must not fail because one NVML call did
+    except Exception:
         return None
     finally:
         n.close()

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from timeslice.common import records as R
+from timeslice.common.errors import InvalidIdError, TimesliceError
+from timeslice.common.ids import check_id
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.jobs import load_status
 from timeslice.nodeagent.protected import protected_reason
-from timeslice.common import records as R
-from timeslice.common.errors import InvalidIdError, TimesliceError
-from timeslice.common.ids import check_id
 
 log = structlog.get_logger("nodeagent.operations")
 
@@ -140,7 +140,7 @@ class Operations:
         except asyncio.CancelledError:
             o.state, o.error = FAILED, "the agent stopped during the operation"
             raise
-        except Exception as e:  # noqa: BLE001 - reported through GetOperation
+        except Exception as e:
             log.exception("direct_op_failed", operation=o.operation_id)
             if o.state != DONE:
                 o.state, o.error = FAILED, f"{type(e).__name__}: {e}"

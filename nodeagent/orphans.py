@@ -99,7 +99,7 @@ class Orphans:
         os.replace(tmp, path)
 
     @classmethod
-    def load(cls, path: Path) -> "Orphans":
+    def load(cls, path: Path) -> Orphans:
         o = cls()
         try:
             o.frozen = {int(p): str(j) for p, j in json.loads(path.read_text()).items()}

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.common import records as R
+from timeslice.nodeagent.backends.base import Backend, ProcState
 
 _ON_DEVICE = (ProcState.RUNNING, ProcState.LOCKED)
 _IN_FLIGHT = (ProcState.CHECKPOINTED, ProcState.LOCKED, ProcState.FAILED)

@@ -25,12 +25,12 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aetcd import rpc
 
-from timeslice.nodeagent.intents import Intent
 from timeslice.common import records as R
 from timeslice.common.errors import EtcdError, EtcdUnavailable, OutcomeUnknown
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.keys import Keys
+from timeslice.nodeagent.intents import Intent
 
 log = structlog.get_logger("nodeagent.reporter")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from timeslice.common import records as R
 from timeslice.nodeagent import picture as P
 from timeslice.nodeagent.backends import freezing, ops
 from timeslice.nodeagent.backends.base import Backend, ProcState
@@ -24,7 +25,6 @@ from timeslice.nodeagent.backends.errors import AdmissionRefused, SizeUnknown
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 from timeslice.nodeagent.intents import moved_bytes, outcome_of
 from timeslice.nodeagent.metrics import Metrics
-from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.runner")
 
@@ -122,7 +122,7 @@ class Runner:
                 if prepare is not None:
                     await asyncio.to_thread(prepare, op, list(pids), isolation, need_bytes)
                 res, rollback = await asyncio.to_thread(self._run, op, list(pids))
-            except Exception as e:  # noqa: BLE001 - a bug or an I/O error becomes the job's report
+            except Exception as e:
                 log.exception("op_crashed", op=op, job=job, pids=list(pids))
                 kind = ops.Outcome.REFUSED if isinstance(e, AdmissionRefused) else ops.Outcome.FAILED
                 res, rollback = ops.JobResult(op, [ops.PidResult(p, kind, ProcState.UNKNOWN, ProcState.UNKNOWN,

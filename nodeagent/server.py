@@ -14,16 +14,16 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from timeslice.common import logs
+from timeslice.common.auth import Authority, Gate, load_admin_token
+from timeslice.common.etcd import ops
+from timeslice.common.grpc_metrics import GrpcServerMetrics
+from timeslice.common.serving import health_loop
 from timeslice.nodeagent.agent import Agent
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.operations import Operations
 from timeslice.nodeagent.servicer import NodeAgentServicer
-from timeslice.common.etcd import ops
 from timeslice.proto import nodeagent_pb2_grpc as pbg
-from timeslice.common.auth import Authority, Gate, load_admin_token
-from timeslice.common import logs
-from timeslice.common.grpc_metrics import GrpcServerMetrics
-from timeslice.common.serving import health_loop
 
 log = structlog.get_logger("nodeagent.server")
 SERVICE_NAME = "timeslice.v1.NodeAgent"

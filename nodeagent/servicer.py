@@ -9,12 +9,12 @@ caller holding the token.
 """
 from __future__ import annotations
 
-from timeslice.nodeagent.operations import Operation, Operations
-from timeslice.proto import nodeagent_pb2 as pb
-from timeslice.proto import nodeagent_pb2_grpc as pbg
 from timeslice.common import records as R
 from timeslice.common.auth import Authority
 from timeslice.common.serving import rpc
+from timeslice.nodeagent.operations import Operation, Operations
+from timeslice.proto import nodeagent_pb2 as pb
+from timeslice.proto import nodeagent_pb2_grpc as pbg
 
 
 def _op(o: Operation) -> pb.Operation:

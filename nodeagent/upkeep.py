@@ -20,12 +20,12 @@ import asyncio
 
 import structlog
 
+from timeslice.common import records as R
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.inventory import differs
 from timeslice.nodeagent.jobs import load_status
 from timeslice.nodeagent.picture import Picture, take
-from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.upkeep")
 
@@ -76,7 +76,7 @@ class Upkeep:
             # drops it from the running jobs, which is what lets the leader grant past it.
             try:
                 await a.fence()
-            except Exception as e:  # noqa: BLE001 - never stop reporting for it
+            except Exception as e:
                 log.error("fence_failed", error=str(e)[:300])
             pictures = await self.pictures()
             value = await self.agent_value(pictures)
@@ -135,7 +135,7 @@ class Upkeep:
                     await asyncio.to_thread(reap)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 - keep refreshing whatever happens
+            except Exception as e:
                 a.metrics.etcd_connected.set(0)
                 log.warning("refresh_failed", error=str(e))
 
@@ -149,5 +149,5 @@ class Upkeep:
                 try:
                     await asyncio.to_thread(a.backend.unlock, pid)
                     log.warning("reconcile_unlocked", job=job, pid=pid)
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     log.error("reconcile_unlock_failed", job=job, pid=pid, error=str(e))

@@ -130,7 +130,7 @@ def _safe_deserializer(deser):
     def parse(data: bytes):
         try:
             return deser(data)
-        except Exception:  # noqa: BLE001 - any parse failure is the caller's malformed bytes
+        except Exception:
             return _Malformed(name)
     return parse
 

@@ -24,7 +24,7 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
         labels = ["grpc_service", "grpc_method", "grpc_type"]
         self.started = Counter("grpc_server_started_total", "RPCs started on the server", labels, registry=registry)
         self.handled = Counter("grpc_server_handled_total", "RPCs completed on the server, by status code",
-                               labels + ["grpc_code"], registry=registry)
+                               [*labels, "grpc_code"], registry=registry)
         self.seconds = Histogram("grpc_server_handling_seconds", "Time from an RPC's start to its end",
                                  labels, buckets=LATENCY_BUCKETS, registry=registry)
 

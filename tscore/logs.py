@@ -19,7 +19,7 @@ from __future__ import annotations
 import json as _json
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import structlog
@@ -70,7 +70,7 @@ def configure(component: str, level: str = "info", json: bool = True, stream=Non
     stream = stream or sys.stderr
     renderer = structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
     structlog.configure(
-        processors=_shared() + [renderer],
+        processors=[*_shared(), renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         logger_factory=structlog.PrintLoggerFactory(stream),
         cache_logger_on_first_use=True,
@@ -84,7 +84,7 @@ def configure(component: str, level: str = "info", json: bool = True, stream=Non
     # The standard library's records (grpc, aetcd, asyncio) through the same renderer.
     handler = logging.StreamHandler(stream)
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=_shared() + [structlog.stdlib.add_logger_name, _stdlib_event],
+        foreign_pre_chain=[*_shared(), structlog.stdlib.add_logger_name, _stdlib_event],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer]))
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -93,7 +93,7 @@ def configure(component: str, level: str = "info", json: bool = True, stream=Non
     root.setLevel(max(lvl, logging.WARNING))   # libraries: their warnings and errors
 
 
-def _stdlib_event(_logger, _name, event: dict) -> dict:
+def _stdlib_event(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """A library's message is free text: keep it under ``message``, the event is ``library_log``."""
     event["message"] = str(event.get("event", ""))[:_MAX_TEXT]
     event["event"] = "library_log"

@@ -25,9 +25,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from timeslice.errors import TimesliceClientError
 from timeslice.common.defaults import ENV_TARGET
 from timeslice.common.version import __version__
+from timeslice.errors import TimesliceClientError
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
 COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_up", "timeslice.cli_demo"]
@@ -113,7 +113,7 @@ def running_local_cluster():
         from timeslice.launcher.settings import load
         from timeslice.launcher.state import find_running_anywhere
         return find_running_anywhere(load()[0].log_dir)
-    except Exception:  # noqa: BLE001 - no launcher, no readable state: the plain default
+    except Exception:
         return None
 
 

@@ -15,8 +15,8 @@ timeline.png (its path is printed last).
 from __future__ import annotations
 
 import argparse
-import os
 import json
+import os
 import signal
 import sys
 import time
@@ -98,7 +98,7 @@ def _gpu_name() -> str:
             return name.decode() if isinstance(name, bytes) else str(name)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - only a label
+    except Exception:
         return "(name unknown)"
 
 

@@ -21,11 +21,11 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from timeslice.errors import InvalidArgumentError
-from timeslice.retry import RetryPolicy
 from timeslice.common import defaults as D
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import MAX_ID_LEN, check_id
+from timeslice.errors import InvalidArgumentError
+from timeslice.retry import RetryPolicy
 
 MIN_TTL, MAX_TTL = 3, 300
 DEFAULT_TTL = 10

@@ -157,7 +157,7 @@ class CooperativeWorker:
         log.info("cooperative_connected", job=self.job_id, pid=self.pid, socket=self.path, paused=self.paused)
         return self.pid
 
-    def start(self) -> "CooperativeWorker":
+    def start(self) -> CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
         if self._sock is None:
             self.connect()
@@ -230,7 +230,7 @@ class CooperativeWorker:
                 else:
                     return {"type": "done", "id": rid, "ok": False, "code": "INVALID_ARGUMENT",
                             "error": f"unknown request {str(kind)[:40]!r}", **self._state()}
-            except Exception as e:  # noqa: BLE001 - the agent reports it to the waiting job
+            except Exception as e:
                 log.exception("cooperative_request_failed", job=self.job_id, request=kind)
                 return {"type": "done", "id": rid, "ok": False, "code": "INTERNAL",
                         "error": f"{type(e).__name__}: {str(e)[:500]}",

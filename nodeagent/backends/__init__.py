@@ -22,7 +22,7 @@ log = structlog.get_logger("nodeagent.backends")
 
 NAMES = ("cuda-driver", "cuda-cli", "sim")
 
-__all__ = ["Backend", "ProcState", "pick_backend", "NAMES"]
+__all__ = ["NAMES", "Backend", "ProcState", "pick_backend"]
 
 
 def _build(cls, opts: dict):

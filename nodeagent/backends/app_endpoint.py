@@ -37,6 +37,7 @@ from urllib.parse import urlencode
 import structlog
 import tenacity
 
+from timeslice.common import records as R
 from timeslice.nodeagent.backends import procfs
 from timeslice.nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
 from timeslice.nodeagent.backends.base import DeviceMeter
@@ -47,7 +48,6 @@ from timeslice.nodeagent.backends.swapper import (
     SwapReport,
     SwapState,
 )
-from timeslice.common import records as R
 
 log = structlog.get_logger("nodeagent.backends.app_endpoint")
 

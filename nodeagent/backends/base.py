@@ -124,7 +124,7 @@ class Backend(abc.ABC):
         usage = self.snapshot_usage(pid)
         return None if usage is None else sum(usage.values())
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
         """Release what the backend holds (library handles, files). Idempotent."""
 
     def describe(self) -> dict:

@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
+from timeslice.common import records as R
 from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
-from timeslice.nodeagent.backends.swapper import SwapState, Swapper
-from timeslice.common import records as R
+from timeslice.nodeagent.backends.swapper import Swapper, SwapState
 
 log = structlog.get_logger("nodeagent.backends.composite")
 
@@ -177,7 +177,7 @@ class CompositeBackend(Backend):
             if self.base.get_state(pid) is ProcState.LOCKED:
                 self.base.unlock(pid)
             sw.resume(self.deadline_s)
-        except Exception as exc:  # noqa: BLE001 - the original failure is what gets reported
+        except Exception as exc:
             log.error("cooperative_undo_failed", pid=pid, error=str(exc))
 
     def restore(self, pid: int) -> int:

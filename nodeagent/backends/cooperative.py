@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from timeslice.nodeagent.backends import errors as e
-from timeslice.nodeagent.backends.swapper import SwapRefused, SwapReport, SwapState, SwapTimeout, Swapper
+from timeslice.nodeagent.backends.swapper import Swapper, SwapRefused, SwapReport, SwapState, SwapTimeout
 from timeslice.nodeagent.channel import ChannelServer
 
 

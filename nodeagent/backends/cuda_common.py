@@ -107,7 +107,7 @@ class CudaCheckpointBackend(Backend):
     def _state_quiet(self, pid: int) -> ProcState:
         try:
             return self.get_state(pid)
-        except Exception:  # noqa: BLE001 - only used to decide cleanup
+        except Exception:
             return ProcState.UNKNOWN
 
     # -- sizes -------------------------------------------------------------------

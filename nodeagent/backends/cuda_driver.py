@@ -67,7 +67,7 @@ class CudaDriver:
         self.device_count = device_count
 
     @classmethod
-    def load(cls, libname: str = LIBCUDA) -> "CudaDriver":
+    def load(cls, libname: str = LIBCUDA) -> CudaDriver:
         try:
             lib = ctypes.CDLL(libname)
         except OSError as exc:

@@ -34,7 +34,7 @@ class Nvml:
         self._closed = False
 
     @classmethod
-    def open(cls) -> "Nvml":
+    def open(cls) -> Nvml:
         global _refs
         try:
             inst = cls()

@@ -168,17 +168,17 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
         try:
             if before is ProcState.RUNNING:
                 backend.lock(pid, lock_timeout_ms)
-        except Exception as exc:  # noqa: BLE001 - every failure becomes this pid's report
+        except Exception as exc:
             return _failure(backend, pid, before, exc, t)
         try:
             nbytes = backend.checkpoint(pid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             # Never leave a process wedged: give it its device back, then report.
             undo = ""
             if backend.get_state(pid) is ProcState.LOCKED:
                 try:
                     backend.unlock(pid)
-                except Exception as unlock_exc:  # noqa: BLE001
+                except Exception as unlock_exc:
                     undo = f"; unlock after the failed checkpoint also failed: {unlock_exc}"
             res = _failure(backend, pid, before, exc, t)
             res.error += undo
@@ -241,7 +241,7 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
             if before is ProcState.CHECKPOINTED:
                 nbytes = backend.restore(pid)
             backend.unlock(pid)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             res = _failure(backend, pid, before, exc, t)
             log.error("restore_failed", pid=pid, error=res.error, state_after=str(res.state_after))
             return res

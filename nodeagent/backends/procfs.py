@@ -27,7 +27,7 @@ def _stat_fields(pid: int, proc_root: str | os.PathLike) -> list[str] | None:
     close = text.rfind(")")
     if close < 0:
         return None
-    return [text[: text.find("(")].strip(), text[text.find("(") + 1: close]] + text[close + 2:].split()
+    return [text[: text.find("(")].strip(), text[text.find("(") + 1: close], *text[close + 2:].split()]
 
 
 def start_time(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> int | None:

@@ -88,5 +88,5 @@ class Swapper(abc.ABC):
         """Host memory this worker keeps for its offloaded regions (retained pinned backup)."""
         return 0
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: a swapper may hold nothing
         """Forget the worker (channel closed, server gone). Idempotent."""

@@ -48,7 +48,7 @@ class SimDeviceClient:
         self._nbytes = 0
 
     @classmethod
-    def open(cls, sim_dir: str | os.PathLike | None = None, gpu: int | None = None) -> "SimDeviceClient":
+    def open(cls, sim_dir: str | os.PathLike | None = None, gpu: int | None = None) -> SimDeviceClient:
         """Register the calling process on the node's simulated device, bound to GPU ``gpu``
         (default: ``TIMESLICE_SIM_GPU``, else 0), as a real worker picks its CUDA device."""
         dev = SimDevice(sim_dir)
@@ -87,7 +87,7 @@ class SimDeviceClient:
                 raise TimeoutError(f"simulated device of pid {self.pid} stayed {doc and doc['state']}")
             time.sleep(POLL_S)
 
-    def alloc(self, nbytes: int, timeout_s: float | None = None) -> "SimBuffer":
+    def alloc(self, nbytes: int, timeout_s: float | None = None) -> SimBuffer:
         """Reserve ``nbytes`` of device capacity (DeviceOutOfMemory if it does not fit).
 
         One arena per process; allocate once. The returned handle is like a

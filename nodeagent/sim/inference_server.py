@@ -100,7 +100,7 @@ class Handler(BaseHTTPRequestHandler):
         raw = self.rfile.read(n) if n else b""
         doc = json.loads(raw) if raw.strip() else {}
         if not isinstance(doc, dict):
-            raise ValueError("body must be a JSON object")  # noqa: TRY004 - answered as HTTP 400
+            raise ValueError("body must be a JSON object")
         return doc
 
     @property

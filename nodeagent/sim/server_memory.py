@@ -92,7 +92,7 @@ class ServerMemory:
     def _names(self, tags, resident: bool) -> list[Region]:
         if tags is not None and (not isinstance(tags, list) or not all(isinstance(t, str) for t in tags)):
             raise ValueError("tags must be a list of strings")
-        names = list(self.regions) if not tags else tags
+        names = tags if tags else list(self.regions)
         unknown = [n for n in names if n not in self.regions]
         if unknown:
             raise ValueError(f"unknown tags {unknown[:4]}; regions are {sorted(self.regions)}")

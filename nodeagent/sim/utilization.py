@@ -45,9 +45,9 @@ class SimUtilization:
                 for line in f:
                     parts = line.split()
                     # "1: FLOCK  ADVISORY  READ 1234 fe:00:2146366 0 EOF" (a blocked waiter has "->")
-                    if len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "READ" and parts[2] == "ADVISORY":
-                        if int(parts[5].rsplit(":", 1)[1]) in inodes:
-                            return True
+                    if (len(parts) >= 6 and parts[1] == "FLOCK" and parts[3] == "READ" and parts[2] == "ADVISORY"
+                            and int(parts[5].rsplit(":", 1)[1]) in inodes):
+                        return True
         except (OSError, ValueError, IndexError):
             return False
         return False

@@ -74,7 +74,7 @@ class EtcdConfig:
             raise ConfigError("etcd client certificates need --etcd-ca as well")
 
     @classmethod
-    def parse(cls, endpoints: str, **kw) -> "EtcdConfig":
+    def parse(cls, endpoints: str, **kw) -> EtcdConfig:
         eps = tuple(e.strip().removeprefix("http://").removeprefix("https://")
                     for e in endpoints.split(",") if e.strip())
         return cls(endpoints=eps, **kw)
@@ -155,7 +155,7 @@ class EtcdClient(_AetcdClient):
     def watch_metadata(self) -> tuple:
         # "hasleader" makes etcd cancel our watch when its member loses the raft
         # leader, instead of leaving us on a member that can no longer see writes.
-        return tuple(self.metadata or ()) + (("hasleader", "true"),)
+        return (*(self.metadata or ()), ("hasleader", "true"))
 
     # --- raw calls with our error mapping -------------------------------------
     @property

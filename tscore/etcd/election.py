@@ -10,8 +10,8 @@ key is gone (or re-created with another revision) and the guard fails.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import AsyncIterator
 
 from aetcd import rpc
 

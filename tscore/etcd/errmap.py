@@ -11,8 +11,15 @@ from __future__ import annotations
 
 import grpc
 
-from timeslice.common.errors import (EtcdError, EtcdLeaseGone, EtcdNoSpace, EtcdRefused, EtcdRequestTooLarge,
-                           EtcdUnavailable, OutcomeUnknown)
+from timeslice.common.errors import (
+    EtcdError,
+    EtcdLeaseGone,
+    EtcdNoSpace,
+    EtcdRefused,
+    EtcdRequestTooLarge,
+    EtcdUnavailable,
+    OutcomeUnknown,
+)
 
 _TRANSIENT = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
                         grpc.StatusCode.CANCELLED})

@@ -9,14 +9,14 @@ synchronously, in order, for every batch: nothing is dropped.
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import structlog
 from aetcd import rpc
 
 from timeslice.common.errors import WatchCompacted
-from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd import ops
+from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.watch import Watch, WatchEvent
 

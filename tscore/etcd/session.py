@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import structlog
 
@@ -45,7 +45,7 @@ class Session:
         self._task: asyncio.Task | None = None
         self._last_renewed = 0.0
 
-    async def open(self) -> "Session":
+    async def open(self) -> Session:
         # LeaseGrant is not idempotent, but an orphaned lease from a lost reply
         # simply expires after its TTL with nothing attached, so a retry is safe.
         self.lease_id, self.ttl = await self.client.grant_lease(self.timing.ttl)
@@ -54,7 +54,7 @@ class Session:
         log.debug("session_opened", lease=f"{self.lease_id:x}", ttl=self.ttl)
         return self
 
-    async def __aenter__(self) -> "Session":
+    async def __aenter__(self) -> Session:
         return await self.open()
 
     async def __aexit__(self, *exc) -> None:

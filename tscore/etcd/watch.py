@@ -17,8 +17,8 @@ wait a jittered exponential backoff (backoff.py).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass
 
 import grpc
 import structlog
@@ -79,7 +79,7 @@ class Watch:
         if self._call is not None:
             self._call.cancel()
 
-    async def __aenter__(self) -> "Watch":
+    async def __aenter__(self) -> Watch:
         return self
 
     async def __aexit__(self, *exc) -> None:
