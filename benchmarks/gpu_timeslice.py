@@ -169,6 +169,15 @@ def agent_ops(agent: AgentProcess):
     out = {"ops": len(ops), "op_seconds": round(sum(e["elapsed_ms"] for e in ops) / 1000, 2),
            "op_bytes": sum(e.get("bytes", 0) for e in ops),
            "op_list": [(e["op"], e["job"], round(e["elapsed_ms"], 1), e.get("bytes", 0)) for e in ops]}
+    # Strict groups: the driver's process lock (freeze) and unlock (thaw), as the agent timed them.
+    locks = [e for e in agent.events("op_done") if e.get("op") in ("freeze", "thaw") and e.get("outcome") == "ok"]
+    if locks:
+        import statistics
+        for op in ("freeze", "thaw"):
+            ms = [e["elapsed_ms"] for e in locks if e["op"] == op]
+            if ms:
+                out[f"{op}s"] = len(ms)
+                out[f"{op}_ms_median"] = round(statistics.median(ms), 2)
     # A swap's round trip for one job: its snapshot and its next restore. The first of each job
     # pays one-time costs (pinning); the steady state is the median of the others.
     trips = []
@@ -199,7 +208,8 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
         try:
             from timeslice import OrchestratorClient
             admin = OrchestratorClient(target=",".join(lockd.targets), job_id="admin")
-            admin.create_group("gpu", nodes=[NODE])
+            # "-strict" regimes: the yielded job is frozen at the device on every elided handoff
+            admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime.endswith("-strict") else "")
             if regime.startswith("nofit"):
                 # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
                 _settle(sampler)
