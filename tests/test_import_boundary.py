@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = ("timeslice.lockd", "timeslice.nodeagent", "aetcd", "timeslice.testing", "timeslice.common.etcd",
              "torch", "torch_memory_saver", "prometheus_client", "pynvml")
@@ -19,6 +21,8 @@ OLD_NAMES = ("lockd", "nodeagent", "tscore", "tsproto")
 
 PROBE = """
 import sys
+
+import pytest
 import timeslice, timeslice.cooperative, timeslice.channel, timeslice.torch_memory
 from timeslice import OrchestratorClient, AsyncOrchestratorClient, TimeSliceOrchestratorClient
 bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in sys.argv[1:]))
@@ -58,3 +62,71 @@ def test_nothing_imports_the_old_top_level_names():
     offenders = {str(p.relative_to(ROOT)): sorted(n for n in _imports(p) if n.split(".")[0] in OLD_NAMES)
                  for p in files}
     assert {p: n for p, n in offenders.items() if n} == {}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the namespace's modules it imports at import time (not under TYPE_CHECKING, not
+    inside functions). ``from pkg import name`` counts as importing ``pkg.name`` when that is a module."""
+    tomllib = pytest.importorskip("tomllib")
+    dirs = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    own = {ROOT / f for f in dirs.values()}
+    mods: dict[str, pathlib.Path] = {}
+    for name, folder in dirs.items():
+        src = ROOT / folder
+        for p in src.rglob("*.py"):
+            if any(o != src and o in own and p.is_relative_to(o) for o in own):
+                continue
+            rel = p.relative_to(src).with_suffix("").parts
+            mods[".".join((name, *(rel[:-1] if rel[-1] == "__init__" else rel)))] = p
+    graph = {}
+    for mod, path in mods.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                continue
+            for n in ast.walk(node) if isinstance(node, (ast.Try, ast.If)) else [node]:
+                if isinstance(n, ast.Import):
+                    deps |= {a.name for a in n.names if a.name in mods}
+                elif isinstance(n, ast.ImportFrom) and n.module and not n.level:
+                    deps |= {f"{n.module}.{a.name}" if f"{n.module}.{a.name}" in mods else n.module for a in n.names}
+        graph[mod] = {d for d in deps if d in mods and d != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles_in_the_namespace():
+    graph = _module_graph()
+    assert len(graph) > 100 and "timeslice.lockd.plan" in graph
+    assert _cycles(graph) == []
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]     # the check can fail
