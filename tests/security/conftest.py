@@ -14,13 +14,14 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
 from timeslice.common.keys import Keys
-from timeslice.testing.agent import AgentProcess, SimWorker
-from timeslice.testing.lockd import LockdCluster, admin_channel, shared_admin_token
+from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
+from timeslice.testing.agent import AgentProcess, SimWorker
+from timeslice.testing.lockd import LockdCluster, admin_channel, shared_admin_token
+from timeslice.testing.rawjob import RawJob
 
 MiB = 1 << 20
 NODE = "sec-node"
@@ -106,39 +107,20 @@ async def rpc_error(call) -> grpc.aio.AioRpcError:
     raise AssertionError(f"the call succeeded: {str(got)[:300]}")
 
 
-class Job:
-    """A job speaking lockd's API directly (session secret only; no admin token)."""
+class Job(RawJob):
+    """A job speaking lockd's API directly (session secret only; no admin token): the shared raw
+    client on one replica with no failover, so every status comes back as lockd sent it."""
 
     def __init__(self, target: str, job_id: str):
-        self.job_id = job_id
-        self.channel = grpc.aio.insecure_channel(target)
-        self.stub = lpbg.LockdStub(self.channel)
-        self.secret = ""
-
-    async def open(self, ttl: int = 30) -> "Job":
-        r = await self.stub.OpenSession(lpb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=ttl), timeout=10)
-        self.secret = r.session_secret
-        self.lease = r.lease_id
-        return self
+        super().__init__(job_id, [target], ttl=30, rpc_timeout=10, failover=False)
 
     def register(self, node: str, pid: int, nbytes: int = 0):
         return self.stub.RegisterWorker(lpb.WorkerRequest(job_id=self.job_id, session_secret=self.secret,
                                                           node=node, pid=pid, device_bytes=nbytes), timeout=10)
 
-    def acquire(self, group: str, hint: int = 0, timeout: float = 30):
-        return self.stub.Acquire(lpb.AcquireRequest(job_id=self.job_id, session_secret=self.secret,
-                                                    group_id=group, device_bytes_hint=hint), timeout=timeout)
-
-    def yield_(self, group: str, token: int):
-        return self.stub.Yield(lpb.YieldRequest(job_id=self.job_id, session_secret=self.secret, group_id=group,
-                                                token=token), timeout=10)
-
     async def close(self) -> None:
-        try:
-            await self.stub.CloseSession(lpb.SessionRef(job_id=self.job_id, session_secret=self.secret), timeout=5)
-        except grpc.aio.AioRpcError:
-            pass
-        await self.channel.close()
+        await self.close_session()
+        await super().close()
 
 
 @pytest.fixture
