@@ -56,3 +56,18 @@ def clients():
             c.close()
         except Exception:
             pass
+
+
+@pytest.fixture
+def admin(lockd, uid, clients):
+    """A client whose job is this test's admin (the harness shares the admin token)."""
+    from timeslice import OrchestratorClient
+    return clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
+
+
+@pytest.fixture
+def group(admin, uid):
+    """A fresh group of this test over one node."""
+    g = f"g-{uid}"
+    admin.create_group(g, ["node-x"])
+    return g

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from timeslice import OrchestratorClient, __version__, cli
 from timeslice.cli_up import summary
 from timeslice.launcher.cluster import LocalCluster

@@ -5,21 +5,13 @@ import asyncio
 import threading
 
 import pytest
+
 from timeslice import (
     AsyncOrchestratorClient,
     NotHolderError,
-    OrchestratorClient,
     SessionLostError,
     UnknownGroupError,
 )
-
-
-@pytest.fixture
-def group(lockd, uid, clients):
-    admin = clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
-    g = f"g-{uid}"
-    admin.create_group(g, ["node-x"])
-    return g
 
 
 async def test_acquire_yield_fifo_and_watch(lockd, group, uid):

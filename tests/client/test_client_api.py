@@ -9,6 +9,8 @@ import time
 import types
 
 import pytest
+
+from tests.client.helpers import wait_for
 from timeslice import (
     AcquireTimeoutError,
     GroupBusyError,
@@ -20,23 +22,6 @@ from timeslice import (
     UnknownGroupError,
 )
 from timeslice.errors import AlreadyExistsError, ClientClosedError
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def group(lockd, uid, clients):
-    admin = clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
-    g = f"g-{uid}"
-    admin.create_group(g, ["node-x"])
-    return g
 
 
 def test_acquire_yield_and_the_grant(lockd, group, uid, clients):

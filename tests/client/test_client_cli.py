@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+
 from timeslice import OrchestratorClient, UnknownGroupError, cli
 
 

@@ -11,28 +11,9 @@ import time
 import types
 
 import pytest
+
+from tests.client.helpers import wait_for
 from timeslice import ClientClosedError, ClientForkedError, OrchestratorClient, SessionLostError
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def admin(lockd, uid, clients):
-    return clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
-
-
-@pytest.fixture
-def group(admin, uid):
-    g = f"g-{uid}"
-    admin.create_group(g, ["node-x"])
-    return g
 
 
 def test_hooks_and_the_cache_release_run_on_the_calling_thread(lockd, group, uid, clients, monkeypatch):

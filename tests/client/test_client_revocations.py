@@ -10,6 +10,8 @@ import time
 
 import pytest
 from structlog.testing import capture_logs
+
+from tests.client.helpers import wait_for
 from timeslice import (
     AsyncOrchestratorClient,
     GroupRevokedError,
@@ -17,20 +19,6 @@ from timeslice import (
     OrchestratorClient,
     UnknownGroupError,
 )
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def admin(lockd, uid, clients):
-    return clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
 
 
 def test_holder_learns_of_the_deletion_from_its_keepalive(lockd, admin, uid, clients):

@@ -6,24 +6,9 @@ import threading
 import time
 
 import pytest
+
+from tests.client.helpers import wait_for
 from timeslice import OrchestratorClient, SessionLostError
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def group(lockd, uid, clients):
-    admin = clients(OrchestratorClient(lockd.targets, job_id=f"admin-{uid}"))
-    g = f"g-{uid}"
-    admin.create_group(g, ["node-x"])
-    return g
 
 
 def test_session_loss_is_surfaced_once(etcd, lockd, group, uid, clients):

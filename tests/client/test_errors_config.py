@@ -6,8 +6,11 @@ import sys
 import types
 
 import pytest
+
 import timeslice
 from timeslice import errors as E
+from timeslice.common.errors import TimesliceError
+from timeslice.common.ids import check_id
 from timeslice.config import (
     ClientConfig,
     node_name,
@@ -17,9 +20,6 @@ from timeslice.config import (
 )
 from timeslice.hooks import release_framework_cache
 from timeslice.model import NodeSpec
-
-from timeslice.common.errors import TimesliceError
-from timeslice.common.ids import check_id
 
 
 @pytest.mark.parametrize("code,details,method,cls", [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import tenacity
+
 from timeslice.retry import (
     Action,
     Call,
