@@ -41,14 +41,6 @@ class AgentProcess(ServerProcess, NodeAgent):
                          env=dict(env or {}))
 
     @property
-    def endpoints(self) -> str:
-        return self.etcd_endpoints
-
-    @endpoints.setter
-    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
-        self.etcd_endpoints = value
-
-    @property
     def socket(self) -> str:
         return self.channel_socket
 

@@ -31,14 +31,6 @@ class LockdProcess(ServerProcess, LockdReplica):
         super().__init__(replica_id, endpoints, prefix, os.path.join(logdir, f"lockd-{replica_id}.log"),
                          listen_port=listen_port, extra=extra, env=dict(env or {}))
 
-    @property
-    def endpoints(self) -> str:
-        return self.etcd_endpoints
-
-    @endpoints.setter
-    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
-        self.etcd_endpoints = value
-
 
 def shared_admin_token() -> str:
     """The admin token of everything this process starts: $TIMESLICE_ADMIN_TOKEN, set to a fresh random

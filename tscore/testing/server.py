@@ -22,6 +22,15 @@ class ServerProcess:
 
     NAME = "server"
     env: dict[str, str] | None      # here: what a test adds to our environment (it may change it before start)
+    etcd_endpoints: str             # the launcher class's; a restart uses what is set then
+
+    @property
+    def endpoints(self) -> str:
+        return self.etcd_endpoints
+
+    @endpoints.setter
+    def endpoints(self, value: str) -> None:     # e.g. through relays that a scenario can cut
+        self.etcd_endpoints = value
 
     @property
     def label(self) -> str:

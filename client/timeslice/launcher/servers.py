@@ -23,7 +23,22 @@ def _metrics(port: int | None) -> list[str]:
     return ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if port else ["--metrics-port", "-1"]
 
 
-class LockdReplica(Child):
+class _Server(Child):
+    """A server that reports the port it serves on in its ready line."""
+
+    host = "127.0.0.1"
+
+    @property
+    def port(self) -> int:
+        """The port it serves on (0 until it said so)."""
+        return int(self.info.get("port") or 0)
+
+    @property
+    def target(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class LockdReplica(_Server):
     """One lockd replica against ``etcd_endpoints``, serving on ``host:listen_port``."""
 
     def __init__(self, replica_id: str, etcd_endpoints: str, prefix: str, log_path: str, *,
@@ -41,15 +56,6 @@ class LockdReplica(Child):
     def replica_id(self) -> str:
         return self.name
 
-    @property
-    def port(self) -> int:
-        """The port it serves on (0 until it said so)."""
-        return int(self.info.get("port") or 0)
-
-    @property
-    def target(self) -> str:
-        return f"{self.host}:{self.port}"
-
     def command(self) -> list[str]:
         return [*self.wrapper, self.python, "-m", "timeslice.lockd.cli", "serve", "--etcd-endpoints", self.etcd_endpoints,
                 "--prefix", self.prefix, "--listen", f"{self.host}:{self.listen_port}", *_metrics(self.metrics_port),
@@ -64,7 +70,7 @@ class LockdReplica(Child):
         return self.wait_ready(probe_lockd, timeout, interrupted)
 
 
-class NodeAgent(Child):
+class NodeAgent(_Server):
     """The node agent of ``node``; ``state_dir`` is where it keeps what must survive a restart."""
 
     def __init__(self, node: str, etcd_endpoints: str, prefix: str, log_path: str, *, state_dir: str,
@@ -87,14 +93,6 @@ class NodeAgent(Child):
     @property
     def node(self) -> str:
         return self.name
-
-    @property
-    def port(self) -> int:
-        return int(self.info.get("port") or 0)
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
         argv = [self.python, "-m", "timeslice.nodeagent.cli", "serve", "--node", self.node,
