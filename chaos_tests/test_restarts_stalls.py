@@ -30,7 +30,7 @@ PING_TIMEOUT_S = 2.0
 
 def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):  # noqa: F811
     w = world("job-restart-same-id", seed=1701, library=True, clients=5).start(duration=26)
-    restarted = []
+    restarted, killed = [], []
     for i in range(4):
         w.sleep(1.5, 3)
         if i % 2 == 0:
@@ -38,6 +38,7 @@ def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):
         else:
             c, how = w.wait_for_waiter()[0], "waiting"
         info = w.kill_client(c)
+        killed.append(c)
         w.fault(f"SIGKILL job process while {how}; restart it under the same job id", **info)
         restarted.append(w.spawn_client(max(14.0, w.remaining()), job=c.job))
     # Time for the last one to wait out its predecessor's session and work a while (with room for
@@ -45,7 +46,11 @@ def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):
     time.sleep(2 * SESSION_TTL + 8)
     report = w.finish()
     verdict(w, report)
-    for c in restarted:
+    # Each restarted process that lived to the end was granted (one the scenario picked again as
+    # its next waiter to kill may have been killed before its turn came).
+    survivors = [c for c in restarted if c not in killed]
+    assert survivors
+    for c in survivors:
         got = [e for e in w.client_events(c) if e["ev"] == "granted"]
         assert got, f"the restarted process of {c.job} (pid {c.pid}) was never granted anything"
 
