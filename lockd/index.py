@@ -14,7 +14,7 @@ from aetcd import rpc
 
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
-from timeslice.common.records import GrantValue, GroupSpec, SessionValue
+from timeslice.common.records import GrantValue, GroupSpec, SessionValue, StatusValue
 
 KV: TypeAlias = rpc.KeyValue   # aetcd ships no type information: Any, named for the reader
 
@@ -45,6 +45,12 @@ class NodeState:
     agent: KV | None = None
     intents: dict[str, KV] = field(default_factory=dict)    # job -> intent
     statuses: dict[str, KV] = field(default_factory=dict)   # job -> status
+
+
+def status_of(ns: NodeState | None, job: str) -> StatusValue | None:
+    """The status the node's agent reports for ``job`` (None: no node, or no status)."""
+    kv = ns.statuses.get(job) if ns else None
+    return StatusValue.load(kv.value) if kv else None
 
 
 @dataclass

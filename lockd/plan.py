@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from timeslice.common import records as R
 from timeslice.lockd import strict as S
-from timeslice.lockd.index import GroupState, JobState, NodeState
+from timeslice.lockd.index import GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
 
 
@@ -76,14 +76,9 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
 
 
-def _status(ns: NodeState | None, job: str) -> R.StatusValue | None:
-    kv = ns.statuses.get(job) if ns else None
-    return R.StatusValue.load(kv.value) if kv else None
-
-
 def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
     """Where a job's context is on a node: running | snapshotted | gone | absent."""
-    st = _status(ns, job)
+    st = status_of(ns, job)
     if not on_node:
         return "absent"
     if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING, R.FROZEN):
@@ -131,7 +126,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             intent = R.IntentValue.load(ikv.value)
             if intent.token != token:
                 continue
-            st = _status(ns, job)
+            st = status_of(ns, job)
             if st is None or st.intent_revision != ikv.mod_revision or not st.outcome:
                 if now_ms - intent.issued_ms > policy.swap_timeout_ms:
                     return [FailWaiter(head_job, token, lease, node=node, reason=(
@@ -172,7 +167,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             continue
         # Residents: other jobs with a device context on some GPU of this node, by GPU.
         residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
-        b_snap = _status(ns, head_job) if b_where == "snapshotted" else None
+        b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
         need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
@@ -247,7 +242,7 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
     waiter has waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
     if residents:
         return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
-    st = _status(ns, head_job)
+    st = status_of(ns, head_job)
     evicted_since = any(
         kv.mod_revision > refused.mod_revision and (i := R.IntentValue.load(kv.value)).op == R.SNAPSHOT
         and i.token == token for kv in ns.intents.values())

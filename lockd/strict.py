@@ -24,25 +24,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from timeslice.common import records as R
-from timeslice.lockd.index import NodeState
+from timeslice.lockd.index import NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected
-
-
-def _status(ns: NodeState | None, job: str) -> R.StatusValue | None:
-    kv = ns.statuses.get(job) if ns else None
-    return R.StatusValue.load(kv.value) if kv else None
 
 
 def is_frozen(ns: NodeState | None, job: str) -> bool:
     """True if the agent reports ``job`` frozen on this node (every process locked in place)."""
-    st = _status(ns, job)
+    st = status_of(ns, job)
     return st is not None and st.state == R.FROZEN
 
 
 def _frozen_for(ns: NodeState | None, job: str, token: int) -> bool:
     """True if a freeze of ``job`` serving grant ``token`` was answered ok here."""
     kv = ns.intents.get(job) if ns else None
-    st = _status(ns, job)
+    st = status_of(ns, job)
     if kv is None or st is None:
         return False
     intent = R.IntentValue.load(kv.value)
