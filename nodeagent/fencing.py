@@ -35,8 +35,8 @@ async def fence(agent) -> None:
     """One pass (see the module's docstring). A thaw waits for no op: a job with an op in flight
     is thawed at a later refresh (the op's own status write refreshes through here, holding the
     job's op lock)."""
-    regs = {pid: job for pid, (job, _) in agent.jobs.local_workers().items()
-            if agent.trusted_pids(job, [pid])}
+    listed = {pid: job for pid, (job, _) in agent.jobs.local_workers().items()}
+    regs = {pid: job for pid, job in listed.items() if agent.trusted_pids(job, [pid])}
     base = agent.backend.base
 
     def state(pid: int) -> str:
@@ -47,7 +47,6 @@ async def fence(agent) -> None:
         return O.ON_DEVICE if on else O.OFF_DEVICE
 
     held = {st.job: st.pids for st in agent.jobs.statuses() if I.frozen_by_intent(st)}
-    listed = {pid: job for pid, (job, _) in agent.jobs.local_workers().items()}
     leaving = {p: j for p, j in O.Orphans.leaving(held, listed, partial(let_go, agent)).items()
                if p not in agent.orphans.frozen}
 
