@@ -102,7 +102,7 @@ def job_cmd(a, job: str, mode: str, events: str, target: str = "", collective: i
 
 
 def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
-    from benchmarks.gpu_timeslice import union_busy
+    from timeslice.demo.analysis import union_length
     gpu = sorted((e for e in events if e["ev"] == "phase" and e.get("gpu")), key=lambda e: e["start"])
     res = {"label": label, "gpu_phases": len(gpu), "violations": [],
            "acquire_failed": sorted({e["error"][:400] for e in events if e["ev"] == "acquire_failed"}),
@@ -113,7 +113,7 @@ def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
         return res
     t0 = min(e.get("t_req", e["start"]) for e in events if e["ev"] == "phase")
     t1 = max(e["end"] for e in events if e["ev"] == "phase")
-    busy = union_busy([(e["start"], e["end"]) for e in gpu])
+    busy = union_length([(e["start"], e["end"]) for e in gpu])
     for x, y in zip(gpu, gpu[1:]):
         if y["start"] < x["end"] and x["job"] != y["job"] and not (x.get("elided") or y.get("elided")):
             res["violations"].append(f"overlap without elision: {x['job']} {x['phase']} / {y['job']} {y['phase']}")

@@ -25,12 +25,14 @@ import argparse
 import datetime
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from timeslice.demo.analysis import union_length
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.etcd import EtcdCluster
 from timeslice.testing.lockd import LockdCluster
@@ -94,18 +96,6 @@ def wait_jobs(procs, timeout: float) -> list:
     return rcs
 
 
-def union_busy(intervals):
-    total, end = 0.0, None
-    for s, e in sorted(intervals):
-        if end is None or s > end:
-            total += e - s
-            end = e
-        elif e > end:
-            total += e - end
-            end = e
-    return total
-
-
 def analyse(events, sampler, label):
     phases = [e for e in events if e["ev"] == "phase"]
     if not phases:
@@ -116,7 +106,7 @@ def analyse(events, sampler, label):
     t0 = min(e.get("t_req", e["start"]) for e in phases)
     t1 = max(e["end"] for e in phases)
     wall = t1 - t0
-    busy = union_busy([(e["start"], e["end"]) for e in gpu])
+    busy = union_length([(e["start"], e["end"]) for e in gpu])
     violations = []
     by_start = sorted(gpu, key=lambda e: e["start"])
     for x, y in zip(by_start, by_start[1:]):
@@ -139,7 +129,7 @@ def analyse(events, sampler, label):
     # many iterations approaches.
     firsts = [min(e["end"] for e in gpu if e["job"] == j) for j in {e["job"] for e in gpu}]
     s0 = max(firsts) if firsts else t1
-    steady_busy = union_busy([(max(e["start"], s0), e["end"]) for e in gpu if e["end"] > s0])
+    steady_busy = union_length([(max(e["start"], s0), e["end"]) for e in gpu if e["end"] > s0])
     return {
         "duty_cycle_steady": round(steady_busy / (t1 - s0), 3) if t1 > s0 else 0,
         "steady_window_s": round(t1 - s0, 2),
@@ -172,7 +162,6 @@ def agent_ops(agent: AgentProcess):
     # Strict groups: the driver's process lock (freeze) and unlock (thaw), as the agent timed them.
     locks = [e for e in agent.events("op_done") if e.get("op") in ("freeze", "thaw") and e.get("outcome") == "ok"]
     if locks:
-        import statistics
         for op in ("freeze", "thaw"):
             ms = [e["elapsed_ms"] for e in locks if e["op"] == op]
             if ms:
@@ -187,7 +176,6 @@ def agent_ops(agent: AgentProcess):
             if s_["op"] == "snapshot" and r_["op"] == "restore" and s_.get("bytes") and r_.get("bytes"):
                 trips.append((s_["elapsed_ms"] + r_["elapsed_ms"]) / 1000)
     if trips:
-        import statistics
         out.update(round_trips_s=[round(t, 3) for t in trips], round_trip_first_s=round(trips[0], 3),
                    round_trip_steady_median_s=round(statistics.median(trips[1:] or trips), 3))
     return out
