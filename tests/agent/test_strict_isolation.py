@@ -39,6 +39,14 @@ class Jobs:
         return await self.stub.Acquire(lpb.AcquireRequest(job_id=job, session_secret=self.sess[job].session_secret,
                                                           group_id="g", device_bytes_hint=JOB), timeout=30)
 
+    async def elided_handoff(self):
+        """A and B (they fit side by side) start; A acquires and yields; B is granted.
+        Returns A's and B's workers and grants."""
+        wa, wb = await self.start("A", 3), await self.start("B", 4)
+        ga = await self.acquire("A")
+        await self.yield_("A", ga.token)
+        return wa, wb, ga, await self.acquire("B")
+
     async def yield_(self, job: str, token: int):
         await self.stub.Yield(lpb.YieldRequest(job_id=job, session_secret=self.sess[job].session_secret,
                                                group_id="g", token=token))
@@ -78,10 +86,7 @@ async def test_a_yielded_job_is_frozen_before_an_elided_grant_and_thawed_before_
     async with world(R.ISOLATION_STRICT) as (jobs, lockd, agent):
         [g] = (await jobs.stub.ListGroups(lpb.ListGroupsRequest())).groups
         assert g.isolation == "strict"           # CreateGroup(isolation="strict") took it
-        wa, wb = await jobs.start("A", 3), await jobs.start("B", 4)
-        ga = await jobs.acquire("A")
-        await jobs.yield_("A", ga.token)
-        gb = await jobs.acquire("B")
+        wa, wb, ga, gb = await jobs.elided_handoff()
         assert gb.elided and gb.bytes_moved == 0 and not gb.restored        # nothing moved: a strict handoff
         # By the time B was granted, A was frozen in place, answered through its status.
         st = await status(client, keys, NODE, "A")
@@ -106,10 +111,7 @@ async def test_a_yielded_job_is_frozen_before_an_elided_grant_and_thawed_before_
 async def test_without_the_policy_an_elided_handoff_freezes_nothing(world, client, keys, sim_dir):
     dev = SimDevice(sim_dir)
     async with world(R.ISOLATION_NONE) as (jobs, _lockd, agent):
-        wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
-        ga = await jobs.acquire("A")
-        await jobs.yield_("A", ga.token)
-        gb = await jobs.acquire("B")
+        wa, _, _, gb = await jobs.elided_handoff()
         assert gb.elided and gb.bytes_moved == 0
         assert dev.read_state(wa.pid)["state"] == "running"
         assert wa.verify()                       # as before: nothing at the device stops it
@@ -121,10 +123,7 @@ async def test_a_frozen_job_that_closes_its_session_is_thawed_to_exit_and_leaves
                                                                                         sim_dir):
     dev = SimDevice(sim_dir)
     async with world(R.ISOLATION_STRICT) as (jobs, _lockd, agent):
-        wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
-        ga = await jobs.acquire("A")
-        await jobs.yield_("A", ga.token)
-        await jobs.acquire("B")
+        wa, _, _, _ = await jobs.elided_handoff()
         assert dev.read_state(wa.pid)["state"] == "locked"
         # A leaves on purpose while frozen: its teardown touches the device (as a CUDA process's
         # exit does), so the agent lifts the freeze rather than let the exit wait on it.
@@ -138,10 +137,7 @@ async def test_a_frozen_job_that_closes_its_session_is_thawed_to_exit_and_leaves
 async def test_a_frozen_job_that_dies_leaves_nothing(world, client, keys, etcd, sim_dir):
     dev = SimDevice(sim_dir)
     async with world(R.ISOLATION_STRICT) as (jobs, _lockd, _agent):
-        wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
-        ga = await jobs.acquire("A")
-        await jobs.yield_("A", ga.token)
-        gb = await jobs.acquire("B")
+        wa, _, _, gb = await jobs.elided_handoff()
         assert dev.read_state(wa.pid)["state"] == "locked"
         wa.kill()                                # dies frozen; its session expires with it
         etcd.revoke_lease(jobs.sess["A"].lease_id)
@@ -168,10 +164,7 @@ async def _nothing_left(client, keys, dev, pid: int, job: str) -> None:
 async def test_a_freeze_outlives_an_agent_restart(world, client, keys, sim_dir):
     dev = SimDevice(sim_dir)
     async with world(R.ISOLATION_STRICT) as (jobs, _lockd, agent):
-        wa, _ = await jobs.start("A", 3), await jobs.start("B", 4)
-        ga = await jobs.acquire("A")
-        await jobs.yield_("A", ga.token)
-        await jobs.acquire("B")
+        wa, _, _, _ = await jobs.elided_handoff()
         agent.kill()
         agent.start()
         agent.wait_events("agent_started", 2)
