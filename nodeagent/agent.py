@@ -36,7 +36,6 @@ from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
-from timeslice.nodeagent.backends.swapper import Swapper
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.discovery import local_registered_pids
@@ -48,6 +47,7 @@ from timeslice.nodeagent.nodelock import NodeLock
 from timeslice.nodeagent.protected import protected_reason
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
+from timeslice.nodeagent.swappers import Swappers
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
 
@@ -74,13 +74,12 @@ class Agent:
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
                                      self._worker_left)
-        self._swappers: dict[int, tuple[str, str, Swapper]] = {}     # pid -> (job, kind, swapper)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
         self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
         self.orphans = O.Orphans.load(self._orphans_path)             # sessions gone, processes on a GPU
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
-        self.backend = CompositeBackend(backend or make_backend(cfg), self._swapper, cfg.swap_deadline_s,
-                                        cfg.freeze_parked, cfg.lock_timeout_ms)
+        self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
+                                        cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
         self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
@@ -89,6 +88,7 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
+        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
                                  self.renew_session)
         self.endpoint = ""
@@ -206,34 +206,6 @@ class Agent:
         except Exception as e:
             log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
 
-    def _swapper(self, pid: int) -> Swapper | None:
-        """The swapper of ``pid`` if its registration asks for one (None: the checkpoint backend)."""
-        reg = self.jobs.local_workers().get(pid)
-        if reg is None:
-            # Not registered (any more): a cooperative process the channel still knows is kept
-            # only while it is parked, so its memory can be given back.
-            info = self.channel.info(pid)
-            if info is None or not info.paused:
-                self._swappers.pop(pid, None)
-                return None
-            job, kind = info.job, R.SWAP_COOPERATIVE
-        else:
-            job, kind = reg[0], reg[1].swap
-        if kind in ("", R.SWAP_CHECKPOINT):
-            return None
-        hit = self._swappers.get(pid)
-        if hit is not None and hit[:2] == (job, kind):
-            return hit[2]
-        if kind == R.SWAP_COOPERATIVE:
-            from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
-            sw: Swapper = CooperativeSwapper(self.channel, pid, job)
-        else:
-            from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
-            assert reg is not None                        # only a registration names an app endpoint
-            sw = make_app_swapper(reg[1], self.backend.base)
-        self._swappers[pid] = (job, kind, sw)
-        return sw
-
     # --- triggers (mirror listeners: synchronous, called for every batch) -------
     def _on_node_batch(self, events, reset: bool) -> None:
         if reset:
@@ -300,6 +272,8 @@ class Agent:
                 out.append(R.WorkerValue.load(kv.value))
             except Exception:
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
+                continue
+            self.swappers.note(job, kv, out[-1])       # ahead of the jobs mirror, maybe
         return out
 
     async def pids(self, job: str, regs: list[R.WorkerValue] | None = None) -> tuple[list[int], list[int]]:

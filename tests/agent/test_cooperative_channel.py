@@ -9,6 +9,7 @@ registration that names another job's process, a worker that dies mid-pause.
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
@@ -250,3 +251,59 @@ async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, key
     finally:
         w.close()
         mem.close()
+
+
+
+
+SAYING = """
+import sys
+from timeslice.cooperative import CallbackMemory, CooperativeWorker
+say = lambda word: print(word, flush=True)
+w = CooperativeWorker(sys.argv[1], sys.argv[2], CallbackMemory(lambda: say("paused"), lambda: say("resumed"),
+                      3 << 20, device="sim0", tag="weights"), sys.argv[3], sys.argv[4]).start()
+say(w.pid)
+sys.stdin.read()
+"""
+
+
+async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_cooperatively(
+        client, keys, etcd, sim_dir, tmp_path):
+    """The op path reads a job's registrations fresh from etcd; each pid's swapper must come from
+    that same read, not from the agent's jobs mirror, which may lag it. CI once saw the lag: the
+    agent took the cooperative worker for a plain process without a device context and answered
+    "nothing to snapshot: the job is running already", its memory still on the device. The lag is
+    made certain here: an agent in this process, its jobs mirror stopped once it has the session."""
+    from timeslice.common.etcd.client import EtcdConfig
+    from timeslice.nodeagent.agent import Agent
+    from timeslice.nodeagent.config import AgentConfig
+    (tmp_path / "state").mkdir()
+    cfg = AgentConfig(node=NODE, etcd=EtcdConfig(endpoints=tuple(etcd.endpoints_str.split(","))),
+                      prefix=keys.prefix, listen="127.0.0.1:0", metrics_port=-1, backend="sim",
+                      state_dir=str(tmp_path / "state"), sim_dir=str(sim_dir), sim_checkpoint_gbps=0,
+                      sim_restore_gbps=0, channel_socket=str(tmp_path / "agent.sock"))
+    await session(client, keys, "coop-lag")
+    agent = Agent(cfg)
+    await agent.start()
+    p = subprocess.Popen([sys.executable, "-c", SAYING, "coop-lag", SECRET, NODE, cfg.channel_socket],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    async def said(word: str) -> None:
+        line = ""
+        while line.strip() != word:                     # the client library logs to stdout too
+            line = await asyncio.to_thread(p.stdout.readline)
+            assert line, f"the worker exited before saying {word!r}"
+    try:
+        await said(str(p.pid))
+        await agent.jobs_mirror.stop()                   # from here on it sees no new registration
+        await register(client, keys, "coop-lag", p.pid, {"weights": "offload"})
+        rev = await intent(client, keys, NODE, "coop-lag", R.SNAPSHOT, token=50)
+        st = await answered(client, keys, NODE, "coop-lag", rev)
+        assert (st.outcome, st.state, st.bytes) == (R.OK, R.SNAPSHOTTED, 3 * MiB), st
+        await said("paused")
+        rev = await intent(client, keys, NODE, "coop-lag", R.RESTORE, token=51)
+        st = await answered(client, keys, NODE, "coop-lag", rev)
+        assert (st.outcome, st.state, st.bytes) == (R.OK, R.RUNNING, 3 * MiB), st
+        await said("resumed")
+    finally:
+        p.kill()
+        await agent.stop(grace=5)

@@ -1,0 +1,77 @@
+"""Which swapper moves each pid's memory: none (the checkpoint backend), cooperative, or an app server.
+
+A pid's registration (``jobs/<job>/workers/<node>/<pid>``, ``WorkerValue.swap``)
+decides. The registration is looked up in the agent's jobs mirror, unless the
+op path has just read a newer one from etcd (``note``): the op decides from
+that fresh read, and the mirror may not have applied it yet. Looked up in a
+lagging mirror, a cooperative worker would pass for a plain process with no
+device context ("nothing to snapshot: the job is running already") while its
+memory is still on the device. The fresh entry is used only while its
+mod_revision is newer than the mirror's revision; then the mirror is the truth
+again.
+
+``resolve`` is called from the backend's worker threads: it reads plain dicts
+and replaces them whole, never mutating one another thread iterates.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aetcd import rpc
+
+from timeslice.common import records as R
+from timeslice.nodeagent.backends.base import Backend
+from timeslice.nodeagent.backends.swapper import Swapper
+from timeslice.nodeagent.channel import ChannelServer
+from timeslice.nodeagent.jobs import LocalJobs
+
+
+class Swappers:
+    def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend]):
+        self.jobs, self.channel, self._base = jobs, channel, base
+        self._made: dict[int, tuple[str, str, Swapper]] = {}          # pid -> (job, kind, swapper)
+        self._fresh: dict[int, tuple[int, str, R.WorkerValue]] = {}   # pid -> (mod_revision, job, registration)
+
+    def note(self, job: str, kv: rpc.KeyValue, reg: R.WorkerValue) -> None:
+        """The op path read ``job``'s registration ``kv`` (decoded: ``reg``) fresh from etcd."""
+        seen = self.jobs.jobs_mirror.revision
+        fresh = {p: v for p, v in self._fresh.items() if v[0] > seen}   # drop what the mirror has
+        pid = kv.key.rsplit(b"/", 1)[-1]
+        if pid.isdigit() and kv.mod_revision > seen:
+            fresh[int(pid)] = (kv.mod_revision, job, reg)
+        self._fresh = fresh
+
+    def registration(self, pid: int) -> tuple[str, R.WorkerValue] | None:
+        """``pid``'s (job, registration): the newer of the fresh read and the jobs mirror."""
+        fresh = self._fresh.get(pid)
+        if fresh is not None and fresh[0] > self.jobs.jobs_mirror.revision:
+            return fresh[1], fresh[2]
+        return self.jobs.local_workers().get(pid)
+
+    def resolve(self, pid: int) -> Swapper | None:
+        """The swapper of ``pid`` if its registration asks for one (None: the checkpoint backend)."""
+        reg = self.registration(pid)
+        if reg is None:
+            # Not registered (any more): a cooperative process the channel still knows is kept
+            # only while it is parked, so its memory can be given back.
+            info = self.channel.info(pid)
+            if info is None or not info.paused:
+                self._made.pop(pid, None)
+                return None
+            job, kind = info.job, R.SWAP_COOPERATIVE
+        else:
+            job, kind = reg[0], reg[1].swap
+        if kind in ("", R.SWAP_CHECKPOINT):
+            return None
+        hit = self._made.get(pid)
+        if hit is not None and hit[:2] == (job, kind):
+            return hit[2]
+        if kind == R.SWAP_COOPERATIVE:
+            from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
+            sw: Swapper = CooperativeSwapper(self.channel, pid, job)
+        else:
+            from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
+            assert reg is not None                        # only a registration names an app endpoint
+            sw = make_app_swapper(reg[1], self._base())
+        self._made[pid] = (job, kind, sw)
+        return sw
