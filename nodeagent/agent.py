@@ -161,15 +161,24 @@ class Agent:
 
     # --- cooperative workers ------------------------------------------------------
     async def _authorize(self, job: str, secret: str) -> str | None:
-        """None if ``secret`` is the session secret of ``job`` (lockd keeps only its SHA-256)."""
-        digest = self.jobs.session_digest(job)
-        if digest is None:
-            # The mirror may lag a session opened a moment ago: one fresh read decides.
+        """None if ``secret`` is the session secret of ``job`` (lockd keeps only its SHA-256).
+
+        etcd decides, read fresh: the jobs mirror may lag a session opened a moment ago, or one
+        opened again under the same job id by a restarted job (a new secret, which the mirror's
+        old digest would refuse while it let the old secret in). Only while etcd cannot be read
+        does the mirror's last known digest stand in (a worker reconnecting must not be refused
+        over an etcd blip). A worker connects once per process start or agent restart.
+        """
+        try:
+            # Linearizable (the client's default): a serializable read could come from a lagging member.
             r = await self.client.range(ops.range_req(self.keys.session(job)))
-            try:
-                digest = R.SessionValue.load(r.kvs[0].value).secret_sha256 if r.kvs else None
-            except Exception:
-                digest = None
+            raw = r.kvs[0].value if r.kvs else None
+            digest = R.SessionValue.load(raw).secret_sha256 if raw is not None else None
+        except TimesliceError as e:
+            log.warning("session_read_failed", job=job, error=str(e)[:200], fallback="mirror")
+            digest = self.jobs.session_digest(job)
+        except Exception:
+            digest = None                                # a session key that is not a session
         if digest is None:
             return f"job {job!r} has no live session"
         if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):

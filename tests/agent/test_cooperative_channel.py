@@ -266,13 +266,9 @@ sys.stdin.read()
 """
 
 
-async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_cooperatively(
-        client, keys, etcd, sim_dir, tmp_path):
-    """The op path reads a job's registrations fresh from etcd; each pid's swapper must come from
-    that same read, not from the agent's jobs mirror, which may lag it. CI once saw the lag: the
-    agent took the cooperative worker for a plain process without a device context and answered
-    "nothing to snapshot: the job is running already", its memory still on the device. The lag is
-    made certain here: an agent in this process, its jobs mirror stopped once it has the session."""
+@pytest.fixture
+async def inproc_agent(client, keys, etcd, sim_dir, tmp_path):
+    """An agent in this test's process (its mirrors can be stopped to make them lag etcd)."""
     from timeslice.common.etcd.client import EtcdConfig
     from timeslice.nodeagent.agent import Agent
     from timeslice.nodeagent.config import AgentConfig
@@ -281,29 +277,79 @@ async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_co
                       prefix=keys.prefix, listen="127.0.0.1:0", metrics_port=-1, backend="sim",
                       state_dir=str(tmp_path / "state"), sim_dir=str(sim_dir), sim_checkpoint_gbps=0,
                       sim_restore_gbps=0, channel_socket=str(tmp_path / "agent.sock"))
-    await session(client, keys, "coop-lag")
     agent = Agent(cfg)
     await agent.start()
-    p = subprocess.Popen([sys.executable, "-c", SAYING, "coop-lag", SECRET, NODE, cfg.channel_socket],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    yield agent
+    await agent.stop(grace=5)
 
-    async def said(word: str) -> None:
-        line = ""
-        while line.strip() != word:                     # the client library logs to stdout too
-            line = await asyncio.to_thread(p.stdout.readline)
-            assert line, f"the worker exited before saying {word!r}"
+
+class SayingWorker:
+    """A cooperative worker in a child process that says "paused" / "resumed" on its stdout."""
+
+    def __init__(self, job: str, secret: str, socket: str):
+        self.p = subprocess.Popen([sys.executable, "-c", SAYING, job, secret, NODE, socket],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+
+    async def said(self, word: str) -> str:
+        """Read lines until ``word`` (the client library logs to stdout too); the lines read."""
+        lines = []
+        while not lines or lines[-1].strip() != word:
+            line = await asyncio.to_thread(self.p.stdout.readline)
+            assert line, f"the worker exited before saying {word!r}: {''.join(lines)[-2000:]}"
+            lines.append(line)
+        return "".join(lines)
+
+    def kill(self) -> None:
+        self.p.kill()
+        self.p.wait(10)
+
+
+async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_cooperatively(
+        client, keys, inproc_agent):
+    """The op path reads a job's registrations fresh from etcd; each pid's swapper must come from
+    that same read, not from the agent's jobs mirror, which may lag it. CI once saw the lag: the
+    agent took the cooperative worker for a plain process without a device context and answered
+    "nothing to snapshot: the job is running already", its memory still on the device. The lag is
+    made certain here: the in-process agent's jobs mirror is stopped once it has the session."""
+    await session(client, keys, "coop-lag")
+    w = SayingWorker("coop-lag", SECRET, inproc_agent.cfg.channel_socket)
     try:
-        await said(str(p.pid))
-        await agent.jobs_mirror.stop()                   # from here on it sees no new registration
-        await register(client, keys, "coop-lag", p.pid, {"weights": "offload"})
+        await w.said(str(w.p.pid))
+        await inproc_agent.jobs_mirror.stop()            # from here on it sees no new registration
+        await register(client, keys, "coop-lag", w.p.pid, {"weights": "offload"})
         rev = await intent(client, keys, NODE, "coop-lag", R.SNAPSHOT, token=50)
         st = await answered(client, keys, NODE, "coop-lag", rev)
         assert (st.outcome, st.state, st.bytes) == (R.OK, R.SNAPSHOTTED, 3 * MiB), st
-        await said("paused")
+        await w.said("paused")
         rev = await intent(client, keys, NODE, "coop-lag", R.RESTORE, token=51)
         st = await answered(client, keys, NODE, "coop-lag", rev)
         assert (st.outcome, st.state, st.bytes) == (R.OK, R.RUNNING, 3 * MiB), st
-        await said("resumed")
+        await w.said("resumed")
     finally:
-        p.kill()
-        await agent.stop(grace=5)
+        w.kill()
+
+
+async def test_a_job_restarted_under_its_id_is_let_in_before_the_agents_mirror_sees_its_new_session(
+        client, keys, inproc_agent):
+    """A job restarts under the same id: a new session, a new secret. Its worker may reach the
+    agent before the agent's jobs mirror has the new session key; the mirror's digest (the old
+    session's) must not turn it away as "wrong session secret" (the restarted job would fail to
+    start), and the old secret must not be let in once etcd holds the new one."""
+    await session(client, keys, "coop-re", "the-first-run")
+    first = SayingWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket)
+    try:
+        await first.said(str(first.p.pid))
+    finally:
+        first.kill()
+    await inproc_agent.jobs_mirror.stop()                # it keeps the first run's session digest
+    await session(client, keys, "coop-re", "the-second-run")
+    second = SayingWorker("coop-re", "the-second-run", inproc_agent.cfg.channel_socket)
+    stale = SayingWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket)
+    try:
+        await second.said(str(second.p.pid))
+        out = await asyncio.to_thread(stale.p.communicate, timeout=30)
+        assert stale.p.returncode != 0 and "wrong session secret" in out[0], out
+    finally:
+        second.kill()
+        stale.kill()
