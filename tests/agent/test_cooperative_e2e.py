@@ -152,6 +152,34 @@ async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client
     assert b("quit")["ok"]
 
 
+
+async def test_a_parked_job_killed_and_restarted_under_its_id_swaps_cooperatively_again(keys, client, stack_of):
+    """The job is killed while parked and started again at once under the same job id: a new
+    session with a new secret. Its new worker must be let in by the agent (not refused with the
+    first run's secret digest), take its turn, and be paused and resumed through its own channel."""
+    stack = stack_of(10 * MiB)
+    a = stack.job("coop-re")
+    assert a(f"acquire g {FOOTPRINT}")["ok"] and a("write weights 0badcafe")["ok"] and a("yield g")["ok"]
+    b = stack.job("coop-other")
+    assert b(f"acquire g {FOOTPRINT}")["ok"] and b("yield g")["ok"]
+    assert (await status(client, keys, NODE, "coop-re")).state == R.SNAPSHOTTED
+    a.kill()
+
+    again = stack.job("coop-re")                    # same id, a new process, a new session
+    g = again(f"acquire g {FOOTPRINT}")
+    assert g["ok"] and not g["restored"], g         # the first run's snapshot died with it
+    assert again("verify weights")["match"]         # its own fresh memory, not the first run's bytes
+    assert again("yield g")["ok"]
+    gb = b(f"acquire g {FOOTPRINT}")
+    assert gb["ok"] and gb["restored"] and b("verify weights")["match"], gb
+    st = await status(client, keys, NODE, "coop-re")
+    assert (st.state, st.outcome, st.bytes, st.pids) == (R.SNAPSHOTTED, R.OK, WEIGHTS, [again.pid]), st
+    assert b("yield g")["ok"]
+    g2 = again(f"acquire g {FOOTPRINT}")
+    assert g2["ok"] and g2["restored"] and again("verify weights")["match"], g2
+    assert again("yield g")["ok"] and again("quit")["ok"]
+
+
 async def _async(v):
     return v
 
