@@ -12,6 +12,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Iterable
+from typing import TypeVar
 
 from timeslice.common.keys import prefix_range_end
 from timeslice.common.netutil import http_json
@@ -23,10 +24,31 @@ def _metrics(port: int | None) -> list[str]:
     return ["--metrics-port", str(port), "--metrics-host", "127.0.0.1"] if port else ["--metrics-port", "-1"]
 
 
+S = TypeVar("S", bound="_Server")
+
+
 class _Server(Child):
-    """A server that reports the port it serves on in its ready line."""
+    """A server that reports the port it serves on in its ready line (read by ``probe``)."""
 
     host = "127.0.0.1"
+
+    def __init__(self, kind: str, name: str, log_path: str, env: dict[str, str] | None,
+                 metrics_port: int | None, probe: Callable[[Child], dict | None]):
+        super().__init__(kind, name, [], log_path, env)
+        self.metrics_port, self._probe = metrics_port, probe
+        if metrics_port:
+            self.info["metrics_port"] = metrics_port
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def spawn(self: S) -> S:
+        self.argv = self.command()           # built now: a restart picks up changed settings
+        super().spawn()
+        return self
+
+    def wait_serving(self, timeout: float, interrupted: Callable[[], bool] = lambda: False) -> dict:
+        return self.wait_ready(self._probe, timeout, interrupted)
 
     @property
     def port(self) -> int:
@@ -45,12 +67,10 @@ class LockdReplica(_Server):
                  host: str = "127.0.0.1", listen_port: int = 0, metrics_port: int | None = None,
                  extra: Iterable[str] = (), env: dict[str, str] | None = None, python: str = sys.executable,
                  wrapper: Iterable[str] = ()):
-        super().__init__("lockd", replica_id, [], log_path, env)
+        super().__init__("lockd", replica_id, log_path, env, metrics_port, probe_lockd)
         self.etcd_endpoints, self.prefix, self.host, self.listen_port = etcd_endpoints, prefix, host, listen_port
-        self.metrics_port, self.extra, self.python = metrics_port, list(extra), python
+        self.extra, self.python = list(extra), python
         self.wrapper = list(wrapper)   # e.g. ``ip netns exec NS``: it execs the server (same pid)
-        if metrics_port:
-            self.info["metrics_port"] = metrics_port
 
     @property
     def replica_id(self) -> str:
@@ -61,13 +81,6 @@ class LockdReplica(_Server):
                 "--prefix", self.prefix, "--listen", f"{self.host}:{self.listen_port}", *_metrics(self.metrics_port),
                 "--replica-id", self.replica_id, *self.extra]
 
-    def spawn(self) -> LockdReplica:
-        self.argv = self.command()
-        super().spawn()
-        return self
-
-    def wait_serving(self, timeout: float, interrupted: Callable[[], bool] = lambda: False) -> dict:
-        return self.wait_ready(probe_lockd, timeout, interrupted)
 
 
 class NodeAgent(_Server):
@@ -79,16 +92,14 @@ class NodeAgent(_Server):
                  sim_checkpoint_gbps: float | None = None, sim_restore_gbps: float | None = None,
                  channel_socket: str | None = None, extra: Iterable[str] = (), env: dict[str, str] | None = None,
                  python: str = sys.executable):
-        super().__init__("nodeagent", node, [], log_path, env)
+        super().__init__("nodeagent", node, log_path, env, metrics_port, probe_agent)
         self.etcd_endpoints, self.prefix, self.state_dir, self.backend = etcd_endpoints, prefix, state_dir, backend
-        self.listen_port, self.metrics_port, self.python = listen_port, metrics_port, python
+        self.listen_port, self.python = listen_port, python
         self.sim_dir = sim_dir
         self.sim = {"--sim-capacity-bytes": sim_capacity_bytes, "--sim-checkpoint-gbps": sim_checkpoint_gbps,
                     "--sim-restore-gbps": sim_restore_gbps}
         self.channel_socket, self.extra = channel_socket, list(extra)
         self.info.update(node=node)
-        if metrics_port:
-            self.info["metrics_port"] = metrics_port
 
     @property
     def node(self) -> str:
@@ -108,13 +119,6 @@ class NodeAgent(_Server):
             argv += ["--channel-socket", self.channel_socket]
         return argv + self.extra
 
-    def spawn(self) -> NodeAgent:
-        self.argv = self.command()
-        super().spawn()
-        return self
-
-    def wait_serving(self, timeout: float, interrupted: Callable[[], bool] = lambda: False) -> dict:
-        return self.wait_ready(probe_agent, timeout, interrupted)
 
 
 # -- readiness probes (Child -> info dict, or None while not ready) ------------------------------
