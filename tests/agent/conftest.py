@@ -2,12 +2,18 @@
 SIMULATED device, real worker processes holding checksummed bytes."""
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
 import pytest
 
 from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.common.etcd import EtcdClient, EtcdConfig
 from timeslice.common.keys import Keys
+from timeslice.proto import lockd_pb2 as lpb
+from timeslice.proto import lockd_pb2_grpc as lpbg
 from timeslice.testing.agent import AgentProcess, SimWorker
+from timeslice.testing.lockd import LockdCluster, admin_channel
 
 from agenthelpers import MiB, NODE
 
@@ -71,3 +77,32 @@ def workers(sim_dir, tmp_path):
     yield make
     for w in made:
         w.stop()
+
+
+@dataclass
+class NodeStack:
+    stub: lpbg.LockdStub      # an admin channel to the replica
+    lockd: LockdCluster
+    agent: AgentProcess
+    dev: SimDevice
+
+
+@pytest.fixture
+def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
+    """lockd_node(capacity, group="g", isolation="") -> async context of a NodeStack: the test's
+    SIMULATED device resized to ``capacity`` bytes, this node's agent, one lockd replica, and
+    ``group`` over the node. The replica is stopped on the way out."""
+    @asynccontextmanager
+    async def make(capacity: int, group: str = "g", isolation: str = ""):
+        dev = SimDevice(sim_dir, capacity_bytes=capacity)
+        lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
+        agent = agents()
+        try:
+            async with admin_channel(lockd.replicas[0].target) as ch:
+                stub = lpbg.LockdStub(ch)
+                await stub.CreateGroup(lpb.CreateGroupRequest(group_id=group, nodes=[lpb.NodeSpec(node=NODE)],
+                                                              isolation=isolation))
+                yield NodeStack(stub, lockd, agent, dev)
+        finally:
+            lockd.stop()
+    return make

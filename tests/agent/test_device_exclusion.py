@@ -9,52 +9,41 @@ from __future__ import annotations
 import pytest
 
 from agenthelpers import MiB, NODE, wait_agent
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.testing.lockd import LockdCluster, admin_channel
 from timeslice.proto import lockd_pb2 as lpb
-from timeslice.proto import lockd_pb2_grpc as lpbg
 
 JOB = 3 * MiB          # both fit on the 10 MiB device: the handoff is elided
 
 
-async def test_a_holder_that_lost_its_lease_is_frozen_before_the_next_grant(etcd, key_prefix, keys, client, agents,
-                                                                             workers, sim_dir, tmp_path):
-    dev = SimDevice(sim_dir, capacity_bytes=10 * MiB)
-    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
-    agent = agents()
-    try:
-        async with admin_channel(lockd.replicas[0].target) as ch:
-            stub = lpbg.LockdStub(ch)
-            await stub.CreateGroup(lpb.CreateGroupRequest(group_id="g", nodes=[lpb.NodeSpec(node=NODE)]))
-            sess = {}
-            for job in ("holder", "next"):
-                sess[job] = await stub.OpenSession(lpb.OpenSessionRequest(job_id=job, ttl_seconds=60))
-            wh = workers(JOB, seed=3)
-            await stub.RegisterWorker(lpb.WorkerRequest(job_id="holder", session_secret=sess["holder"].session_secret,
-                                                        node=NODE, pid=wh.pid, device_bytes=JOB))
-            await wait_agent(client, keys, NODE, lambda a: a.job_device_bytes.get("holder") == JOB)
-            g1 = await stub.Acquire(lpb.AcquireRequest(job_id="holder", session_secret=sess["holder"].session_secret,
-                                                       group_id="g", device_bytes_hint=JOB), timeout=30)
-            assert g1.token > 0
-            # The holder's lease expires while it holds (as after a pause past its TTL).
-            etcd.revoke_lease(sess["holder"].lease_id)
-            g2 = await stub.Acquire(lpb.AcquireRequest(job_id="next", session_secret=sess["next"].session_secret,
-                                                       group_id="g", device_bytes_hint=JOB), timeout=30)
-            assert g2.bytes_moved == 0 and g2.token > g1.token   # both fit: nothing else stops the holder
-            # By the time "next" was granted, the stale holder's process could run nothing on the device.
-            agent.wait_events("orphan_frozen", 1, job="holder", pid=wh.pid)
-            assert dev.read_state(wh.pid)["state"] == "locked"
-            assert agent.events("orphan_frozen")[0]["timestamp"] <= _grant_time(lockd)
-            with pytest.raises(TimeoutError):
-                wh.ask("verify", timeout=0.5)      # a device operation of the stale holder waits
-            # Its job comes back (a new session re-registers the worker): thawed, bytes intact.
-            s2 = await stub.OpenSession(lpb.OpenSessionRequest(job_id="holder", ttl_seconds=60))
-            await stub.RegisterWorker(lpb.WorkerRequest(job_id="holder", session_secret=s2.session_secret,
-                                                        node=NODE, pid=wh.pid, device_bytes=JOB))
-            agent.wait_events("orphan_thawed", 1, job="holder", pid=wh.pid)
-            assert wh.read(10) == f"VERIFY OK {wh.expected}"     # the waiting call ran, bytes intact
-    finally:
-        lockd.stop()
+async def test_a_holder_that_lost_its_lease_is_frozen_before_the_next_grant(etcd, keys, client, workers, lockd_node):
+    async with lockd_node(10 * MiB) as n:
+        stub, agent, lockd, dev = n.stub, n.agent, n.lockd, n.dev
+        sess = {}
+        for job in ("holder", "next"):
+            sess[job] = await stub.OpenSession(lpb.OpenSessionRequest(job_id=job, ttl_seconds=60))
+        wh = workers(JOB, seed=3)
+        await stub.RegisterWorker(lpb.WorkerRequest(job_id="holder", session_secret=sess["holder"].session_secret,
+                                                    node=NODE, pid=wh.pid, device_bytes=JOB))
+        await wait_agent(client, keys, NODE, lambda a: a.job_device_bytes.get("holder") == JOB)
+        g1 = await stub.Acquire(lpb.AcquireRequest(job_id="holder", session_secret=sess["holder"].session_secret,
+                                                   group_id="g", device_bytes_hint=JOB), timeout=30)
+        assert g1.token > 0
+        # The holder's lease expires while it holds (as after a pause past its TTL).
+        etcd.revoke_lease(sess["holder"].lease_id)
+        g2 = await stub.Acquire(lpb.AcquireRequest(job_id="next", session_secret=sess["next"].session_secret,
+                                                   group_id="g", device_bytes_hint=JOB), timeout=30)
+        assert g2.bytes_moved == 0 and g2.token > g1.token   # both fit: nothing else stops the holder
+        # By the time "next" was granted, the stale holder's process could run nothing on the device.
+        agent.wait_events("orphan_frozen", 1, job="holder", pid=wh.pid)
+        assert dev.read_state(wh.pid)["state"] == "locked"
+        assert agent.events("orphan_frozen")[0]["timestamp"] <= _grant_time(lockd)
+        with pytest.raises(TimeoutError):
+            wh.ask("verify", timeout=0.5)      # a device operation of the stale holder waits
+        # Its job comes back (a new session re-registers the worker): thawed, bytes intact.
+        s2 = await stub.OpenSession(lpb.OpenSessionRequest(job_id="holder", ttl_seconds=60))
+        await stub.RegisterWorker(lpb.WorkerRequest(job_id="holder", session_secret=s2.session_secret,
+                                                    node=NODE, pid=wh.pid, device_bytes=JOB))
+        agent.wait_events("orphan_thawed", 1, job="holder", pid=wh.pid)
+        assert wh.read(10) == f"VERIFY OK {wh.expected}"     # the waiting call ran, bytes intact
 
 
 def _grant_time(lockd) -> str:

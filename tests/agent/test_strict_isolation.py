@@ -16,8 +16,6 @@ from agenthelpers import NODE, MiB, get, status, wait_agent
 from timeslice.common import records as R
 from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
-from timeslice.proto import lockd_pb2_grpc as lpbg
-from timeslice.testing.lockd import LockdCluster, admin_channel
 
 JOB = 3 * MiB          # two fit on the 10 MiB device: every handoff here is elided
 
@@ -53,18 +51,9 @@ class Jobs:
 
 
 @asynccontextmanager
-async def cluster(etcd, key_prefix, keys, client, agents, workers, sim_dir, tmp_path, isolation: str):
-    SimDevice(sim_dir, capacity_bytes=10 * MiB)
-    lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
-    agent = agents()
-    try:
-        async with admin_channel(lockd.replicas[0].target) as ch:
-            stub = lpbg.LockdStub(ch)
-            await stub.CreateGroup(lpb.CreateGroupRequest(group_id="g", nodes=[lpb.NodeSpec(node=NODE)],
-                                                          isolation=isolation))
-            yield Jobs(stub, client, keys, workers), lockd, agent
-    finally:
-        lockd.stop()
+async def cluster(lockd_node, client, keys, workers, isolation: str):
+    async with lockd_node(10 * MiB, isolation=isolation) as n:
+        yield Jobs(n.stub, client, keys, workers), n.lockd, n.agent
 
 
 async def _answered_before_grant(client, keys, job: str) -> bool:
@@ -77,8 +66,8 @@ async def _answered_before_grant(client, keys, job: str) -> bool:
 
 
 @pytest.fixture
-def world(etcd, key_prefix, keys, client, agents, workers, sim_dir, tmp_path):
-    return lambda iso: cluster(etcd, key_prefix, keys, client, agents, workers, sim_dir, tmp_path, iso)
+def world(lockd_node, keys, client, workers):
+    return lambda iso: cluster(lockd_node, client, keys, workers, iso)
 
 
 async def test_a_yielded_job_is_frozen_before_an_elided_grant_and_thawed_before_its_own(world, client, keys, sim_dir):
