@@ -3,14 +3,12 @@ aliases, constructor spellings, hooks, workers, admin calls and error mapping.""
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
 import time
-import types
 
 import pytest
 
-from tests.client.helpers import wait_for
+from tests.client.helpers import FakeCuda, fake_torch, wait_for
 from timeslice import (
     AcquireTimeoutError,
     GroupBusyError,
@@ -106,18 +104,7 @@ def test_exception_in_body_still_yields(lockd, group, uid, clients):
 
 def test_hooks_run_around_the_hold(lockd, group, uid, clients, monkeypatch):
     calls = []
-
-    class Cuda:
-        def is_initialized(self):
-            return True
-
-        def synchronize(self):
-            calls.append("synchronize")
-
-        def empty_cache(self):
-            calls.append("empty_cache")
-
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=Cuda()))
+    fake_torch(monkeypatch, FakeCuda(calls.append))
     c = clients(OrchestratorClient(lockd.targets, job_id=f"h-{uid}",
                                    after_acquire=lambda g: calls.append(("after_acquire", g.token)),
                                    before_yield=lambda g: calls.append(("before_yield", g.token))))

@@ -8,28 +8,16 @@ import subprocess
 import sys
 import threading
 import time
-import types
 
 import pytest
 
-from tests.client.helpers import wait_for
+from tests.client.helpers import FakeCuda, fake_torch, wait_for
 from timeslice import ClientClosedError, ClientForkedError, OrchestratorClient, SessionLostError
 
 
 def test_hooks_and_the_cache_release_run_on_the_calling_thread(lockd, group, uid, clients, monkeypatch):
     seen = []
-
-    class Cuda:
-        def is_initialized(self):
-            return True
-
-        def synchronize(self):
-            seen.append(("synchronize", threading.current_thread()))
-
-        def empty_cache(self):
-            pass
-
-    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=Cuda()))
+    fake_torch(monkeypatch, FakeCuda(lambda call: seen.append((call, threading.current_thread()))))
     c = clients(OrchestratorClient(lockd.targets, job_id=f"hk-{uid}",
                                    after_acquire=lambda g: seen.append(("after", threading.current_thread())),
                                    before_yield=lambda g: seen.append(("before", threading.current_thread()))))
@@ -40,7 +28,7 @@ def test_hooks_and_the_cache_release_run_on_the_calling_thread(lockd, group, uid
     worker = threading.Thread(target=phase, name="the-caller")
     worker.start()
     worker.join(30)
-    assert [k for k, _ in seen] == ["after", "before", "synchronize"]
+    assert [k for k, _ in seen] == ["after", "before", "synchronize", "empty_cache"]
     assert all(t is worker for _, t in seen), seen
 
 

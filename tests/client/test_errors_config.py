@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import socket
 import sys
-import types
 
 import pytest
 
 import timeslice
+from tests.client.helpers import FakeCuda, fake_torch
 from timeslice import errors as E
 from timeslice.common.errors import TimesliceError
 from timeslice.common.ids import check_id
@@ -119,31 +119,16 @@ def test_node_spec_parsing():
         NodeSpec.parse("n1:x")
 
 
-class _FakeCuda:
-    def __init__(self, initialized):
-        self.initialized, self.calls = initialized, []
-
-    def is_initialized(self):
-        return self.initialized
-
-    def synchronize(self):
-        self.calls.append("synchronize")
-
-    def empty_cache(self):
-        self.calls.append("empty_cache")
-
-
 def test_cache_release_only_when_torch_is_loaded_and_cuda_initialised(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     assert release_framework_cache() is False
     assert "torch" not in sys.modules                 # never imports torch itself
-    cold = types.SimpleNamespace(cuda=_FakeCuda(False))
-    monkeypatch.setitem(sys.modules, "torch", cold)
-    assert release_framework_cache() is False and cold.cuda.calls == []
-    warm = types.SimpleNamespace(cuda=_FakeCuda(True))
-    monkeypatch.setitem(sys.modules, "torch", warm)
+    calls = []
+    fake_torch(monkeypatch, FakeCuda(calls.append, initialized=False))
+    assert release_framework_cache() is False and calls == []
+    fake_torch(monkeypatch, FakeCuda(calls.append))
     assert release_framework_cache() is True
-    assert warm.cuda.calls == ["synchronize", "empty_cache"]
+    assert calls == ["synchronize", "empty_cache"]
 
 
 def test_generated_job_id_is_logged_as_a_structured_event(monkeypatch):
