@@ -185,9 +185,6 @@ class Agent:
             return f"wrong session secret for job {job!r}"
         return None
 
-    def _let_go(self, job: str) -> bool:
-        return fencing.let_go(self, job)
-
     async def fence(self) -> None:
         """Freeze and thaw at the device the processes of jobs that lost or left their sessions
         (nodeagent/fencing.py)."""
@@ -275,15 +272,14 @@ class Agent:
         """``job``'s worker registrations on this node, read fresh from etcd."""
         prefix = self.keys.workers(job) + f"{self.node}/".encode()
         r = await self.client.range(ops.range_req(prefix, prefix=True))
-        out = []
+        read = []
         for kv in r.kvs:
             try:
-                out.append(R.WorkerValue.load(kv.value))
+                read.append((kv, R.WorkerValue.load(kv.value)))
             except Exception:
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
-                continue
-            self.swappers.note(job, kv, out[-1])       # ahead of the jobs mirror, maybe
-        return out
+        self.swappers.note(job, read)                    # ahead of the jobs mirror, maybe
+        return [reg for _, reg in read]
 
     async def pids(self, job: str, regs: list[R.WorkerValue] | None = None) -> tuple[list[int], list[int]]:
         """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""

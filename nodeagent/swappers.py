@@ -32,13 +32,14 @@ class Swappers:
         self._made: dict[int, tuple[str, str, Swapper]] = {}          # pid -> (job, kind, swapper)
         self._fresh: dict[int, tuple[int, str, R.WorkerValue]] = {}   # pid -> (mod_revision, job, registration)
 
-    def note(self, job: str, kv: rpc.KeyValue, reg: R.WorkerValue) -> None:
-        """The op path read ``job``'s registration ``kv`` (decoded: ``reg``) fresh from etcd."""
+    def note(self, job: str, read: list[tuple[rpc.KeyValue, R.WorkerValue]]) -> None:
+        """The op path read ``job``'s registrations fresh from etcd: (key-value, decoded) pairs."""
         seen = self.jobs.jobs_mirror.revision
         fresh = {p: v for p, v in self._fresh.items() if v[0] > seen}   # drop what the mirror has
-        pid = kv.key.rsplit(b"/", 1)[-1]
-        if pid.isdigit() and kv.mod_revision > seen:
-            fresh[int(pid)] = (kv.mod_revision, job, reg)
+        for kv, reg in read:
+            pid = kv.key.rsplit(b"/", 1)[-1]
+            if pid.isdigit() and kv.mod_revision > seen:
+                fresh[int(pid)] = (kv.mod_revision, job, reg)
         self._fresh = fresh
 
     def registration(self, pid: int) -> tuple[str, R.WorkerValue] | None:
