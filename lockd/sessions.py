@@ -113,12 +113,7 @@ class Sessions:
             raise AlreadyExists(
                 f"job {job!r} already has a live session (lease {old.lease:x}); close it, or wait "
                 f"for it to expire, or use another job id")
-        if self._seen is not None:
-            # Until the mirror counts it, it is one of ours in flight (kept in _opening).
-            try:
-                await self._seen(resp.header.revision)
-            except asyncio.TimeoutError:
-                pass
+        await self._mirrored(resp.header.revision)     # until then it counts as ours in flight (_opening)
         return secret, lease, granted
 
     async def verify(self, job: str, secret: str) -> int:
@@ -158,9 +153,14 @@ class Sessions:
         resp = await self.client.txn([], [ops.put(self.keys.closed(job), str(R.now_ms()).encode(), marker),
                                           ops.delete(self.keys.session(job))])
         await self.client.revoke(lease)
+        await self._mirrored(resp.header.revision)
+        return True
+
+    async def _mirrored(self, revision: int) -> None:
+        """Wait (bounded by ``seen``) until this replica's mirror, which counts live sessions for
+        the limits, has ``revision``."""
         if self._seen is not None:
             try:
-                await self._seen(resp.header.revision)
+                await self._seen(revision)
             except asyncio.TimeoutError:
                 pass
-        return True
