@@ -209,7 +209,7 @@ class Agent:
         try:
             async with self.runner.lock(info.job):
                 await asyncio.to_thread(unfreeze)
-        except Exception as e:
+        except Exception as e:  # gone already, most likely
             log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
 
     # --- triggers (mirror listeners: synchronous, called for every batch) -------
@@ -261,7 +261,7 @@ class Agent:
                     delay = 0.1
                 except asyncio.CancelledError:
                     raise
-                except Exception as e:
+                except Exception as e:  # etcd down, a bug: retry the intent later
                     log.exception("intent_retry", **intent.log_ctx(), error=str(e))
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
@@ -276,7 +276,7 @@ class Agent:
         for kv in r.kvs:
             try:
                 read.append((kv, R.WorkerValue.load(kv.value)))
-            except Exception:
+            except Exception:  # a malformed registration names no process
                 log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
         self.swappers.note(job, read)                    # ahead of the jobs mirror, maybe
         return [reg for _, reg in read]

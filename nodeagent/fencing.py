@@ -57,7 +57,7 @@ async def fence(agent) -> None:
                     base.unlock(pid)
                     log.info("frozen_job_left", job=job, pid=pid, why="unregistered or session closed: "
                              "its exit must not wait on the lock")
-                except Exception as e:
+                except Exception as e:  # gone meanwhile: reported, not fatal
                     log.info("frozen_job_left_unlock_failed", job=job, pid=pid, error=str(e)[:300])
         step = agent.orphans.step(regs, state, partial(let_go, agent))
         frozen, thawed = {}, {}
@@ -68,7 +68,7 @@ async def fence(agent) -> None:
                 log.warning("orphan_frozen", job=job, pid=pid,
                             why="its session expired while it was on a GPU: it runs nothing there until "
                                 "its job registers it again")
-            except Exception as e:
+            except Exception as e:  # gone meanwhile, or no context: reported, not fatal
                 log.error("orphan_freeze_failed", job=job, pid=pid, error=str(e)[:300])
         for pid, job in step.thaw.items():
             if job in busy:

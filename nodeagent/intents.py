@@ -44,7 +44,7 @@ class Intent:
     def from_kv(cls, job: str, kv: rpc.KeyValue) -> Intent:
         try:
             v = R.IntentValue.load(kv.value)
-        except Exception as e:
+        except Exception as e:  # whatever is in the key, the answer is a refusal
             return cls(job, kv.mod_revision, None, f"unreadable intent: {e}")
         if v.op not in IN_PROGRESS:
             return cls(job, kv.mod_revision, v, f"unknown op {str(v.op)[:32]!r}; expected one of {sorted(R.OPS)}")

@@ -58,7 +58,7 @@ class Inventory:
         try:
             return [{"index": g.index, "uuid": g.uuid, "total_bytes": g.total_bytes, "free_bytes": g.free_bytes}
                     for g in self._nvml.gpus()]
-        except Exception as e:
+        except Exception as e:  # NVML errors must not stop the liveness key
             log.warning("nvml_query_failed", error=str(e))
             return None
 

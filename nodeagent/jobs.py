@@ -103,7 +103,7 @@ class LocalJobs:
             if hit:
                 try:
                     out[hit[1]] = (hit[0], R.WorkerValue.load(kv.value))
-                except Exception:
+                except Exception:  # a malformed registration names no process
                     continue
         self._workers_cache = (rev, out)
         return out

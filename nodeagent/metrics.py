@@ -69,7 +69,7 @@ def nvml_utilization() -> dict[str, float] | None:
         return None
     try:
         return n.utilization()
-    except Exception:
+    except Exception:  # a scrape must not fail because one NVML call did
         return None
     finally:
         n.close()

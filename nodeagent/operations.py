@@ -140,7 +140,7 @@ class Operations:
         except asyncio.CancelledError:
             o.state, o.error = FAILED, "the agent stopped during the operation"
             raise
-        except Exception as e:
+        except Exception as e:  # reported through GetOperation
             log.exception("direct_op_failed", operation=o.operation_id)
             if o.state != DONE:
                 o.state, o.error = FAILED, f"{type(e).__name__}: {e}"

@@ -122,7 +122,7 @@ class Runner:
                 if prepare is not None:
                     await asyncio.to_thread(prepare, op, list(pids), isolation, need_bytes)
                 res, rollback = await asyncio.to_thread(self._run, op, list(pids))
-            except Exception as e:
+            except Exception as e:  # a bug or an I/O error becomes the job's report
                 log.exception("op_crashed", op=op, job=job, pids=list(pids))
                 kind = ops.Outcome.REFUSED if isinstance(e, AdmissionRefused) else ops.Outcome.FAILED
                 res, rollback = ops.JobResult(op, [ops.PidResult(p, kind, ProcState.UNKNOWN, ProcState.UNKNOWN,

@@ -76,7 +76,7 @@ class Upkeep:
             # drops it from the running jobs, which is what lets the leader grant past it.
             try:
                 await a.fence()
-            except Exception as e:
+            except Exception as e:  # never stop reporting for it
                 log.error("fence_failed", error=str(e)[:300])
             pictures = await self.pictures()
             value = await self.agent_value(pictures)
@@ -135,7 +135,7 @@ class Upkeep:
                     await asyncio.to_thread(reap)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:
+            except Exception as e:  # keep refreshing whatever happens
                 a.metrics.etcd_connected.set(0)
                 log.warning("refresh_failed", error=str(e))
 

@@ -130,7 +130,7 @@ def _safe_deserializer(deser):
     def parse(data: bytes):
         try:
             return deser(data)
-        except Exception:
+        except Exception:  # any parse failure is the caller's malformed bytes
             return _Malformed(name)
     return parse
 

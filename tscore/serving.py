@@ -55,7 +55,7 @@ def rpc(fn):
             await context.abort(status_of(e), bounded(str(e)))
         except grpc.aio.AbortError:
             raise
-        except Exception:
+        except Exception:  # a bug must still give the caller a status by meaning
             incident = uuid.uuid4().hex[:12]
             _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
             await context.abort(grpc.StatusCode.INTERNAL,

@@ -113,7 +113,7 @@ def running_local_cluster():
         from timeslice.launcher.settings import load
         from timeslice.launcher.state import find_running_anywhere
         return find_running_anywhere(load()[0].log_dir)
-    except Exception:
+    except Exception:  # no launcher, no readable state: the plain default
         return None
 
 

@@ -80,7 +80,7 @@ def cmd_groups(args) -> int:
         for g in groups:
             try:
                 statuses[g.group_id] = c.status(g.group_id)
-            except Exception:
+            except Exception:  # deleted in between: shown as unknown
                 pass
     data = [{**g.to_dict(), "holder": statuses[g.group_id].holder.job_id
              if g.group_id in statuses and statuses[g.group_id].holder else None,
@@ -134,7 +134,7 @@ def cmd_watch(args) -> int:
             try:
                 for st in c.watch(args.group):
                     updates.put(("status", st))
-            except BaseException as e:
+            except BaseException as e:  # handed to the main thread
                 updates.put(("error", e))
             else:
                 updates.put(("end", None))

@@ -98,7 +98,7 @@ def _gpu_name() -> str:
             return name.decode() if isinstance(name, bytes) else str(name)
         finally:
             pynvml.nvmlShutdown()
-    except Exception:
+    except Exception:  # only a label
         return "(name unknown)"
 
 

@@ -230,7 +230,7 @@ class CooperativeWorker:
                 else:
                     return {"type": "done", "id": rid, "ok": False, "code": "INVALID_ARGUMENT",
                             "error": f"unknown request {str(kind)[:40]!r}", **self._state()}
-            except Exception as e:
+            except Exception as e:  # the agent reports it to the waiting job
                 log.exception("cooperative_request_failed", job=self.job_id, request=kind)
                 return {"type": "done", "id": rid, "ok": False, "code": "INTERNAL",
                         "error": f"{type(e).__name__}: {str(e)[:500]}",

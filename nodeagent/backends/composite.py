@@ -177,7 +177,7 @@ class CompositeBackend(Backend):
             if self.base.get_state(pid) is ProcState.LOCKED:
                 self.base.unlock(pid)
             sw.resume(self.deadline_s)
-        except Exception as exc:
+        except Exception as exc:  # the original failure is what gets reported
             log.error("cooperative_undo_failed", pid=pid, error=str(exc))
 
     def restore(self, pid: int) -> int:

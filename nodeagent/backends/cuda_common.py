@@ -107,7 +107,7 @@ class CudaCheckpointBackend(Backend):
     def _state_quiet(self, pid: int) -> ProcState:
         try:
             return self.get_state(pid)
-        except Exception:
+        except Exception:  # only used to decide cleanup
             return ProcState.UNKNOWN
 
     # -- sizes -------------------------------------------------------------------

@@ -168,7 +168,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
         try:
             if before is ProcState.RUNNING:
                 backend.lock(pid, lock_timeout_ms)
-        except Exception as exc:
+        except Exception as exc:  # every failure becomes this pid's report
             return _failure(backend, pid, before, exc, t)
         try:
             nbytes = backend.checkpoint(pid)

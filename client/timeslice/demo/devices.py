@@ -203,7 +203,7 @@ def torch_cuda_available() -> bool:
     """True if torch imports and sees a CUDA device (checked in a way that creates no context)."""
     try:
         import torch
-    except Exception:
+    except Exception:  # torch missing or broken: no GPU path
         return False
     try:
         return torch.cuda.device_count() > 0
