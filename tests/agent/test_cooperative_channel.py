@@ -14,7 +14,6 @@ import hashlib
 import os
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -144,24 +143,59 @@ sys.stdin.read()
 """
 
 
+SAYING = """
+import sys
+from timeslice.cooperative import CallbackMemory, CooperativeWorker
+say = lambda word: print(word, flush=True)
+w = CooperativeWorker(sys.argv[1], sys.argv[2], CallbackMemory(lambda: say("paused"), lambda: say("resumed"),
+                      3 << 20, device="sim0", tag="weights"), sys.argv[3], sys.argv[4]).start()
+say(w.pid)
+sys.stdin.read()
+"""
+
+
+class ChildWorker:
+    """A cooperative worker in a child process running ``script`` (argv: job secret node socket),
+    which prints its pid, then what it does, on its stdout."""
+
+    def __init__(self, job: str, secret: str, socket: str, script: str):
+        self.p = subprocess.Popen([sys.executable, "-c", script, job, secret, NODE, socket],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True)
+
+    async def said(self, word: str, timeout: float = 30.0) -> str:
+        """Read lines until ``word`` (the client library logs to stdout too); the lines read."""
+        lines: list[str] = []
+
+        async def read() -> None:
+            while not lines or lines[-1].strip() != word:
+                line = await asyncio.to_thread(self.p.stdout.readline)
+                assert line, f"the worker exited before saying {word!r}: {''.join(lines)[-2000:]}"
+                lines.append(line)
+        try:
+            await asyncio.wait_for(read(), timeout)
+        except asyncio.TimeoutError:
+            raise AssertionError(f"the worker did not say {word!r}: {''.join(lines)[-2000:]}") from None
+        return "".join(lines)
+
+    def kill(self) -> None:
+        self.p.kill()
+        self.p.wait(10)
+
+
 async def test_a_worker_that_dies_mid_pause_is_reported_gone(client, keys, agents):
     agent = agents()
     await session(client, keys, "coop-dies")
-    p = subprocess.Popen([sys.executable, "-c", DYING, "coop-dies", SECRET, NODE, agent.socket],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    w = ChildWorker("coop-dies", SECRET, agent.socket, DYING)
     try:
-        line = p.stdout.readline()
-        while not line.strip().isdigit():          # the client library logs to stdout too
-            line = p.stdout.readline()
-        pid = int(line)
-        assert pid == p.pid
-        await register(client, keys, "coop-dies", pid, {"default": "offload"})
+        await w.said(str(w.p.pid))                   # the pid the agent sees is the child's
+        await register(client, keys, "coop-dies", w.p.pid, {"default": "offload"})
         rev = await intent(client, keys, NODE, "coop-dies", R.SNAPSHOT, token=11)
         st = await answered(client, keys, NODE, "coop-dies", rev, timeout=20)
-        assert p.wait(10) == 3
+        assert w.p.wait(10) == 3
         assert st.state == R.GONE and st.outcome in (R.PROCESS_GONE, R.FAILED)
     finally:
-        p.kill()
+        w.kill()
 
 
 async def test_oversized_and_malformed_frames_are_cut_off(agents):
@@ -255,17 +289,6 @@ async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, key
 
 
 
-SAYING = """
-import sys
-from timeslice.cooperative import CallbackMemory, CooperativeWorker
-say = lambda word: print(word, flush=True)
-w = CooperativeWorker(sys.argv[1], sys.argv[2], CallbackMemory(lambda: say("paused"), lambda: say("resumed"),
-                      3 << 20, device="sim0", tag="weights"), sys.argv[3], sys.argv[4]).start()
-say(w.pid)
-sys.stdin.read()
-"""
-
-
 @pytest.fixture
 async def inproc_agent(client, keys, etcd, sim_dir, tmp_path):
     """An agent in this test's process (its mirrors can be stopped to make them lag etcd)."""
@@ -283,28 +306,6 @@ async def inproc_agent(client, keys, etcd, sim_dir, tmp_path):
     await agent.stop(grace=5)
 
 
-class SayingWorker:
-    """A cooperative worker in a child process that says "paused" / "resumed" on its stdout."""
-
-    def __init__(self, job: str, secret: str, socket: str):
-        self.p = subprocess.Popen([sys.executable, "-c", SAYING, job, secret, NODE, socket],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True)
-
-    async def said(self, word: str) -> str:
-        """Read lines until ``word`` (the client library logs to stdout too); the lines read."""
-        lines = []
-        while not lines or lines[-1].strip() != word:
-            line = await asyncio.to_thread(self.p.stdout.readline)
-            assert line, f"the worker exited before saying {word!r}: {''.join(lines)[-2000:]}"
-            lines.append(line)
-        return "".join(lines)
-
-    def kill(self) -> None:
-        self.p.kill()
-        self.p.wait(10)
-
-
 async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_cooperatively(
         client, keys, inproc_agent):
     """The op path reads a job's registrations fresh from etcd; each pid's swapper must come from
@@ -313,7 +314,7 @@ async def test_a_registration_the_agents_mirror_has_not_seen_is_still_swapped_co
     "nothing to snapshot: the job is running already", its memory still on the device. The lag is
     made certain here: the in-process agent's jobs mirror is stopped once it has the session."""
     await session(client, keys, "coop-lag")
-    w = SayingWorker("coop-lag", SECRET, inproc_agent.cfg.channel_socket)
+    w = ChildWorker("coop-lag", SECRET, inproc_agent.cfg.channel_socket, SAYING)
     try:
         await w.said(str(w.p.pid))
         await inproc_agent.jobs_mirror.stop()            # from here on it sees no new registration
@@ -337,15 +338,15 @@ async def test_a_job_restarted_under_its_id_is_let_in_before_the_agents_mirror_s
     session's) must not turn it away as "wrong session secret" (the restarted job would fail to
     start), and the old secret must not be let in once etcd holds the new one."""
     await session(client, keys, "coop-re", "the-first-run")
-    first = SayingWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket)
+    first = ChildWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket, SAYING)
     try:
         await first.said(str(first.p.pid))
     finally:
         first.kill()
     await inproc_agent.jobs_mirror.stop()                # it keeps the first run's session digest
     await session(client, keys, "coop-re", "the-second-run")
-    second = SayingWorker("coop-re", "the-second-run", inproc_agent.cfg.channel_socket)
-    stale = SayingWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket)
+    second = ChildWorker("coop-re", "the-second-run", inproc_agent.cfg.channel_socket, SAYING)
+    stale = ChildWorker("coop-re", "the-first-run", inproc_agent.cfg.channel_socket, SAYING)
     try:
         await second.said(str(second.p.pid))
         out = await asyncio.to_thread(stale.p.communicate, timeout=30)
