@@ -102,7 +102,7 @@ def job_cmd(a, job: str, mode: str, events: str, target: str = "", collective: i
 
 
 def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
-    from timeslice.demo.analysis import union_length
+    from timeslice.launcher.demo.analysis import union_length
     gpu = sorted((e for e in events if e["ev"] == "phase" and e.get("gpu")), key=lambda e: e["start"])
     res = {"label": label, "gpu_phases": len(gpu), "violations": [],
            "acquire_failed": sorted({e["error"][:400] for e in events if e["ev"] == "acquire_failed"}),

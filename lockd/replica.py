@@ -22,7 +22,7 @@ from timeslice.lockd.sessions import Sessions
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.workers import Workers
 
-log = structlog.get_logger("lockd.replica")
+log = structlog.get_logger(__name__)
 
 
 class Replica:

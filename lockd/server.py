@@ -18,7 +18,7 @@ from timeslice.lockd.replica import Replica
 from timeslice.lockd.servicer import LockdServicer
 from timeslice.proto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("lockd.server")
+log = structlog.get_logger(__name__)
 SERVICE_NAME = "timeslice.v1.Lockd"
 # Clients ping every second while a call is open (timeslice.config.KEEPALIVE_TIME_MS),
 # to leave a paused replica quickly; gRPC's defaults would answer such pings on a

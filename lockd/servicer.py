@@ -19,7 +19,7 @@ from timeslice.lockd.replica import Replica
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("lockd.rpc")
+log = structlog.get_logger(__name__)
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time
 
 

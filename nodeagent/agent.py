@@ -51,7 +51,7 @@ from timeslice.nodeagent.swappers import Swappers
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
 
-log = structlog.get_logger("nodeagent.agent")
+log = structlog.get_logger(__name__)
 
 
 def make_backend(cfg: AgentConfig) -> Backend:

@@ -36,7 +36,7 @@ from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent.backends import procfs
 
-log = structlog.get_logger("nodeagent.channel")
+log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 1024

@@ -32,7 +32,7 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.keys import Keys
 from timeslice.nodeagent.intents import Intent
 
-log = structlog.get_logger("nodeagent.reporter")
+log = structlog.get_logger(__name__)
 
 Build = Callable[[], tuple[list, list, list]]
 

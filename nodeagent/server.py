@@ -25,7 +25,7 @@ from timeslice.nodeagent.operations import Operations
 from timeslice.nodeagent.servicer import NodeAgentServicer
 from timeslice.proto import nodeagent_pb2_grpc as pbg
 
-log = structlog.get_logger("nodeagent.server")
+log = structlog.get_logger(__name__)
 SERVICE_NAME = "timeslice.v1.NodeAgent"
 
 

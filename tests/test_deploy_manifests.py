@@ -2,7 +2,7 @@
 
 Every YAML document is parsed; names, ports, labels, selectors, environment
 variables and image references are checked against each other and against
-``tscore.defaults``. Each check is a function that returns a list of problems
+``timeslice.common.defaults``. Each check is a function that returns a list of problems
 (empty = fine), run per document; ``test_check_catches`` then breaks a copy of
 the manifests in one specific way per check and asserts that the check notices,
 so that no check can pass vacuously.
@@ -400,7 +400,7 @@ def check_env(w: Doc, docs: list[Doc]) -> list[str]:
             seen.append(name)
         for name in seen + sorted(from_cm):
             if name.startswith("TIMESLICE_") and name not in ALLOWED_TIMESLICE_ENV:
-                out.append(f"{w.id}: {name} is neither in tscore.defaults nor a documented flag")
+                out.append(f"{w.id}: {name} is neither in timeslice.common.defaults nor a documented flag")
             elif own and not name.startswith("TIMESLICE_") and name not in ALLOWED_FOREIGN_ENV:
                 out.append(f"{w.id}: {name} is not a variable our programs or the NVIDIA runtime read")
         argv = " ".join(map(str, list(c.get("command") or []) + list(c.get("args") or [])))
@@ -1008,7 +1008,7 @@ def local_env_problems(values: dict[str, str]) -> list[str]:
     if values.get("ETCD_MEMBERS") != "1":
         out.append("ETCD_MEMBERS defaults to 1 (three with a flag)")
     if values.get("PREFIX") != defaults.KEY_PREFIX:
-        out.append(f"PREFIX must be {defaults.KEY_PREFIX!r} (tscore.defaults.KEY_PREFIX)")
+        out.append(f"PREFIX must be {defaults.KEY_PREFIX!r} (timeslice.common.defaults.KEY_PREFIX)")
     if values.get("BACKEND") not in ("auto", "cuda-driver", "cuda-checkpoint", "sim"):
         out.append(f"BACKEND {values.get('BACKEND')!r} is not auto|cuda-driver|cuda-checkpoint|sim")
     for k in ("LOCKD_PORT", "LOCKD_METRICS_PORT", "NODEAGENT_PORT", "NODEAGENT_METRICS_PORT",

@@ -1,7 +1,7 @@
 """Where the client's settings come from, validated before anything connects.
 
 * target: the ``target`` argument, else ``$TIMESLICE_TARGET``, else
-  ``tscore.defaults.LOCKD_TARGET`` (127.0.0.1:50051). One address, a
+  ``timeslice.common.defaults.LOCKD_TARGET`` (127.0.0.1:50051). One address, a
   comma-separated list, or a list: one per lockd replica. A DNS name that
   resolves to every replica (a Kubernetes headless Service) is one target;
   gRPC's resolver then spreads over its addresses. ``host`` without a port

@@ -39,7 +39,7 @@ import structlog
 
 from timeslice import channel as C
 
-log = structlog.get_logger("timeslice.cooperative")
+log = structlog.get_logger(__name__)
 
 OFFLOAD, DISCARD = "offload", "discard"
 POLICIES = (OFFLOAD, DISCARD)

@@ -32,7 +32,7 @@ from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
 if TYPE_CHECKING:
     from timeslice.cooperative import CooperativeWorker
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 #: Returned by an attempt when the error proved an earlier attempt was applied.
 ALREADY_APPLIED = object()

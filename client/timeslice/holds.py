@@ -36,7 +36,7 @@ from timeslice.scope import AcceleratorScope
 from timeslice.session import Sessions
 from timeslice.transport import MOVED
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 _POLL = 0.2          # s; how often a blocked acquire looks at session loss / failover / close
 
 

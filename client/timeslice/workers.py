@@ -18,7 +18,7 @@ from timeslice.model import Worker
 from timeslice.retry import Call
 from timeslice.session import Sessions
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 
 class Workers(Sessions):

@@ -39,7 +39,7 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 
-log = structlog.get_logger("nodeagent.backends.ops")
+log = structlog.get_logger(__name__)
 
 DEFAULT_LOCK_TIMEOUT_MS = 10_000  # long enough for a training step's queued kernels to drain
 

@@ -31,7 +31,7 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
-log = structlog.get_logger("nodeagent.backends.sim")
+log = structlog.get_logger(__name__)
 
 ENV_CKPT_GBPS = "TIMESLICE_SIM_CHECKPOINT_GBPS"
 ENV_RESTORE_GBPS = "TIMESLICE_SIM_RESTORE_GBPS"

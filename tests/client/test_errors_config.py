@@ -149,8 +149,9 @@ def test_without_structlog_setup_events_go_to_stdlib_logging_not_stdout(monkeypa
     from timeslice import OrchestratorClient
     monkeypatch.setattr(structlog, "is_configured", lambda: False)
     monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
-    with caplog.at_level("WARNING", logger="timeslice.client"):
+    with caplog.at_level("WARNING", logger="timeslice"):
         c = OrchestratorClient("127.0.0.1:1")
     c.close()
-    assert any(r.getMessage().startswith("job_id_generated job=") for r in caplog.records)
+    assert any(r.getMessage().startswith("job_id_generated job=") and r.name.startswith("timeslice.")
+               for r in caplog.records)
     assert capsys.readouterr().out == ""

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from timeslice.auth import ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE
-from timeslice.cli_up import add_cluster_flags, new_run_dir, settings_from_args
 from timeslice.launcher import state as S
+from timeslice.launcher.cli_up import add_cluster_flags, new_run_dir, server_extra_missing, settings_from_args
 from timeslice.launcher.cluster import LaunchError, LocalCluster, Progress, _size
 from timeslice.launcher.settings import SettingsError
 
@@ -103,12 +103,15 @@ def _gpu_name() -> str:
 
 
 def _torch_cuda() -> bool:
-    from timeslice.demo.devices import torch_cuda_available
+    from timeslice.launcher.demo.devices import torch_cuda_available
     return torch_cuda_available()
 
 
 def run(args: argparse.Namespace) -> int:
-    from timeslice.demo.runner import Demo, DemoError, Plan, RunSpec, sim_runs
+    if (msg := server_extra_missing("demo")) is not None:
+        print(msg, file=sys.stderr)
+        return 1
+    from timeslice.launcher.demo.runner import Demo, DemoError, Plan, RunSpec, sim_runs
 
     def say(msg: str) -> None:          # with --json, stdout carries only the final JSON object
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -200,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m timeslice.cli_demo ...`` (the same as ``timeslice demo ...``)."""
+    """``python -m timeslice.launcher.cli_demo ...`` (the same as ``timeslice demo ...``)."""
     from timeslice.cli import main as cli_main
     return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)])
 

@@ -20,7 +20,7 @@ from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.watch import Watch, WatchEvent
 
-log = structlog.get_logger("tscore.mirror")
+log = structlog.get_logger(__name__)
 
 Listener = Callable[[list[WatchEvent], bool], None]   # (events, reset)
 

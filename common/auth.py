@@ -27,7 +27,7 @@ import structlog
 
 from timeslice.common.errors import ConfigError
 
-log = structlog.get_logger("tscore.auth")
+log = structlog.get_logger(__name__)
 
 ENV_ADMIN_TOKEN = "TIMESLICE_ADMIN_TOKEN"
 ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"

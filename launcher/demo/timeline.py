@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from timeslice.demo.analysis import RunFigures
+from timeslice.launcher.demo.analysis import RunFigures
 
 COLORS = {"generate": "#1f77b4", "train": "#ff7f0e", "rewards": "#c7c7c7", "wait": "#f4cccc"}
 

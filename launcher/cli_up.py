@@ -9,13 +9,14 @@ Defaults come from deploy/local.env; every key there is a flag (LOCKD_REPLICAS
 = --lockd-replicas, alias --replicas). Logs, etcd data and cluster.json go to
 one folder, <LOG_DIR>/<timestamp>/ unless --run-dir names another. Other
 commands find the running cluster from any directory (a pointer in the per-user
-state folder, see timeslice/launcher/state.py). While one runs, a second `up`
+state folder, see launcher/state.py). While one runs, a second `up`
 refuses (use it, stop it, or pass --another). With --json, `up` prints one JSON
 object (the cluster's addresses, metrics ports, pids) instead of the text.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
@@ -30,6 +31,17 @@ from timeslice.launcher.progress import Progress, size_text
 from timeslice.launcher.settings import Settings, SettingsError, flag_name, load
 
 _ALIASES = {"LOCKD_REPLICAS": ["--replicas"]}
+#: What lockd and the node agent import that a plain (job-client) install lacks: the `server` extra.
+SERVER_MODULES = ("aetcd", "grpc_health", "prometheus_client")
+
+
+def server_extra_missing(command: str) -> str | None:
+    """The message for ``timeslice <command>`` when the `server` extra is not installed, else None."""
+    missing = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+    if not missing:
+        return None
+    return (f"timeslice {command}: the local cluster runs lockd and the node agent, which need the server extra "
+            f"(not installed: {', '.join(missing)}); install it with: pip install 'timeslice[server]'")
 
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
@@ -117,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.stop:
         return stop_detached(args, settings)
+    if (msg := server_extra_missing("up")) is not None:   # stopping needs none of it
+        print(msg, file=sys.stderr)
+        return 1
     if not args.another:
         running = S.find_running_anywhere(settings.log_dir)
         if running is not None:
@@ -210,7 +225,7 @@ def stop_detached(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m timeslice.cli_up ...`` (the same as ``timeslice up ...``)."""
+    """``python -m timeslice.launcher.cli_up ...`` (the same as ``timeslice up ...``)."""
     from timeslice.cli import main as cli_main
     return cli_main(["up", *(sys.argv[1:] if argv is None else argv)])
 

@@ -19,7 +19,7 @@ class ConfigError(TimesliceError):
 
 
 class InvalidIdError(TimesliceError):
-    """An id does not follow the documented grammar (see tscore.ids)."""
+    """An id does not follow the documented grammar (see timeslice.common.ids)."""
 
     code = "INVALID_ARGUMENT"
 

@@ -1,4 +1,4 @@
-"""Ballast for the GPU demo's swapping run: ``python -m timeslice.demo.ballast --job-bytes N``.
+"""Ballast for the GPU demo's swapping run: ``python -m timeslice.launcher.demo.ballast --job-bytes N``.
 
 A real GPU has far more memory than two demo jobs use, so their contexts
 would always fit side by side and every swap would be elided. This process

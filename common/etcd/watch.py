@@ -29,7 +29,7 @@ from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.keys import prefix_range_end
 
-log = structlog.get_logger("tscore.watch")
+log = structlog.get_logger(__name__)
 
 PUT = rpc.Event.PUT
 DELETE = rpc.Event.DELETE

@@ -3,7 +3,7 @@
 Each replica is the launcher's ``LockdReplica`` (``python -m timeslice.lockd.cli serve``
 on a free loopback port, logging JSON to its own file) with the harness's
 faults: stopped (SIGTERM: graceful, resigns), killed (SIGKILL), paused and
-resumed, restarted (see tscore/testing/server.py).
+resumed, restarted (see testing/server.py).
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from timeslice.common.etcd.backoff import Backoff
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.timing import SessionTiming
 
-log = structlog.get_logger("tscore.session")
+log = structlog.get_logger(__name__)
 
 
 class Session:

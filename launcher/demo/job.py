@@ -1,4 +1,4 @@
-"""One synthetic RL job of the demo: ``python -m timeslice.demo.job ...``.
+"""One synthetic RL job of the demo: ``python -m timeslice.launcher.demo.job ...``.
 
 Each iteration is the loop of a GRPO-style trainer, with fixed phase lengths:
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from timeslice import OrchestratorClient
-    from timeslice.demo.devices import SimCoopGpu, SimGpu, TorchGpu
+    from timeslice.launcher.demo.devices import SimCoopGpu, SimGpu, TorchGpu
 
 
 def _size(n: int) -> str:
@@ -45,13 +45,13 @@ class Job:
         self.client: OrchestratorClient | None = None
         self.gpu: TorchGpu | SimCoopGpu | SimGpu
         if a.device == "cuda":
-            from timeslice.demo.devices import TorchGpu
+            from timeslice.launcher.demo.devices import TorchGpu
             self.gpu = TorchGpu(a.bytes, a.seed)
         elif a.swap == "cooperative":
-            from timeslice.demo.devices import SimCoopGpu
+            from timeslice.launcher.demo.devices import SimCoopGpu
             self.gpu = SimCoopGpu(a.sim_dir, a.bytes, a.seed)
         else:
-            from timeslice.demo.devices import SimGpu
+            from timeslice.launcher.demo.devices import SimGpu
             self.gpu = SimGpu(a.sim_dir, a.bytes, a.seed)
         self.bad_verifies = 0
         self.verifies = 0

@@ -24,7 +24,7 @@ from timeslice.common import defaults as D
 from timeslice.common.errors import TimesliceError
 from timeslice.common.etcd.client import EtcdConfig
 
-_log = structlog.get_logger("tscore.serving")
+_log = structlog.get_logger(__name__)
 
 
 #: Longest status message a server sends. gRPC refuses reply metadata over ~16 KB

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from timeslice.demo import analysis, timeline
-from timeslice.demo.analysis import RunFigures
+from timeslice.launcher.demo import analysis, timeline
+from timeslice.launcher.demo.analysis import RunFigures
 
 JOBS = (("A", 11), ("B", 22))          # label letter, seed
 
@@ -137,7 +137,7 @@ class Demo:
     # -- one run ---------------------------------------------------------------------------
     def _argv(self, spec: RunSpec, letter: str, seed: int, job_id: str, events: Path) -> list[str]:
         p, c = self.plan, self.cluster
-        argv = [self.python, "-m", "timeslice.demo.job", "--job-id", job_id, "--label", f"job {letter}",
+        argv = [self.python, "-m", "timeslice.launcher.demo.job", "--job-id", job_id, "--label", f"job {letter}",
                 "--mode", spec.mode, "--device", p.device, "--bytes", str(spec.job_bytes), "--seed", str(seed),
                 "--iterations", str(p.iterations), "--generate-s", str(p.generate_s),
                 "--rewards-s", str(p.rewards_s), "--train-s", str(p.train_s), "--events", str(events),
@@ -199,7 +199,7 @@ class Demo:
         return analysis.figures(spec.key, spec.title, spec.mode, spec.job_bytes, by_job, t0), by_job
 
     def _start_ballast(self, spec: RunSpec, env: dict, deadline: float) -> JobProc:
-        bp = JobProc([self.python, "-m", "timeslice.demo.ballast", "--job-bytes", str(spec.job_bytes)], env,
+        bp = JobProc([self.python, "-m", "timeslice.launcher.demo.ballast", "--job-bytes", str(spec.job_bytes)], env,
                      self.out / "logs" / f"{spec.key}-ballast.log", "ballast")
         line = self._next(bp, deadline)
         if not line or not line.startswith("READY"):

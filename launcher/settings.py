@@ -40,7 +40,7 @@ def default_env_file() -> Path | None:
     if explicit:
         return Path(explicit)
     here = Path(__file__).resolve()
-    for parent in here.parents:                # client/timeslice/launcher -> repo root
+    for parent in here.parents:                # launcher/ -> repo root
         candidate = parent / "deploy" / "local.env"
         if candidate.is_file():
             return candidate
