@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable
+from typing import TypeVar
 
 import tenacity
 
@@ -119,16 +120,19 @@ def probe_healthy(m: Child) -> dict | None:
     return None
 
 
-def start_members(attempt: Callable[[], list[EtcdMember]], wait: Callable[[list[EtcdMember]], None],
-                  discard: Callable[[list[EtcdMember]], None], attempts: int,
-                  on_retry: Callable[[], None] = lambda: None) -> list[EtcdMember]:
+M = TypeVar("M", bound=EtcdMember)   # the harness passes its subclass (kill, pause, restart on top)
+
+
+def start_members(attempt: Callable[[], list[M]], wait: Callable[[list[M]], None],
+                  discard: Callable[[list[M]], None], attempts: int,
+                  on_retry: Callable[[], None] = lambda: None) -> list[M]:
     """``attempt()`` makes the members (fresh ports), they are launched, ``wait`` until they serve.
 
     When a member lost a port race (``PortTaken``), ``discard`` stops them and removes what
     they wrote, and a new attempt is made, up to ``attempts`` in all; any other failure
     discards and raises at once.
     """
-    def once() -> list[EtcdMember]:
+    def once() -> list[M]:
         members = attempt()
         try:
             for m in members:

@@ -35,14 +35,15 @@ class AgentProcess(ServerProcess, NodeAgent):
         shared_admin_token()
         # The cooperative channel's socket lives with the test's files: agents of tests that run
         # at once (same node names) must never share one.
+        self._socket = os.path.join(state_dir, "agent.sock")
         super().__init__(node, etcd_endpoints, prefix, os.path.join(logdir, f"nodeagent-{node}.log"),
                          state_dir=state_dir, backend=backend, sim_dir=str(sim_dir) if sim_dir else None,
-                         channel_socket=os.path.join(state_dir, "agent.sock"), extra=extra or [],
-                         env=dict(env or {}))
+                         channel_socket=self._socket, extra=extra or [], env=dict(env or {}))
 
     @property
     def socket(self) -> str:
-        return self.channel_socket
+        """The cooperative channel's socket path (always set here; the launcher's may be None)."""
+        return self._socket
 
     def stop(self, grace: float = 15.0) -> None:
         super().stop(grace)
@@ -63,12 +64,14 @@ class SimWorker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
             start_new_session=True, env={**os.environ, **(env or {})})
         track(self.proc)
+        assert self.proc.stdin and self.proc.stdout and self.proc.stderr   # all three are pipes
+        self._stdin, self._stdout, self._stderr = self.proc.stdin, self.proc.stdout, self.proc.stderr
         self.pid, self.nbytes, self.expected = self.proc.pid, nbytes, ""
         self._lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
-        for line in self.proc.stdout:
+        for line in self._stdout:
             self._lines.put(line.strip())
         self._lines.put(None)
 
@@ -78,7 +81,7 @@ class SimWorker:
         except queue.Empty:
             raise TimeoutError(f"worker {self.pid} said nothing in {timeout}s") from None
         if line is None:
-            raise EOFError(f"worker {self.pid} exited rc={self.proc.wait()}: {self.proc.stderr.read()}")
+            raise EOFError(f"worker {self.pid} exited rc={self.proc.wait()}: {self._stderr.read()}")
         return line
 
     def ready(self, timeout: float = 15.0) -> SimWorker:
@@ -88,8 +91,8 @@ class SimWorker:
         return self
 
     def ask(self, cmd: str, timeout: float = 10.0) -> str:
-        self.proc.stdin.write(cmd + "\n")
-        self.proc.stdin.flush()
+        self._stdin.write(cmd + "\n")
+        self._stdin.flush()
         return self.read(timeout)
 
     def verify(self, timeout: float = 10.0) -> bool:

@@ -41,6 +41,7 @@ class EtcdMember(launcher.EtcdMember):
         if self.is_running():
             raise EtcdHarnessError(f"etcd {self.name} is already running")
         super().launch(state)
+        assert self.proc is not None     # launch spawned it
         procs.track(self.proc)
         self._down_on_purpose = False
         self.paused = False

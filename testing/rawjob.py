@@ -164,7 +164,7 @@ class RawJob:
             r = await tenacity.AsyncRetrying(
                 retry=tenacity.retry_if_exception_type((grpc.aio.AioRpcError, GiveUp)),
                 stop=tenacity.stop_after_delay(timeout), wait=tenacity.wait_fixed(0.3) + tenacity.wait_random(0, 0.1), reraise=True,
-                before_sleep=lambda s: self.log(f"open session: {s.outcome.exception()}"[:300]))(
+                before_sleep=lambda s: self.log(f"open session: {s.outcome and s.outcome.exception()}"[:300]))(
                 self.call, "OpenSession", req, 2 * len(self.targets) * (self.rpc_timeout or 1.0))
         self.secret, self.lease, self.lost = r.session_secret, r.lease_id, ""
         return self

@@ -12,12 +12,20 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 from timeslice.launcher.procs import log_events
 from timeslice.testing.procs import terminate, track, untrack
 
+if TYPE_CHECKING:
+    # What the mixin is mixed into, for the type checker only (at run time the launcher class
+    # follows it in the subclass's bases, so ``super()`` reaches it).
+    from timeslice.launcher.servers import _Server as _Launched
+else:
+    _Launched = object
 
-class ServerProcess:
+
+class ServerProcess(_Launched):
     """Mixed in before a launcher server class: ``class LockdProcess(ServerProcess, LockdReplica)``."""
 
     NAME = "server"
@@ -42,6 +50,7 @@ class ServerProcess:
 
     def spawn(self):
         super().spawn()
+        assert self.proc is not None     # spawned just now
         track(self.proc)
         return self
 
