@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
-"""Type check (mypy) and lint (ruff) the shipped packages: zero findings is the bar (issue 14).
+"""Type check (mypy) and lint (ruff) the shipped packages: zero findings is the bar.
 
 Each part of the namespace is a top-level folder (``timeslice.X`` in ``X/``, the bare ``timeslice``
 in ``client/timeslice/``: pyproject's package-dir map). ruff reads the folders directly. mypy finds
 modules by path only (the editable install's import hook is invisible to it), so ``timeslice`` is
 laid out in a temporary folder: a link per entry of client/timeslice/ plus one link per other
 part (``timeslice/common`` -> ``common/``, ...), and mypy checks ``-p timeslice`` there; findings
-are reported with the real paths. Usage: python scripts/static_checks.py [ruff] [mypy]
+are reported with the real paths. A tool that is not installed (both come with the ``test``
+extra) is an error, not a pass. Usage: python scripts/static_checks.py [ruff] [mypy]
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -67,8 +69,17 @@ def run_ruff() -> int:
     return subprocess.run([sys.executable, "-m", "ruff", "check", *folders], cwd=ROOT).returncode
 
 
+def missing(tool: str) -> bool:
+    if importlib.util.find_spec(tool) is not None:
+        return False
+    print(f"static_checks: {tool} is not installed in {sys.executable} (pip install -e '.[test]')", file=sys.stderr)
+    return True
+
+
 if __name__ == "__main__":
     which = sys.argv[1:] or ["mypy", "ruff"]
+    if any([missing(tool) for tool in which]):
+        sys.exit(2)
     rc = 0
     if "ruff" in which:
         rc |= run_ruff()
