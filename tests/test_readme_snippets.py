@@ -30,8 +30,8 @@ import pytest
 from timeslice import AsyncOrchestratorClient, OrchestratorClient
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.procs import log_events
-from timeslice.launcher.start import create_group
 from timeslice.launcher.settings import Settings
+from timeslice.launcher.start import create_group
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "readme-node"
