@@ -1,5 +1,5 @@
 """Proof on a multi-GPU host: two jobs, one process per GPU each, NCCL all-reduce in every GPU
-phase, time-sliced through lockd + one node agent (issue #13).
+phase, time-sliced through lockd + one node agent.
 
     python -m benchmarks.gpu_multi --out "$OUT"            # 2×H200: both GPUs, all regimes
     python -m benchmarks.gpu_multi --gpus 2 --regimes nofit --iters 3

@@ -1,6 +1,6 @@
 """What every component's metrics registry shares: buckets, build info, process metrics.
 
-Conventions (checked by tests/test_metrics_convention.py): every name starts
+Conventions (checked by tests/test_metrics_logs.py): every name starts
 with ``timeslice_``; lockd's names carry no component infix, the agent's carry
 ``agent_``; durations end in ``_seconds``, sizes in ``_bytes``, ratios in
 ``_ratio``, counters in ``_total``; one meaning has one name (lockd does not

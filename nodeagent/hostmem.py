@@ -1,6 +1,6 @@
 """Admission: will the bytes fit where they are going? Asked before any process is touched.
 
-Invariant 7 of DESIGN.md in code:
+Invariant 7 of docs/ARCHITECTURE.md (nothing lost) in code:
 
 * a snapshot is refused up front unless host memory can take it: on the H200
   host we measured, two 75 GB snapshots at once made the kernel OOM-kill a

@@ -26,7 +26,7 @@ from timeslice.common import defaults
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
-# What the CLIs accept (each flag also as TIMESLICE_<FLAG>), from issue #6.
+# What the CLIs accept (each flag also as TIMESLICE_<FLAG>).
 LOCKD_FLAGS = (
     "etcd-endpoints", "prefix", "listen", "metrics-port", "metrics-host", "replica-id",
     "etcd-ca", "etcd-cert", "etcd-key", "tls-cert", "tls-key",
@@ -557,7 +557,7 @@ def check_nodeagent(w: Doc, docs: list[Doc]) -> list[str]:
     caps = set(str(env.get("NVIDIA_DRIVER_CAPABILITIES", {}).get("value", "")).split(","))
     if not {"compute", "utility"} <= caps:
         out.append(f"{w.id}: NVIDIA_DRIVER_CAPABILITIES must include compute,utility (driver + NVML)")
-    # Least privilege (issue #15): hostPID already shows the jobs' pids; nothing
+    # Least privilege: hostPID already shows the jobs' pids; nothing
     # reads a second procfs, so none is mounted.
     if any((v.get("hostPath") or {}).get("path") == "/proc" for v in ps.get("volumes") or []):
         out.append(f"{w.id}: host /proc is mounted but unused (hostPID already shows the pids)")
@@ -757,7 +757,7 @@ def test_nodeagent_is_privileged_with_host_pid(doc_id):
 
 
 def test_no_component_is_granted_kubernetes_api_access():
-    # Neither lockd nor the agent calls the Kubernetes API (issue #15: no unused RBAC).
+    # Neither lockd nor the agent calls the Kubernetes API (no unused RBAC).
     assert of_kind(DOCS, "ClusterRoleBinding", "RoleBinding") == []
 
 

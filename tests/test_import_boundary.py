@@ -17,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = ("timeslice.lockd", "timeslice.nodeagent", "timeslice.launcher", "aetcd", "timeslice.testing",
              "timeslice.common.etcd", "torch", "torch_memory_saver", "prometheus_client", "pynvml")
-#: The top-level names the packages had before they moved under one namespace (issue 14), and the
+#: The top-level names the packages had before they moved under one namespace, and the
 #: folders' own names (the repository root on sys.path would make `import common` work by accident).
 OLD_NAMES = ("lockd", "nodeagent", "tscore", "tsproto", "common", "testing", "launcher", "proto")
 

@@ -1,4 +1,4 @@
-"""Habits that help the next person (issue #14): a LICENSE matching pyproject, PEP 561
+"""Habits that help the next person: a LICENSE matching pyproject, PEP 561
 markers shipped in the wheel, classifiers, and one version for __version__ and --version."""
 from __future__ import annotations
 

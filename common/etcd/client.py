@@ -48,7 +48,7 @@ class EtcdConfig:
     # waits for a leader) until the caller's deadline; etcd needs about one election
     # timeout (1 s by default) to have a leader again. So: a read is re-sent after this
     # long, within ``timeout``; a write that takes this long is reported as
-    # OutcomeUnknown at once, for its caller to read and retry (issue 17 §4).
+    # OutcomeUnknown at once, for its caller to read and retry (docs/ARCHITECTURE.md, invariant 6).
     attempt_timeout: float = 1.5
     username: str | None = None
     password: str | None = None

@@ -18,7 +18,7 @@ are kept:
   the region is released — as a released torch-memory-saver page faults; a
   pause (copying device memory out) is device work too and waits likewise;
 * copies are paced to ``TIMESLICE_SIM_COOP_GBPS`` (default 50 GB/s, the
-  pinned PCIe figure of DESIGN.md §6; 0 = unthrottled).
+  pinned PCIe figure measured on an H200: 16 GiB out in 0.34 s; 0 = unthrottled).
 """
 from __future__ import annotations
 

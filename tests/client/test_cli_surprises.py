@@ -1,4 +1,4 @@
-"""The CLI never surprises (issue #16): each surprise a newcomer met, as a test.
+"""The CLI never surprises: each surprise a newcomer met, as a test.
 
 One detached local cluster (``timeslice up --detach --json``) serves the module;
 the per-user state folder is the module's own (``TIMESLICE_USER_STATE_DIR``).
