@@ -14,16 +14,21 @@ go out on it with an id and a deadline, answers come back as ``done`` frames.
 What a worker last said about itself (paused tags, sizes, host backup) is
 remembered after its connection drops, so a parked worker is never forgotten
 while it reconnects (e.g. after an agent restart, its hello says what it has
-paused). Everything read from a peer is bounded: frame size, hello fields,
-connections in total, requests in flight.
+paused). Everything read from a peer is bounded: frame size and nesting, hello
+fields, connections in total, requests in flight. Connections that have not
+said hello wait in the ``Lobby`` (bounded per process, per user and in total;
+the oldest of a flooder is evicted, never a newcomer refused), at most
+``HELLO_TIMEOUT_S``. A frame out of protocol (``nodeagent/frames.py``) gets a
+refusal frame, and the disconnect handling (which lifts a paused worker's
+freeze) runs however a connection ends.
 """
 from __future__ import annotations
 
 import asyncio
 import itertools
 import os
+import resource
 import socket
-import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +40,15 @@ from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent.backends import procfs
+from timeslice.nodeagent.frames import check_frame, check_state
+from timeslice.nodeagent.listener import Listener, Pending
+from timeslice.nodeagent.lobby import Lobby, Seat
 
 log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 1024
 MAX_TAGS = 32
-_PEERCRED = struct.Struct("3i")
 
 # authorize(job, secret) -> None if the secret proves the job, else the reason it does not
 Authorize = Callable[[str, str], Awaitable[str | None]]
@@ -129,43 +136,47 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
     return job, secret, device, dict(tags)
 
 
+def _room_for_connections(n: int) -> None:
+    """Raise the soft file-descriptor limit (up to the hard one) so ``n`` channel connections
+    fit beside etcd's and gRPC's: a 1024 default would run out first (accept fails, the backlog fills)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n + 512
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError) as e:
+            log.warning("fd_limit_unchanged", soft=soft, hard=hard, error=str(e))
+
+
 class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
-                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None, lobby: Lobby | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect = on_disconnect
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
-        self._server: asyncio.AbstractServer | None = None
+        self.lobby = lobby or Lobby()           # connections before their hello, bounded
+        self._door = Listener(self.path, self.lobby, self._on_hello, HELLO_TIMEOUT_S)
+        self._admitting: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.path.unlink()               # a previous agent's socket: nobody listens on it any more
-        except FileNotFoundError:
-            pass
-        self._server = await asyncio.start_unix_server(self._on_conn, path=str(self.path),
-                                                       limit=C.MAX_FRAME + 8)
-        # Any local process may connect: who it is comes from SO_PEERCRED and the secret.
-        os.chmod(self.path, 0o666)
+        _room_for_connections(MAX_CONNECTIONS + self.lobby.total)
+        await self._door.start()
         log.info("channel_listening", socket=str(self.path), node=self.node)
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for c in list(self._conns.values()):
-                c.fail_all("the agent is stopping")
-                c.close()
-            await self._server.wait_closed()
-            self._server = None
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
+        await self._door.close()
+        for t in list(self._admitting):
+            t.cancel()
+        await asyncio.gather(*self._admitting, return_exceptions=True)
+        for c in list(self._conns.values()):
+            c.fail_all("the agent is stopping")
+            c.close()
 
     def conn(self, pid: int) -> WorkerConn | None:
         return self._conns.get(pid)
@@ -197,29 +208,63 @@ class ChannelServer:
     def pids(self) -> list[int]:
         return sorted(self._infos)
 
-    async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sock = writer.get_extra_info("socket")
+    def _on_hello(self, seat: Seat, sock: socket.socket, body: bytes) -> None:
+        """The door has a whole hello from a connection in the lobby: check it, on a task of its own."""
+        pending = seat.handle
+        assert isinstance(pending, Pending)
+        holder: dict[str, asyncio.StreamWriter] = {}
+
+        def evicted() -> None:                  # the lobby gave its seat away while its job was checked
+            seat.evicted = True
+            w = holder.get("writer")
+            if w is not None:
+                self._refuse_now(w, "RESOURCE_EXHAUSTED", seat.why)
+        pending.on_evict = evicted
+        task = asyncio.get_running_loop().create_task(self._on_conn(seat, sock, body, holder),
+                                                      name=f"channel-hello-{seat.pid}")
+        self._admitting.add(task)
+        task.add_done_callback(self._admitting.discard)
+
+    async def _on_conn(self, seat: Seat, sock: socket.socket, body: bytes,
+                       holder: dict[str, asyncio.StreamWriter]) -> None:
         try:
-            pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                              _PEERCRED.size))
-        except OSError:
-            writer.close()
-            return
+            try:
+                reader, writer = await asyncio.open_unix_connection(sock=sock, limit=C.MAX_FRAME + 8)
+            except OSError:
+                sock.close()
+                return
+            holder["writer"] = writer
+            if seat.evicted:
+                writer.close()
+                return
+            admitted = await self._admit(reader, writer, seat, body)
+        finally:
+            self.lobby.leave(seat)
+        if admitted is not None:
+            await self._serve(admitted)
+
+    async def _admit(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, seat: Seat,
+                     body: bytes) -> WorkerConn | None:
+        """Check the hello, authorize its job, welcome the worker; None if it was turned away."""
+        pid, uid = seat.pid, seat.uid
         if len(self._conns) >= MAX_CONNECTIONS:
             await self._refuse(writer, "RESOURCE_EXHAUSTED", f"more than {MAX_CONNECTIONS} workers connected")
-            return
+            return None
         try:
-            hello = await asyncio.wait_for(_read(reader), HELLO_TIMEOUT_S)
+            hello = C.decode(body)
             job, secret, device, tags = _hello_fields(hello)
-        except (asyncio.TimeoutError, asyncio.IncompleteReadError, C.ChannelError, InvalidIdError, ValueError,
-                TypeError) as e:
+            check_state(hello)
+        except (C.ChannelError, InvalidIdError, ValueError, TypeError) as e:
             await self._refuse(writer, "INVALID_ARGUMENT", f"bad hello: {str(e)[:200]}")
-            return
+            return None
         why = await self.authorize(job, secret)
+        if seat.evicted:                        # its place went to a newcomer while etcd was read
+            writer.close()
+            return None
         if why:
             log.warning("channel_refused", pid=pid, job=job, reason=why)
             await self._refuse(writer, "PERMISSION_DENIED", why)
-            return
+            return None
         info = WorkerInfo(pid, uid, job, device, tags, start_time=procfs.start_time(pid))
         info.update(hello)
         old = self._conns.pop(pid, None)
@@ -228,28 +273,56 @@ class ChannelServer:
             old.close()
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
-        writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
-        await writer.drain()
+        try:
+            writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
+            await writer.drain()
+        except (ConnectionError, OSError):
+            pass                                # the read in _serve sees it closed; the disconnect path runs
         log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
                  host_bytes=info.host_bytes)
+        return conn
+
+    async def _serve(self, conn: WorkerConn) -> None:
+        """A welcomed worker's frames until it leaves; the disconnect handling runs however it ends."""
+        info, why = conn.info, "closed"
         try:
             while True:
-                msg = await _read(reader)
-                if msg.get("type") == "done":
+                msg = await _read(conn.reader)
+                check_frame(msg)
+                if msg["type"] == "done":
                     conn.deliver(msg)
-                elif msg.get("type") == "state":
+                elif msg["type"] == "state":
                     info.update(msg)            # e.g. the retained host backup, after prepin
-        except (asyncio.IncompleteReadError, ConnectionError, C.ChannelError, OSError) as e:
-            why = "closed" if isinstance(e, asyncio.IncompleteReadError) else str(e)[:200]
+        except asyncio.IncompleteReadError:
+            pass
+        except C.ChannelError as e:             # out of protocol: say why, then cut it off
+            why = str(e)[:200]
+            log.warning("channel_frame_refused", pid=info.pid, job=info.job, reason=why)
+            await self._refuse(conn.writer, "INVALID_ARGUMENT", f"bad frame: {why}")
+        except (ConnectionError, OSError) as e:
+            why = str(e)[:200]
+        except Exception as e:  # an input nobody foresaw must not skip the cleanup: refuse, then clean up
+            why = f"{type(e).__name__}: {str(e)[:200]}"
+            log.exception("channel_frame_failed", pid=info.pid, job=info.job)
+            await self._refuse(conn.writer, "INTERNAL", "the agent could not handle a frame")
         finally:
-            if self._conns.get(pid) is conn:
-                del self._conns[pid]
+            if self._conns.get(info.pid) is conn:
+                del self._conns[info.pid]
                 info.connected = False
             conn.fail_all("the worker closed its channel")
             conn.close()
-        log.info("channel_worker_disconnected", pid=pid, job=job, reason=why, paused=info.paused)
+        log.info("channel_worker_disconnected", pid=info.pid, job=info.job, reason=why, paused=info.paused)
         if self.on_disconnect is not None and not info.connected:
             await self.on_disconnect(info)
+
+    @staticmethod
+    def _refuse_now(writer: asyncio.StreamWriter, code: str, message: str) -> None:
+        """Say why and close, without waiting for the peer to read it."""
+        try:
+            writer.write(C.encode({"type": "refused", "code": code, "message": message[:300]}))
+        except (ConnectionError, OSError, RuntimeError):
+            pass
+        writer.close()
 
     @staticmethod
     async def _refuse(writer: asyncio.StreamWriter, code: str, message: str) -> None:

@@ -26,15 +26,18 @@ This module has no server-side dependency: the job imports it.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 
 ENV_SOCKET = "TIMESLICE_AGENT_SOCKET"
 PROTOCOL_VERSION = 1
 MAX_FRAME = 64 << 10          # a hello with 32 tags is ~2 KiB; nothing legitimate comes near this
+MAX_DEPTH = 8                 # objects and lists nested in a frame; the protocol's frames nest 2 deep
 _LEN = struct.Struct(">I")
 
 
@@ -59,6 +62,29 @@ def default_socket_path(node: str) -> Path:
     return Path(base) / f"agent-{node}.sock"
 
 
+def connect(path: str, timeout: float) -> socket.socket:
+    """A stream socket connected to ``path`` within ``timeout`` seconds (the worker side).
+
+    A Unix socket whose listen backlog is full answers ``connect()`` with EAGAIN at
+    once, where TCP would wait: while other local processes flood the agent's socket
+    that is transient, so it is tried again (briefly backing off) until the deadline.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(max(0.05, deadline - time.monotonic()))
+        try:
+            s.connect(path)
+            return s
+        except OSError as e:
+            s.close()
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK) or time.monotonic() + delay >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+
+
 def encode(msg: dict) -> bytes:
     body = json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
     if len(body) > MAX_FRAME:
@@ -75,13 +101,33 @@ def frame_length(header: bytes) -> int:
 
 
 def decode(body: bytes) -> dict:
+    """One frame's body as an object with a string ``type``; ChannelError for anything else."""
     try:
         msg = json.loads(body)
+    except RecursionError:
+        # json's decoder recurses per nesting level: 64 KiB of "[" is far past Python's stack.
+        raise ChannelError(f"frame nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as e:
-        raise ChannelError(f"frame is not JSON: {e}") from None
+        raise ChannelError(f"frame is not JSON: {str(e)[:200]}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("type"), str):
         raise ChannelError("frame is not an object with a string 'type'")
+    if _too_deep(msg):
+        raise ChannelError(f"frame nests deeper than {MAX_DEPTH} levels")
     return msg
+
+
+def _too_deep(msg: dict) -> bool:
+    """True if containers nest past ``MAX_DEPTH`` (walked without recursion)."""
+    todo: list[tuple[object, int]] = [(msg, 1)]
+    while todo:
+        obj, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if isinstance(obj, dict):
+            todo.extend((v, depth + 1) for v in obj.values() if isinstance(v, (dict, list)))
+        elif isinstance(obj, list):
+            todo.extend((v, depth + 1) for v in obj if isinstance(v, (dict, list)))
+    return False
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

@@ -139,10 +139,11 @@ class CooperativeWorker:
 
     def connect(self) -> int:
         """Open the channel and introduce this process; returns the pid the agent sees."""
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.connect_timeout)
         try:
-            s.connect(self.path)
+            s = C.connect(self.path, self.connect_timeout)
+        except OSError as e:
+            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+        try:
             C.send(s, self._hello())
             reply = C.recv(s)
         except (OSError, C.ChannelError) as e:
