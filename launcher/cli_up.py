@@ -104,6 +104,8 @@ def summary(c: LocalCluster, took: float) -> str:
         lines.append(f"  group      {c.group!r} over node {c.node!r}")
     lines.append(f"  logs       {c.run_dir}/   (state: {c.state_path})")
     lines += ["", "  export TIMESLICE_TARGET=" + c.target, "  export TIMESLICE_NODE_NAME=" + c.node,
+              f"  export TIMESLICE_AGENT_SOCKET={c.run_dir / 'agent.sock'}   # the node agent's channel "
+              "(found without it too)",
               "  " + c.etcdctl_command() + "     # the queues, grants, agents, intents", ""]
     return "\n".join(lines)
 
@@ -112,7 +114,7 @@ def describe(c: LocalCluster) -> dict:
     """The --json view of a running cluster."""
     doc = c.to_state()
     keep = ("status", "run_dir", "target", "lockd_targets", "etcd_endpoints", "leader", "node", "group",
-            "backend", "metrics", "prefix", "etcdctl")
+            "backend", "metrics", "prefix", "etcdctl", "agent_socket")
     return {**{k: doc.get(k) for k in keep}, "state_file": str(c.state_path),
             "pids": {f"{p['kind']} {p['name']}": p["pid"] for p in doc.get("processes", [])}}
 

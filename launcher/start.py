@@ -130,11 +130,11 @@ def agent_child(c: LocalCluster, eps: str, env: dict) -> NodeAgent:
         backend=s.backend, listen_port=s.nodeagent_port or 0, metrics_port=s.nodeagent_metrics_port or free_port(),
         sim_dir=c.sim_dir, sim_capacity_bytes=s.sim_device_capacity_bytes,
         sim_checkpoint_gbps=s.sim_snapshot_bytes_per_s / 1e9, sim_restore_gbps=s.sim_restore_bytes_per_s / 1e9,
-        # The cooperative channel lives in the run dir (jobs find it through the state's
-        # agent_socket / $TIMESLICE_AGENT_SOCKET). Attestation is checked (an attested process
-        # is never acted on for another job) but not required here: a local cluster serves
-        # one user; deploy/ requires it (--require-attestation).
-        channel_socket=socket,
+        # The cooperative channel lives in the run dir: jobs find it through $TIMESLICE_AGENT_SOCKET
+        # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.local). Attestation
+        # is required, as in deploy/: the agent acts only on processes that proved over the channel
+        # that they are the registering job's.
+        channel_socket=socket, extra=["--require-attestation"],
         env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(c.sim_dir) / "host")}, python=c.python)
     agent.info.update(sim_dir=c.sim_dir, agent_socket=socket, sim_capacity_bytes=s.sim_device_capacity_bytes)
     return agent

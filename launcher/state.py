@@ -9,7 +9,8 @@ processes are still alive and whose etcd answers.
 So that other commands find the cluster from any directory, ``remember``
 also leaves a pointer to the state file in a per-user folder
 (``$TIMESLICE_USER_STATE_DIR``, else ``$XDG_STATE_HOME/timeslice``, else
-``~/.local/state/timeslice``); ``find_running_anywhere`` looks there first.
+``~/.local/state/timeslice``, spelled in ``timeslice.local``, which jobs read to find
+their node agent's socket); ``find_running_anywhere`` looks there first.
 """
 from __future__ import annotations
 
@@ -20,10 +21,11 @@ from pathlib import Path
 
 from timeslice.launcher.etcd import probe_healthy
 from timeslice.launcher.procs import Child
+from timeslice.local import pointers_dir
+from timeslice.local import user_dir as user_dir  # the job side reads the pointers too (timeslice.local)
 
 STATE_FILE = "cluster.json"
 VERSION = 1
-ENV_USER_STATE_DIR = "TIMESLICE_USER_STATE_DIR"
 
 
 def write(path: str | os.PathLike, doc: dict) -> None:
@@ -83,17 +85,9 @@ def find_running(log_dir: str | os.PathLike) -> tuple[Path, dict] | None:
 
 # -- per-user pointers ----------------------------------------------------------------------------
 
-def user_dir() -> Path:
-    explicit = os.environ.get(ENV_USER_STATE_DIR)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "timeslice"
-
-
 def _pointer(state_path: Path) -> Path:
     digest = hashlib.sha256(str(state_path).encode()).hexdigest()[:16]
-    return user_dir() / "clusters" / f"{digest}.path"
+    return pointers_dir() / f"{digest}.path"
 
 
 def remember(state_path: str | os.PathLike) -> None:
@@ -118,7 +112,7 @@ def forget(state_path: str | os.PathLike) -> None:
 
 def remembered() -> list[Path]:
     """State files the per-user folder points to, newest pointer first; dangling pointers are dropped."""
-    folder = user_dir() / "clusters"
+    folder = pointers_dir()
     if not folder.is_dir():
         return []
     out = []

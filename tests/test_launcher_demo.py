@@ -30,7 +30,7 @@ from timeslice.launcher.demo.analysis import (
     read_events,
     union_length,
 )
-from timeslice.launcher.procs import same_process
+from timeslice.launcher.procs import log_events, same_process
 from timeslice.launcher.state import find_running
 from timeslice.testing.ctl import etcdctl_run, http_json
 
@@ -273,6 +273,44 @@ def test_up_writes_a_private_admin_token_that_the_cli_finds(cluster, tmp_path):
     r = subprocess.run([PY, "-m", "timeslice.cli", "group", "delete", "tok-g"],
                        capture_output=True, text=True, timeout=60, check=False, env={**env, "TIMESLICE_LOCAL_ENV": str(here)})
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+TEN_LINES_JOB = """
+import json, os, sys
+from timeslice import OrchestratorClient
+from timeslice.cooperative import CallbackMemory
+orchestrator = OrchestratorClient(job_id=sys.argv[1])      # the target: $TIMESLICE_TARGET
+w = orchestrator.register_worker()                          # this process owns GPU memory on this node
+with orchestrator.on_accelerators("local"):
+    coop = orchestrator.cooperate(CallbackMemory(lambda: None, lambda: None, 1 << 20, device="sim0"))
+print(json.dumps({"pid": os.getpid(), "worker_pid": w.pid, "coop_pid": coop.pid}), flush=True)
+orchestrator.close()
+"""
+
+
+@pytest.mark.parametrize("with_socket", [True, False], ids=["exports", "exports-without-the-socket"])
+def test_a_job_started_with_what_up_prints_attests_to_its_agent(cluster, with_socket):
+    """The exports `timeslice up` printed, then the README's API: the worker attests over the agent's
+    channel (the agent requires it here), whether the socket is exported or found through the pointer."""
+    exports = dict(re.findall(r"^\s*export (TIMESLICE_\w+)=(\S+)", cluster["stdout"], re.MULTILINE))
+    assert {"TIMESLICE_TARGET", "TIMESLICE_NODE_NAME", "TIMESLICE_AGENT_SOCKET"} <= set(exports), cluster["stdout"]
+    assert exports["TIMESLICE_AGENT_SOCKET"] == cluster["doc"]["agent_socket"]
+    if not with_socket:
+        del exports["TIMESLICE_AGENT_SOCKET"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMESLICE_") or k == "TIMESLICE_USER_STATE_DIR"}
+    job = f"ten-lines-{'sock' if with_socket else 'ptr'}"
+    r = subprocess.run([PY, "-c", TEN_LINES_JOB, job], capture_output=True, text=True, timeout=60, check=False,
+                       env={**env, **exports})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "worker_not_attested" not in r.stdout + r.stderr, r.stdout + r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["worker_pid"] == got["coop_pid"] == got["pid"]
+    agent_log = cluster["run"] / "nodeagent.log"
+    connected = [e for e in log_events(str(agent_log)) if e.get("event") == "channel_worker_connected"
+                 and e.get("job") == job]
+    # Twice from the job's process: the attestation of register_worker(), then the cooperative channel.
+    assert [e["pid"] for e in connected] == [got["pid"], got["pid"]], connected
+    assert "--require-attestation" in next(p for p in cluster["doc"]["processes"] if p["kind"] == "nodeagent")["argv"]
 
 
 def _listen_addresses(port: int) -> set[str]:

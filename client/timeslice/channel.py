@@ -50,16 +50,33 @@ def default_socket_path(node: str) -> Path:
 
     ``/run/timeslice/agent-<node>.sock`` when running as root (the DaemonSet
     mounts /run/timeslice from the host into the job's pods), otherwise a
-    per-user directory under the temp dir (the local launcher, a laptop).
+    per-user directory under the temp dir. When nothing listens there, a local
+    cluster started by ``timeslice up`` for ``node`` is looked for (its socket is
+    in its run folder: ``timeslice.local``).
     """
     env = os.environ.get(ENV_SOCKET)
     if env:
         return Path(env)
+    std = _standard_path(node)
+    if not std.exists():
+        from timeslice.local import agent_socket
+        local = agent_socket(node)
+        if local is not None:
+            return local
+    return std
+
+
+def _standard_path(node: str) -> Path:
     if os.geteuid() == 0:
         return Path("/run/timeslice") / f"agent-{node}.sock"
     base = os.environ.get("XDG_RUNTIME_DIR") or os.path.join(os.environ.get("TMPDIR", "/tmp"),
                                                            f"timeslice-{os.geteuid()}")
     return Path(base) / f"agent-{node}.sock"
+
+
+def reachable(node: str) -> bool:
+    """True if an agent socket for ``node`` is named ($TIMESLICE_AGENT_SOCKET) or exists on this machine."""
+    return bool(os.environ.get(ENV_SOCKET)) or default_socket_path(node).exists()
 
 
 def connect(path: str, timeout: float) -> socket.socket:

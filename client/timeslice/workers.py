@@ -9,7 +9,6 @@ the agent trusts the pid the kernel gives it, never one a caller names. So
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
 
@@ -66,13 +65,13 @@ class Workers(Sessions):
         The node agent acts only on pids a job attested (``--require-attestation``), so a
         job can never have another job's process snapshotted by registering its pid.
         """
-        from timeslice.channel import ChannelError
+        from timeslice.channel import ChannelError, reachable
         from timeslice.config import node_name
         from timeslice.cooperative import Attestation, CooperativeWorker
         mine = [w for w in self._cooperative if w.node == node]
         if mine:
             return mine[0].pid                # a cooperative channel attests already
-        if node != node_name() and not os.environ.get("TIMESLICE_AGENT_SOCKET"):
+        if node != node_name() and not reachable(node):
             return None                       # another node's agent: not reachable from here
         if self._attestation is None:
             w = CooperativeWorker(self.job_id, self._secret, Attestation(), node, connect_timeout=2.0)
