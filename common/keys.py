@@ -21,6 +21,10 @@ The README documents each key with an etcdctl example.
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
     <p>nodes/<node>/intents/<job>               {op, token, leader_epoch, group}, written by the leader
     <p>nodes/<node>/status/<job>                {state, intent_revision, token, bytes, elapsed_ms, error}, by the agent
+    <p>nodes/<node>/attested/<pid>              {job, pid, start_time}: the process proved it is the job's over
+                                                the node-local channel; by the agent, leased to the agent
+    <p>nodes/<node>/protected                   {pids: {pid: why}}: init, the agent, etcd, lockd on the node; by
+                                                the agent, leased to the agent; lockd refuses to register them
 """
 from __future__ import annotations
 
@@ -143,6 +147,15 @@ class Keys:
 
     def status(self, node: str, job: str) -> bytes:
         return self.statuses(node) + check_id("job", job).encode()
+
+    def attestations(self, node: str) -> bytes:
+        return self.node(node) + b"attested/"
+
+    def attested(self, node: str, pid: int) -> bytes:
+        return self.attestations(node) + str(int(pid)).encode()
+
+    def protected(self, node: str) -> bytes:
+        return self.node(node) + b"protected"
 
     # --- parsing --------------------------------------------------------------
     def parse(self, key: bytes) -> tuple[str, ...]:

@@ -164,6 +164,28 @@ class WorkerValue(Record):
 
 
 @dataclass
+class AttestedValue(Record):
+    """A process proved to its node's agent, over the node-local channel, that it is ``job``'s.
+
+    Written by the agent before it welcomes the worker, on the agent's lease; lockd
+    refuses another job's registration of the pid (lockd/ownership.py).
+    """
+
+    job: str
+    pid: int
+    start_time: int | None = None       # the process incarnation (pids are reused)
+    attested_ms: int = 0
+
+
+@dataclass
+class ProtectedValue(Record):
+    """Processes of a node that no job may register: init, the agent, etcd, lockd (nodeagent/protected.py)."""
+
+    pids: dict = field(default_factory=dict)   # str(pid) -> why it is protected
+    updated_ms: int = 0
+
+
+@dataclass
 class AgentValue(Record):
     node: str
     backend: str

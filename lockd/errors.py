@@ -50,3 +50,7 @@ class NotOwner(TimesliceError):
     """The caller asked to act on something that belongs to another job."""
 
     code = "PERMISSION_DENIED"
+
+
+class SystemProcess(NotOwner):
+    """The pid is one of the node's own servers (init, the agent, etcd, lockd): no job may register it."""

@@ -14,6 +14,7 @@ from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.lockd.errors import LimitExceeded, NotOwner
 from timeslice.lockd.index import StateIndex
+from timeslice.lockd.ownership import Ownership
 from timeslice.proto import lockd_pb2 as pb
 
 MAX_PID = 2**22          # Linux pid_max upper bound
@@ -24,8 +25,9 @@ MAX_WORKERS_PER_JOB = 256   # registered processes of one job, all nodes togethe
 
 
 class Workers:
-    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex):
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, ownership: Ownership | None = None):
         self.client, self.keys, self.index = client, keys, index
+        self.ownership = ownership or Ownership(client, keys)
 
     @staticmethod
     def _check(node: str, pid: int) -> None:
@@ -62,27 +64,35 @@ class Workers:
         if device_bytes < 0:
             raise InvalidIdError("device_bytes must be >= 0")
         swap, gpus, tagmap = self._swap(swap, gpus, endpoint, tags)
-        self._check_owner(job, node, pid)
+        claim = await self.ownership.claim(job, node, pid)
+        squatters = self._check_owner(job, node, pid, claim.attested_by == job)
         val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
                             tags=tagmap, collective=collective)
-        # Re-registering overwrites: a plain put is idempotent here.
-        await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease)])
+        # Re-registering overwrites: a plain put is idempotent here. Another job's registration of a pid
+        # that attested for this job is a squatter's: deleted with it (lockd/ownership.py, rule 3).
+        await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease),
+                                   *(ops.delete(k) for k in squatters)])
 
-    def _check_owner(self, job: str, node: str, pid: int) -> None:
-        """Refuse a pid another job registered on that node, and a job past its worker limit.
+    def _check_owner(self, job: str, node: str, pid: int, attested_mine: bool) -> list[bytes]:
+        """Refuse a pid another job registered on that node (unless it attested for this job: then
+        the other registrations' keys, to delete), and a job past its worker limit.
 
         The index mirrors every worker key; a pid two jobs claim would let one
         job's intents freeze or move the other's process. The other job is not
         named: which process belongs to whom is that job's business.
         """
+        squatters = []
         for other, js in self.index.jobs.items():
             if other != job and (node, pid) in js.workers:
-                raise NotOwner(f"pid {pid} on node {node!r} is a registered worker of another job; "
-                               "a job registers only its own processes")
+                if not attested_mine:
+                    raise NotOwner(f"pid {pid} on node {node!r} is a registered worker of another job; "
+                                   "a job registers only its own processes")
+                squatters.append(self.keys.worker(other, node, pid))
         mine = self.index.jobs.get(job)
         if mine is not None and (node, pid) not in mine.workers and len(mine.workers) >= MAX_WORKERS_PER_JOB:
             raise LimitExceeded(f"limit max_workers_per_job: job {job!r} has {MAX_WORKERS_PER_JOB} registered "
                                 "workers already; unregister some first")
+        return squatters
 
     async def unregister(self, job: str, node: str, pid: int) -> None:
         self._check(node, pid)

@@ -33,6 +33,7 @@ from timeslice.common.keys import Keys
 from timeslice.nodeagent import attest, fencing
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent.attestations import Attestations
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
@@ -73,7 +74,7 @@ class Agent:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
-                                     self._worker_left)
+                                     self._worker_left, on_attested=self._worker_attested)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
         self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
         self.orphans = O.Orphans.load(self._orphans_path)             # sessions gone, processes on a GPU
@@ -89,6 +90,8 @@ class Agent:
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
         self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base)
+        # Who attested which pid, and which pids are the system's: told to lockd through etcd.
+        self.attestations = Attestations(self.client, self.keys, self.node, lambda: self.live_session().lease_id)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
                                  self.renew_session)
         self.endpoint = ""
@@ -108,6 +111,7 @@ class Agent:
             m.start()
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
                                sync_timeout)
+        await self.attestations.publish_protected()   # before any job can register this node's pids
         # After the mirrors: a worker's hello is checked against its job's session key.
         await self.channel.start()
         self.tokens.recover(self.jobs.statuses())
@@ -116,6 +120,8 @@ class Agent:
         self.node_mirror.add_listener(self._on_node_batch)
         self.jobs_mirror.add_listener(self._on_jobs_batch)
         self._tasks.append(asyncio.create_task(self.upkeep.loop(), name="agent-refresh"))
+        self._tasks.append(asyncio.create_task(self.attestations.loop(self.channel.attested, self.cfg.refresh_interval),
+                                               name="agent-attestations"))
         self._kick_all()
         log.info("agent_started", node=self.node, backend=self.backend.name, why=self.backend.why,
                  lease=f"{self.session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
@@ -184,6 +190,10 @@ class Agent:
         if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):
             return f"wrong session secret for job {job!r}"
         return None
+
+    async def _worker_attested(self, info) -> None:
+        """A worker proved its job: say so in etcd before it is welcomed (nodeagent/attestations.py)."""
+        await self.attestations.publish(info.pid, info.job, info.start_time)
 
     async def fence(self) -> None:
         """Freeze and thaw at the device the processes of jobs that lost or left their sessions

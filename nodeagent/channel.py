@@ -153,9 +153,11 @@ class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
-                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None, lobby: Lobby | None = None):
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None, lobby: Lobby | None = None,
+                 on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect = on_disconnect
+        self.on_attested = on_attested          # awaited before the welcome (nodeagent/attestations.py)
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self.lobby = lobby or Lobby()           # connections before their hello, bounded
@@ -207,6 +209,10 @@ class ChannelServer:
 
     def pids(self) -> list[int]:
         return sorted(self._infos)
+
+    def attested(self) -> dict[int, tuple[str, int | None]]:
+        """{pid: (job, process start time)} of every process that proved its job and still runs."""
+        return {p: (i.job, i.start_time) for p, i in self._infos.items() if procfs.same_process(p, i.start_time)}
 
     def _on_hello(self, seat: Seat, sock: socket.socket, body: bytes) -> None:
         """The door has a whole hello from a connection in the lobby: check it, on a task of its own."""
@@ -273,6 +279,8 @@ class ChannelServer:
             old.close()
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
+        if self.on_attested is not None:
+            await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
             writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
             await writer.drain()

@@ -45,3 +45,18 @@ def protected_reason(pid: int, proc_root: str = procfs.PROC_ROOT) -> str:
     if len(argv) >= 3 and argv[1] == "-m" and argv[2] in SERVER_PROGRAMS:
         return f"it is a timeslice server ({argv[2]})"
     return ""
+
+
+def scan(proc_root: str = procfs.PROC_ROOT) -> dict[int, str]:
+    """Every protected process on the node now: {pid: why} (published for lockd: nodeagent/attestations.py)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(proc_root)
+    except OSError:
+        return out
+    for name in names:
+        if name.isdigit():
+            why = protected_reason(int(name), proc_root)
+            if why:
+                out[int(name)] = why
+    return out

@@ -1,0 +1,104 @@
+"""What the agent tells lockd about its node's processes: which job attested each pid, and which are protected.
+
+lockd registers workers but cannot see a node's processes, so a job could
+register a pid that another job's process attested over the channel and not yet
+registered, and then the owner's own registration would be refused (the pid
+already "belongs" to the squatter). The agent closes that gap by publishing what
+only it knows:
+
+* ``nodes/<node>/attested/<pid>``: the job a process proved it belongs to,
+  written *before* the worker is welcomed, so the job's RegisterWorker that
+  follows the welcome finds it; deleted when the process is gone;
+* ``nodes/<node>/protected``: init, the agent itself, etcd, lockd and other
+  agents on the node (``nodeagent/protected.py``), refreshed when it changes.
+
+Both live on the agent's lease: a dead agent's word goes with it. A sync pass
+(every refresh interval) rewrites them on a renewed lease and removes the records
+of processes the channel forgot. Publishing is best effort: an etcd outage must
+not keep a worker from connecting (lockd then falls back to first come, first
+served, and the agent still never acts on a pid for a job that did not attest it).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+import structlog
+
+from timeslice.common import records as R
+from timeslice.common.errors import TimesliceError
+from timeslice.common.etcd import ops
+from timeslice.common.etcd.client import EtcdClient
+from timeslice.common.keys import Keys
+from timeslice.nodeagent import protected
+
+log = structlog.get_logger(__name__)
+
+PUBLISH_TIMEOUT_S = 2.0       # a welcome waits at most this long for etcd
+MAX_PROTECTED = 256           # protected pids published (a node runs a handful)
+
+
+class Attestations:
+    def __init__(self, client: EtcdClient, keys: Keys, node: str, lease: Callable[[], int],
+                 scan: Callable[[], dict[int, str]] = protected.scan):
+        self.client, self.keys, self.node, self.lease, self.scan = client, keys, node, lease, scan
+        self._written: dict[int, tuple[str, int | None, int]] = {}   # pid -> (job, start_time, lease)
+        self._protected: tuple[dict[int, str], int] | None = None     # (pids, lease) last written
+
+    async def publish(self, pid: int, job: str, start_time: int | None) -> None:
+        """Say that ``pid`` (this incarnation) attested for ``job``. Never raises."""
+        lease = self.lease()
+        if self._written.get(pid) == (job, start_time, lease):
+            return
+        val = R.AttestedValue(job, pid, start_time, R.now_ms())
+        try:
+            # A plain put on the agent's lease: the record is this agent's word about a process on its
+            # node; the last hello of the pid wins (a reused pid's new process says hello anew).
+            await self.client.txn([], [ops.put(self.keys.attested(self.node, pid), val.dump(), lease)],
+                                  timeout=PUBLISH_TIMEOUT_S)
+        except (TimesliceError, asyncio.TimeoutError) as e:
+            log.warning("attestation_unpublished", pid=pid, job=job, error=str(e)[:200])
+            return
+        self._written[pid] = (job, start_time, lease)
+
+    async def withdraw(self, pids: Iterable[int]) -> None:
+        """The processes are gone: their records go too."""
+        for pid in list(pids):
+            if self._written.pop(pid, None) is None:
+                continue
+            try:
+                # Unconditional: a record of a pid this agent saw exit is void whoever wrote it last.
+                await self.client.txn([], [ops.delete(self.keys.attested(self.node, pid))])
+            except TimesliceError as e:
+                log.warning("attestation_withdraw_failed", pid=pid, error=str(e)[:200])
+
+    async def sync(self, attested: dict[int, tuple[str, int | None]]) -> None:
+        """Bring etcd in line with what the channel knows now ({pid: (job, start_time)}) and the
+        protected processes with what /proc says."""
+        await self.withdraw([p for p in self._written if p not in attested])
+        for pid, (job, start) in attested.items():
+            await self.publish(pid, job, start)
+        await self.publish_protected()
+
+    async def publish_protected(self) -> None:
+        pids = dict(sorted((await asyncio.to_thread(self.scan)).items())[:MAX_PROTECTED])
+        lease = self.lease()
+        if self._protected == (pids, lease):
+            return
+        val = R.ProtectedValue({str(p): why for p, why in pids.items()}, R.now_ms())
+        try:
+            # One key per node, on the agent's lease: replaced whole whenever the set changes.
+            await self.client.txn([], [ops.put(self.keys.protected(self.node), val.dump(), lease)])
+        except TimesliceError as e:
+            log.warning("protected_unpublished", error=str(e)[:200])
+            return
+        self._protected = (pids, lease)
+
+    async def loop(self, attested: Callable[[], dict[int, tuple[str, int | None]]], interval: float) -> None:
+        """Sync every ``interval`` seconds for the life of the agent."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.sync(attested())
+            except Exception:  # never let the loop die: the next pass tries again
+                log.exception("attestations_sync_failed")
