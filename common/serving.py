@@ -1,7 +1,8 @@
 """Pieces every server of the project shares: error-to-status mapping, health, flags.
 
 - ``rpc``: decorator for thin servicer methods; a ``TimesliceError`` becomes the
-  gRPC status its ``code`` names, with its message, in one place.
+  gRPC status its ``code`` names, with its message, in one place (``stream_rpc``:
+  the same for a server-streaming method).
 - ``health_loop``: SERVING only while a probe (can we reach etcd?) passes, so
   load balancers and Kubernetes send traffic only to processes that can answer.
 - ``env_flag``: an argparse flag whose default comes from ``TIMESLICE_<FLAG>``;
@@ -51,6 +52,26 @@ def rpc(fn):
     async def wrapper(self, request, context):
         try:
             return await fn(self, request, context)
+        except TimesliceError as e:
+            await context.abort(status_of(e), bounded(str(e)))
+        except grpc.aio.AbortError:
+            raise
+        except Exception:  # a bug must still give the caller a status by meaning
+            incident = uuid.uuid4().hex[:12]
+            _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
+            await context.abort(grpc.StatusCode.INTERNAL,
+                                f"internal error in {fn.__name__} (incident {incident} in the server's log)")
+    return wrapper
+
+
+def stream_rpc(fn):
+    """``rpc`` for a server-streaming method (an async generator): the same mapping of errors, so a
+    stream never ends with UNKNOWN naming a Python class."""
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            async for item in fn(self, request, context):
+                yield item
         except TimesliceError as e:
             await context.abort(status_of(e), bounded(str(e)))
         except grpc.aio.AbortError:

@@ -20,6 +20,8 @@ from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config
 from timeslice.common.serving import parse_bool as _bool
+from timeslice.lockd import callers
+from timeslice.lockd.callers import CallerConfig
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
 
@@ -40,6 +42,7 @@ class LockdConfig:
     admin_token_file: str | None = None        # None: $TIMESLICE_ADMIN_TOKEN, else admin calls are refused
     insecure_no_admin_auth: bool = False       # admin calls open to anyone: throw-away test setups only
     max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
+    callers: CallerConfig = field(default_factory=CallerConfig)   # read auth, tenants, watch limits
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -87,6 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              help="most live sessions one caller may hold: a caller is its mutual-TLS certificate's CN when "
                   "it presents one, else its IP address (port ignored; behind a proxy all clients share the "
                   "proxy's); beyond: RESOURCE_EXHAUSTED 'limit max_sessions_per_peer'")
+    callers.add_arguments(p)
     env_flag(p, "--log-level", default="info")
 
 
@@ -106,4 +110,4 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
                       device_margin_bytes=int(a.device_margin_bytes)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
-        log_level=a.log_level, **kw)
+        callers=callers.from_args(a), log_level=a.log_level, **kw)

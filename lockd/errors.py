@@ -54,3 +54,9 @@ class NotOwner(TimesliceError):
 
 class SystemProcess(NotOwner):
     """The pid is one of the node's own servers (init, the agent, etcd, lockd): no job may register it."""
+
+
+class Unauthenticated(TimesliceError):
+    """A call that needs a credential came without one (or with one this server does not know)."""
+
+    code = "UNAUTHENTICATED"

@@ -20,6 +20,7 @@ from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.sessions import Sessions
 from timeslice.lockd.waiters import Waiters
+from timeslice.lockd.watches import Watches
 from timeslice.lockd.workers import Workers
 
 log = structlog.get_logger(__name__)
@@ -43,6 +44,7 @@ class Replica:
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
         self.workers = Workers(self.client, self.keys, self.index)
+        self.watches = Watches(config.callers.max_watches, config.callers.max_watches_per_caller)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
         self.reflector.add_listener(self._on_batch)

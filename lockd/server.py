@@ -13,6 +13,7 @@ from timeslice.common import logs
 from timeslice.common.auth import Authority, Gate, load_admin_token
 from timeslice.common.grpc_metrics import GrpcServerMetrics
 from timeslice.common.serving import health_loop
+from timeslice.lockd.callers import Callers
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.replica import Replica
 from timeslice.lockd.servicer import LockdServicer
@@ -47,7 +48,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
                     why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
                                                        else "; CreateGroup/DeleteGroup are refused"))
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, ADMIN_METHODS)])
-    pbg.add_LockdServicer_to_server(LockdServicer(replica), server)
+    pbg.add_LockdServicer_to_server(LockdServicer(replica, Callers(authority, config.callers)), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.tls_cert and config.tls_key is not None:     # config: cert and key come together

@@ -11,11 +11,14 @@ import time
 
 import structlog
 
+from timeslice.common.auth import Authority
 from timeslice.common.errors import LockError, TimesliceError
-from timeslice.common.serving import bounded, rpc, status_of
+from timeslice.common.serving import rpc, stream_rpc
 from timeslice.lockd import peers
+from timeslice.lockd.callers import Callers
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
+from timeslice.lockd.requests import check_ids, ids_checked
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
@@ -24,19 +27,23 @@ _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our wa
 
 
 class LockdServicer(pbg.LockdServicer):
-    def __init__(self, replica: Replica):
+    def __init__(self, replica: Replica, callers: Callers | None = None):
         self.r = replica
+        self.callers = callers or Callers(Authority(None), replica.config.callers)
 
     @rpc
+    @ids_checked
     async def OpenSession(self, req, context):
         secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peers.identity(context))
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
     @rpc
+    @ids_checked
     async def CloseSession(self, req, context):
         return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret))
 
     @rpc
+    @ids_checked
     async def KeepAlive(self, req, context):
         ttl = await self.r.sessions.keepalive(req.job_id, req.session_secret)
         # A holder learns here, within a keepalive period, that its group was deleted under it.
@@ -44,6 +51,7 @@ class LockdServicer(pbg.LockdServicer):
         return pb.KeepAliveReply(ttl_seconds=ttl, revoked_groups=revoked)
 
     @rpc
+    @ids_checked
     async def Acquire(self, req, context):
         t0 = time.monotonic()
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
@@ -66,6 +74,7 @@ class LockdServicer(pbg.LockdServicer):
                                elided=g.elided, bytes_moved=g.bytes_moved)
 
     @rpc
+    @ids_checked
     async def Yield(self, req, context):
         await self.r.sessions.verify(req.job_id, req.session_secret)
         try:
@@ -79,6 +88,7 @@ class LockdServicer(pbg.LockdServicer):
         return pb.YieldReply(released=released, deferred_snapshot=deferred)
 
     @rpc
+    @ids_checked
     async def RegisterWorker(self, req, context):
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
         await self.r.workers.register(req.job_id, lease, req.node, req.pid, req.device_bytes, req.swap,
@@ -86,36 +96,56 @@ class LockdServicer(pbg.LockdServicer):
         return pb.WorkerReply()
 
     @rpc
+    @ids_checked
     async def UnregisterWorker(self, req, context):
         await self.r.sessions.verify(req.job_id, req.session_secret)
         await self.r.workers.unregister(req.job_id, req.node, req.pid)
         return pb.WorkerReply()
 
     @rpc
+    @ids_checked
     async def CreateGroup(self, req, context):
         spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation)
         return pb.Group(group_id=req.group_id, isolation=spec.isolation,
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes])
 
     @rpc
+    @ids_checked
     async def DeleteGroup(self, req, context):
         return pb.DeleteGroupReply(deleted=await self.r.groups.delete(req.group_id, req.force))
 
     @rpc
+    @ids_checked
     async def ListGroups(self, req, context):
+        self.callers.reader(context)
         return pb.ListGroupsReply(groups=self.r.groups.list())
 
     @rpc
+    @ids_checked
     async def GetGroupStatus(self, req, context):
+        self.callers.reader(context)
         return self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
 
     @rpc
+    @ids_checked
     async def ListJobs(self, req, context):
+        self.callers.reader(context)
         return pb.ListJobsReply(jobs=self.r.workers.job_list())
 
+    @stream_rpc
     async def WatchGroup(self, req, context):
+        check_ids(req)
+        caller = self.callers.reader(context)
+        release = self.r.watches.admit(caller.identity)      # RESOURCE_EXHAUSTED past a limit
+        try:
+            async for st in self._watch(req, context):
+                yield st
+        finally:
+            release()
+
+    async def _watch(self, req, context):
         changed = asyncio.Event()
-        prefix = self.r.keys.group(req.group_id) if req.group_id else b""
+        prefix = self.r.keys.group(req.group_id)
 
         def on_batch(events, reset):
             if reset or any(ev.kv.key.startswith(prefix) or b"/nodes/" in ev.kv.key for ev in events):
@@ -126,11 +156,7 @@ class LockdServicer(pbg.LockdServicer):
             last = None
             while True:
                 changed.clear()
-                try:
-                    st = self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
-                except TimesliceError as e:
-                    await context.abort(status_of(e), bounded(str(e)))
-                    return
+                st = self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
                 st.revision = 0                 # compare content, not the revision it was read at
                 body = st.SerializeToString()
                 st.revision = self.r.reflector.revision

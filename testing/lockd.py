@@ -89,22 +89,29 @@ class LockdCluster:
 
 
 
-class _BearerInterceptor(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _Bearer:
     def __init__(self, token: str):
         self.md = ("authorization", f"Bearer {token}")
 
     def _details(self, d):
-        md = [*(d.metadata or ()), self.md]
+        md = grpc.aio.Metadata(*(d.metadata or ()), self.md)
         return d._replace(metadata=md) if hasattr(d, "_replace") else \
             grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials, d.wait_for_ready)
 
+
+# Two classes, not one with both bases: grpc.aio files an interceptor under the first kind it
+# is an instance of, so one class of both kinds would never see a stream (WatchGroup).
+class _BearerUnary(_Bearer, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):
         return await continuation(self._details(details), request)
 
+
+class _BearerStream(_Bearer, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):
         return await continuation(self._details(details), request)
 
 
 def admin_channel(target: str, token: str | None = None) -> grpc.aio.Channel:
     """A plaintext aio channel whose every call carries the admin token (for tests' raw stubs)."""
-    return grpc.aio.insecure_channel(target, interceptors=[_BearerInterceptor(token or shared_admin_token())])
+    token = token or shared_admin_token()
+    return grpc.aio.insecure_channel(target, interceptors=[_BearerUnary(token), _BearerStream(token)])

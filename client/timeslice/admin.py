@@ -1,7 +1,8 @@
 """Admin and status calls: groups, status, create/delete a group, jobs, and the live watch.
 
 CreateGroup and DeleteGroup carry the admin credential (auth.py); the others
-only read. None of them needs the job's session.
+only read (with a credential, where lockd asks for one). None of them needs the
+job's session.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import grpc
 
 from timeslice import errors as E
+from timeslice.auth import metadata_for
 from timeslice.core import ALREADY_APPLIED
 from timeslice.model import Group, GroupStatus, JobInfo
 from timeslice.proto import lockd_pb2 as pb
@@ -61,7 +63,8 @@ class Admin(Transport):
             holder: dict[str, Any] = {}
 
             async def open_stream(stub, idx, req, t, holder=holder):
-                call = stub.WatchGroup(req, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+                call = stub.WatchGroup(req, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()),
+                                       metadata=metadata_for("WatchGroup"))
                 holder.update(call=call, idx=idx)
                 first = await call.read()
                 if first is grpc.aio.EOF:

@@ -1,10 +1,15 @@
-"""The admin credential on the client side: which bearer token admin calls carry.
+"""Credentials on the client side: which bearer token (``authorization: Bearer <token>``) each call carries.
 
-CreateGroup and DeleteGroup need lockd's admin token (``authorization: Bearer
-<token>`` metadata). The client finds it in ``$TIMESLICE_ADMIN_TOKEN``, else in
-the file ``$TIMESLICE_ADMIN_TOKEN_FILE`` names (``timeslice up`` writes one,
-mode 0600, into its run folder; the CLI finds it there by itself). Other calls
-carry no token: a job proves itself with its session secret alone.
+* CreateGroup and DeleteGroup: lockd's admin token, found in ``$TIMESLICE_ADMIN_TOKEN``,
+  else in the file ``$TIMESLICE_ADMIN_TOKEN_FILE`` names (``timeslice up`` writes one,
+  mode 0600, into its run folder; the CLI finds it there by itself); else the
+  tenant's token (a tenant that administers the group may delete it).
+* The reads (ListGroups, GetGroupStatus, WatchGroup, ListJobs): the admin token if
+  there is one (an operator sees everything), else the tenant's.
+* OpenSession: the tenant's token (``$TIMESLICE_TENANT_TOKEN``, else the file
+  ``$TIMESLICE_TENANT_TOKEN_FILE`` names), which names the job's tenant where lockd
+  runs with tenants; else the admin token.
+* Everything else carries no token: a job proves itself with its session secret.
 """
 from __future__ import annotations
 
@@ -12,15 +17,22 @@ import os
 
 ENV_ADMIN_TOKEN = "TIMESLICE_ADMIN_TOKEN"
 ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"
+ENV_TENANT_TOKEN = "TIMESLICE_TENANT_TOKEN"
+ENV_TENANT_TOKEN_FILE = "TIMESLICE_TENANT_TOKEN_FILE"
 ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
+READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs"})
 _MAX = 1024
 
 
 def admin_token() -> str | None:
-    token = os.environ.get(ENV_ADMIN_TOKEN, "").strip()
+    return _token(ENV_ADMIN_TOKEN, ENV_ADMIN_TOKEN_FILE)
+
+
+def _token(env: str, env_file: str) -> str | None:
+    token = os.environ.get(env, "").strip()
     if token:
         return token
-    path = os.environ.get(ENV_ADMIN_TOKEN_FILE)
+    path = os.environ.get(env_file)
     if path:
         try:
             with open(path, encoding="utf-8") as f:
@@ -30,9 +42,17 @@ def admin_token() -> str | None:
     return None
 
 
+def tenant_token() -> str | None:
+    """The job's tenant credential: ``$TIMESLICE_TENANT_TOKEN``, else the file ``$TIMESLICE_TENANT_TOKEN_FILE``."""
+    return _token(ENV_TENANT_TOKEN, ENV_TENANT_TOKEN_FILE)
+
+
 def metadata_for(method: str) -> tuple[tuple[str, str], ...] | None:
-    """The metadata a call of ``method`` carries: the admin token for admin calls, else nothing."""
-    if method not in ADMIN_METHODS:
+    """The metadata a call of ``method`` carries (see the module doc)."""
+    if method in ADMIN_METHODS or method in READ_METHODS:
+        token = admin_token() or tenant_token()
+    elif method == "OpenSession":
+        token = tenant_token() or admin_token()
+    else:
         return None
-    token = admin_token()
     return (("authorization", f"Bearer {token}"),) if token else None

@@ -61,6 +61,26 @@ class AuthError(TimesliceClientError):
             "this client's session is lost")
 
 
+class CredentialsError(TimesliceClientError):
+    """A call that needs a credential (the admin token, a tenant's token) came without one lockd knows.
+
+    Not a session loss: the job's session, if it has one, is untouched."""
+
+    code = "UNAUTHENTICATED"
+    hint = ("give the client the right token: TIMESLICE_ADMIN_TOKEN or TIMESLICE_ADMIN_TOKEN_FILE for admin "
+            "calls (`timeslice up` writes one into its run folder), TIMESLICE_TENANT_TOKEN or "
+            "TIMESLICE_TENANT_TOKEN_FILE for a tenant's; nothing was changed")
+
+
+class PermissionDeniedError(TimesliceClientError):
+    """The caller may not do this: another job's process, a system process, another tenant's group,
+    or admin calls switched off on that server."""
+
+    code = "PERMISSION_DENIED"
+    hint = ("nothing was changed, and retrying will not change the answer: act only on what is this "
+            "job's (or this tenant's), or ask the operator for access")
+
+
 class NotHolderError(TimesliceClientError):
     """Yield by a job that does not hold the group (waiting, already yielded, or never acquired)."""
 
@@ -122,10 +142,23 @@ class AcquireTimeoutError(DeadlineError):
     hint = "the group stayed busy; retry later, or pass a longer timeout (None waits forever)"
 
 
-class SwapFailedError(TimesliceClientError):
-    """The scheduler could not swap this job in (agent refused, failed or dead); the waiter was removed."""
+class ResourceExhaustedError(TimesliceClientError):
+    """Something ran out: etcd's space, a message size; the message says what."""
 
     code = "RESOURCE_EXHAUSTED"
+    hint = "read what ran out above; nothing was changed"
+
+
+class LimitExceededError(ResourceExhaustedError):
+    """One of lockd's limits is reached (sessions, watches, workers, groups); the message names it."""
+
+    hint = ("close what this caller no longer uses (sessions, WatchGroup streams, workers, groups), "
+            "or ask the operator to raise the limit the message names; nothing was changed")
+
+
+class SwapFailedError(ResourceExhaustedError):
+    """The scheduler could not swap this job in (agent refused, failed or dead); the waiter was removed."""
+
     hint = "read the reason above; check `timeslice status GROUP` for the node agents, then acquire again"
 
 
@@ -171,11 +204,19 @@ class ClientForkedError(ClientClosedError):
             "make a new client in the child")
 
 
+class UnimplementedError(TimesliceClientError):
+    """The server does not serve this call: it is another version than this client (or not lockd)."""
+
+    code = "UNIMPLEMENTED"
+    hint = "check that the target is lockd, and that lockd and the client are of the same release"
+
+
 class InternalError(TimesliceClientError):
     """lockd failed in an unexpected way (a bug, or a status this client does not know)."""
 
     code = "INTERNAL"
-    hint = "look at the lockd logs; retrying may help"
+    hint = ("lockd's log has the details (the message names an incident); whether the call took effect "
+            "is not known: check before doing it again")
 
 
 # ---------------------------------------------------------------------------
@@ -196,19 +237,32 @@ _TABLE: dict[tuple[str, str | None], type[TimesliceClientError]] = {
     ("OUT_OF_RANGE", None): InvalidArgumentError,
     ("ALREADY_EXISTS", None): AlreadyExistsError,
     ("DEADLINE_EXCEEDED", None): DeadlineError,
-    ("RESOURCE_EXHAUSTED", None): SwapFailedError,
+    ("RESOURCE_EXHAUSTED", "limit"): LimitExceededError,
+    ("RESOURCE_EXHAUSTED", None): ResourceExhaustedError,
+    ("PERMISSION_DENIED", None): PermissionDeniedError,
+    ("UNIMPLEMENTED", None): UnimplementedError,
     ("UNAVAILABLE", None): UnavailableError,
     ("CANCELLED", None): CallCancelledError,
 }
 _PER_METHOD: dict[tuple[str, str], type[TimesliceClientError]] = {
     ("Acquire", "DEADLINE_EXCEEDED"): AcquireTimeoutError,
+    ("Acquire", "RESOURCE_EXHAUSTED"): SwapFailedError,       # (a limit's says "limit max_...": reason first)
     ("OpenSession", "ALREADY_EXISTS"): SessionConflictError,
     ("DeleteGroup", "FAILED_PRECONDITION"): GroupBusyError,
 }
 
 
+#: Calls a job makes with its session secret: UNAUTHENTICATED there means the secret no longer
+#: opens the session (AuthError); on any other call, a missing or unknown token (CredentialsError).
+SESSION_METHODS = frozenset({"CloseSession", "KeepAlive", "Acquire", "Yield", "RegisterWorker",
+                             "UnregisterWorker"})
+
+
 def reason_of(details: str) -> str | None:
-    """The reason code a message starts with (``not_holder: ...`` → ``not_holder``), if any."""
+    """The reason code a message starts with (``not_holder: ...`` → ``not_holder``), if any.
+    lockd's limits say ``limit max_<name>: ...``: their reason is ``limit``."""
+    if (details or "").startswith("limit max_"):
+        return "limit"
     head, sep, _ = (details or "").partition(":")
     if sep and head and head.replace("_", "").isalpha() and head.islower():
         return head
@@ -219,6 +273,8 @@ def error_class(code: str, details: str = "", method: str | None = None) -> type
     reason = reason_of(details)
     if (code, reason) in _TABLE and reason is not None:
         return _TABLE[(code, reason)]
+    if code == "UNAUTHENTICATED" and method is not None and method not in SESSION_METHODS:
+        return CredentialsError
     if method is not None and (method, code) in _PER_METHOD:
         return _PER_METHOD[(method, code)]
     return _TABLE.get((code, None), InternalError)

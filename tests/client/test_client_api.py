@@ -192,10 +192,10 @@ def test_workers_groups_and_jobs(lockd, uid, clients, monkeypatch):
     monkeypatch.setenv("TIMESLICE_NODE_NAME", f"node-{uid}")
     w = c.register_worker(device_bytes=1 << 20)
     assert w.node == f"node-{uid}" and w.pid > 0
-    c.register_worker(pid=1, node="other-node")
+    c.register_worker(pid=4_000_000, node="other-node")       # (pid 1 is init: refused)
     jobs = {j.job_id: j for j in c.jobs()}
     assert jobs[c.job_id].workers == 2 and jobs[c.job_id].lease_id == c.lease_id
-    c.unregister_worker(pid=1, node="other-node")
+    c.unregister_worker(pid=4_000_000, node="other-node")
     wait_for(lambda: {j.job_id: j for j in c.jobs()}[c.job_id].workers == 1, what="worker gone")
 
     g = f"adm-{uid}"
