@@ -97,6 +97,8 @@ class GroupSpec(Record):
     nodes: list[dict] = field(default_factory=list)   # [{"node": str, "gpus": [int]}]
     created_ms: int = 0
     isolation: str = ISOLATION_NONE
+    tenants: list[str] = field(default_factory=list)  # who may acquire it ("*": every tenant); lockd/tenancy.py
+    admins: list[str] = field(default_factory=list)   # tenants that administer it (delete it, see all its jobs)
 
     def node_names(self) -> list[str]:
         return [n["node"] for n in self.nodes]
@@ -148,6 +150,7 @@ class SessionValue(Record):
     opened_ms: int = 0
     replica: str = ""
     peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+    tenant: str = ""                  # the tenant its opener's credential named ("": none, or the admin)
 
 
 @dataclass

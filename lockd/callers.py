@@ -25,6 +25,7 @@ from timeslice.common.auth import Authority, presented_token
 from timeslice.common.serving import env_flag, parse_bool
 from timeslice.lockd import peers
 from timeslice.lockd.errors import Unauthenticated
+from timeslice.lockd.tenants import TenantBook
 from timeslice.lockd.watches import MAX_WATCHES, MAX_WATCHES_PER_CALLER, Watches
 
 READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs"})
@@ -36,9 +37,15 @@ class CallerConfig:
     tenants_file: str | None = None
     max_watches: int = MAX_WATCHES
     max_watches_per_caller: int = MAX_WATCHES_PER_CALLER
+    tls_client_ca: str | None = None       # require client certificates signed by this CA (mutual TLS)
 
     def __post_init__(self) -> None:
         Watches(self.max_watches, self.max_watches_per_caller)     # validates the bounds
+        if self.tenants_file is not None:
+            TenantBook.load(self.tenants_file)                     # a bad file fails start-up, not a call
+
+    def tenant_book(self) -> TenantBook | None:
+        return TenantBook.load(self.tenants_file) if self.tenants_file is not None else None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--tenants-file", default=None,
              help="file naming each tenant's credentials (tokens, token digests, TLS identities); "
                   "turns tenancy on (see lockd/tenants.py)")
+    env_flag(p, "--tls-client-ca", default=None,
+             help="CA bundle: with --tls-cert, callers must present a client certificate it signed; its "
+                  "common name is the caller (per-caller limits) and, in the tenants file, a credential")
     env_flag(p, "--max-watches", type=int, default=MAX_WATCHES,
              help="WatchGroup streams open on this replica; beyond: RESOURCE_EXHAUSTED 'limit max_watches'")
     env_flag(p, "--max-watches-per-caller", type=int, default=MAX_WATCHES_PER_CALLER,
@@ -57,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def from_args(a: argparse.Namespace) -> CallerConfig:
     return CallerConfig(require_read_auth=parse_bool(a.require_read_auth), tenants_file=a.tenants_file or None,
-                        max_watches=int(a.max_watches), max_watches_per_caller=int(a.max_watches_per_caller))
+                        max_watches=int(a.max_watches), max_watches_per_caller=int(a.max_watches_per_caller),
+                        tls_client_ca=a.tls_client_ca or None)
 
 
 @dataclass(frozen=True)

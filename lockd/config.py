@@ -58,6 +58,11 @@ class LockdConfig:
             raise ConfigError("--max-groups must be >= 1")
         if self.policy.swap_timeout_ms <= 0:
             raise ConfigError("--swap-timeout must be > 0")
+        if self.callers.tls_client_ca is not None and self.tls_cert is None:
+            raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+        if self.insecure_no_admin_auth and self.callers.tenants_file is not None:
+            raise ConfigError("--insecure-no-admin-auth and --tenants-file do not go together: tenants need a "
+                              "real admin")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -60,3 +60,9 @@ class Unauthenticated(TimesliceError):
     """A call that needs a credential came without one (or with one this server does not know)."""
 
     code = "UNAUTHENTICATED"
+
+
+class Forbidden(TimesliceError):
+    """The caller's tenant may not do this with that group (tenancy: lockd/tenancy.py)."""
+
+    code = "PERMISSION_DENIED"

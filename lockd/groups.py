@@ -27,7 +27,9 @@ class Groups:
         self.max_groups = max_groups
         self.revocations = revocations or Revocations(client, keys)
 
-    async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "") -> R.GroupSpec:
+    async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "",
+                     tenants: list[str] | None = None, admins: list[str] | None = None) -> R.GroupSpec:
+        """``tenants``/``admins``: who may acquire and who administers it (lockd/tenancy.py), validated there."""
         check_id("group", group)
         if isolation not in R.ISOLATIONS:
             raise InvalidIdError(f"isolation must be one of {sorted(R.ISOLATIONS)}, got {isolation[:32]!r}")
@@ -44,7 +46,8 @@ class Groups:
                                      f"at most {MAX_GPUS_PER_NODE}")
             if any(not 0 <= g <= MAX_GPU_INDEX for g in gpus):
                 raise InvalidIdError(f"gpu indices must be in 0..{MAX_GPU_INDEX}")
-        spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation)
+        spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation,
+                           list(tenants or []), list(admins or []))
         size = len(spec.dump())
         if size > MAX_SPEC_BYTES:
             raise InvalidIdError(f"limit max_spec_bytes: the group spec is {size} bytes, at most {MAX_SPEC_BYTES}")
@@ -57,10 +60,11 @@ class Groups:
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, spec.dump())], [ops.get(key)])
         if not resp.succeeded:
             old = R.GroupSpec.load(resp.responses[0].response_range.kvs[0].value)
-            if old.nodes != spec.nodes or old.isolation != spec.isolation:
+            if (old.nodes, old.isolation, old.tenants, old.admins) != \
+                    (spec.nodes, spec.isolation, spec.tenants, spec.admins):
                 names = old.node_names()
                 shown = " ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
-                raise AlreadyExists(f"group {group!r} exists with other nodes or isolation: {shown}")
+                raise AlreadyExists(f"group {group!r} exists with other nodes, isolation or tenants: {shown}")
             return old
         return spec
 
@@ -85,7 +89,8 @@ class Groups:
         for g, gs in sorted(self.index.groups.items()):
             if gs.spec is not None:
                 spec = R.GroupSpec.load(gs.spec.value)
-                out.append(pb.Group(group_id=g, nodes=_nodes(spec), isolation=spec.isolation))
+                out.append(pb.Group(group_id=g, nodes=_nodes(spec), isolation=spec.isolation,
+                                    tenants=spec.tenants, admins=spec.admins))
         return out
 
     def status(self, group: str, epoch: int, revision: int) -> pb.GroupStatus:

@@ -19,6 +19,7 @@ from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.tenancy import Tenancy
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.watches import Watches
 from timeslice.lockd.workers import Workers
@@ -45,6 +46,7 @@ class Replica:
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
         self.workers = Workers(self.client, self.keys, self.index)
         self.watches = Watches(config.callers.max_watches, config.callers.max_watches_per_caller)
+        self.tenancy = Tenancy(self.client, self.keys, self.index, enabled=config.callers.tenants_file is not None)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
         self.reflector.add_listener(self._on_batch)

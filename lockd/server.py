@@ -47,12 +47,21 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
         log.warning("admin_calls_" + ("open" if authority.insecure else "disabled"),
                     why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
                                                        else "; CreateGroup/DeleteGroup are refused"))
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, ADMIN_METHODS)])
-    pbg.add_LockdServicer_to_server(LockdServicer(replica, Callers(authority, config.callers)), server)
+    tenants = config.callers.tenant_book()
+    # With tenants, a tenant that administers a group may delete it: the servicer decides (lockd/tenancy.py).
+    gated = ADMIN_METHODS - {"DeleteGroup"} if tenants is not None else ADMIN_METHODS
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, gated)])
+    pbg.add_LockdServicer_to_server(LockdServicer(replica, Callers(authority, config.callers, tenants)), server)
+    if tenants is not None:
+        log.info("tenancy_on", tenants=sorted(tenants.tenants), tenants_file=config.callers.tenants_file)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.tls_cert and config.tls_key is not None:     # config: cert and key come together
-        creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))])
+        ca = config.callers.tls_client_ca
+        # With a client CA, every caller proves a certificate identity (lockd/peers.py, lockd/callers.py).
+        creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))],
+                                            root_certificates=_read(ca) if ca else None,
+                                            require_client_auth=ca is not None)
         port = server.add_secure_port(config.listen, creds)
     else:
         port = server.add_insecure_port(config.listen)

@@ -19,6 +19,7 @@ from timeslice.lockd.callers import Callers
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
 from timeslice.lockd.requests import check_ids, ids_checked
+from timeslice.lockd.tenancy import check_tenants
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
@@ -34,7 +35,8 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     @ids_checked
     async def OpenSession(self, req, context):
-        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peers.identity(context))
+        tenant = self.r.tenancy.session_tenant(self.callers.of(context))
+        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peers.identity(context), tenant)
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
     @rpc
@@ -55,6 +57,7 @@ class LockdServicer(pbg.LockdServicer):
     async def Acquire(self, req, context):
         t0 = time.monotonic()
         lease = await self.r.sessions.verify(req.job_id, req.session_secret)
+        await self.r.tenancy.check_acquire(req.job_id, req.group_id)      # before anything is written
         remaining = context.time_remaining()
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN - (time.monotonic() - t0))
         try:
@@ -105,32 +108,36 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     @ids_checked
     async def CreateGroup(self, req, context):
-        spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation)
-        return pb.Group(group_id=req.group_id, isolation=spec.isolation,
+        tenants, admins = check_tenants(req.tenants, "tenants"), check_tenants(req.admins, "admins")
+        self.r.tenancy.check_create(self.callers.of(context), tenants)
+        spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation,
+                                          tenants, admins)
+        return pb.Group(group_id=req.group_id, isolation=spec.isolation, tenants=spec.tenants, admins=spec.admins,
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes])
 
     @rpc
     @ids_checked
     async def DeleteGroup(self, req, context):
+        self.r.tenancy.check_delete(self.callers.of(context), req.group_id)
         return pb.DeleteGroupReply(deleted=await self.r.groups.delete(req.group_id, req.force))
 
     @rpc
     @ids_checked
     async def ListGroups(self, req, context):
-        self.callers.reader(context)
-        return pb.ListGroupsReply(groups=self.r.groups.list())
+        caller = self.callers.reader(context)
+        return pb.ListGroupsReply(groups=self.r.tenancy.groups(caller, self.r.groups.list()))
 
     @rpc
     @ids_checked
     async def GetGroupStatus(self, req, context):
-        self.callers.reader(context)
-        return self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
+        caller = self.callers.reader(context)
+        return self.r.tenancy.status(caller, self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision))
 
     @rpc
     @ids_checked
     async def ListJobs(self, req, context):
-        self.callers.reader(context)
-        return pb.ListJobsReply(jobs=self.r.workers.job_list())
+        caller = self.callers.reader(context)
+        return pb.ListJobsReply(jobs=self.r.tenancy.jobs(caller, self.r.workers.job_list()))
 
     @stream_rpc
     async def WatchGroup(self, req, context):
@@ -138,12 +145,12 @@ class LockdServicer(pbg.LockdServicer):
         caller = self.callers.reader(context)
         release = self.r.watches.admit(caller.identity)      # RESOURCE_EXHAUSTED past a limit
         try:
-            async for st in self._watch(req, context):
+            async for st in self._watch(req, caller):
                 yield st
         finally:
             release()
 
-    async def _watch(self, req, context):
+    async def _watch(self, req, caller):
         changed = asyncio.Event()
         prefix = self.r.keys.group(req.group_id)
 
@@ -156,7 +163,8 @@ class LockdServicer(pbg.LockdServicer):
             last = None
             while True:
                 changed.clear()
-                st = self.r.groups.status(req.group_id, self.r.epoch, self.r.reflector.revision)
+                st = self.r.tenancy.status(caller, self.r.groups.status(req.group_id, self.r.epoch,
+                                                                        self.r.reflector.revision))
                 st.revision = 0                 # compare content, not the revision it was read at
                 body = st.SerializeToString()
                 st.revision = self.r.reflector.revision

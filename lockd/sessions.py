@@ -68,8 +68,9 @@ class Sessions:
         self._seen = seen                          # waits until this replica's mirror has a revision
         self._opening: dict[str, int] = {}         # peer -> opens on this replica the mirror does not count yet
 
-    async def open(self, job: str, ttl: int, peer: str = "") -> tuple[str, int, int]:
-        """Returns (secret, lease_id, ttl). ``peer``: the caller (lockd.peers), for the per-peer limit."""
+    async def open(self, job: str, ttl: int, peer: str = "", tenant: str = "") -> tuple[str, int, int]:
+        """Returns (secret, lease_id, ttl). ``peer``: the caller (lockd.peers), for the per-peer limit;
+        ``tenant``: the tenant the session belongs to (lockd/tenancy.py)."""
         check_id("job", job)
         ttl = ttl or self.limits.default_ttl
         if not self.limits.min_ttl <= ttl <= self.limits.max_ttl:
@@ -78,7 +79,7 @@ class Sessions:
         self._admit(peer)
         self._opening[peer] = self._opening.get(peer, 0) + 1
         try:
-            return await self._open(job, ttl, peer)
+            return await self._open(job, ttl, peer, tenant)
         finally:
             left = self._opening[peer] - 1
             if left:
@@ -100,10 +101,10 @@ class Sessions:
             raise LimitExceeded(f"limit max_sessions_per_peer: {bounded(peer or 'this caller', 96)} has {mine} "
                                 f"live sessions, at most {lim.max_per_peer}; close some first")
 
-    async def _open(self, job: str, ttl: int, peer: str) -> tuple[str, int, int]:
+    async def _open(self, job: str, ttl: int, peer: str, tenant: str = "") -> tuple[str, int, int]:
         lease, granted = await self.client.grant_lease(ttl)
         secret = secrets.token_urlsafe(32)
-        value = R.SessionValue(lease, _digest(secret), R.now_ms(), self.replica, peer).dump()
+        value = R.SessionValue(lease, _digest(secret), R.now_ms(), self.replica, peer, tenant).dump()
         key = self.keys.session(job)
         # Create-if-absent: two processes claiming one job id must not share it.
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, value, lease)], [ops.get(key)])

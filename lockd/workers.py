@@ -105,5 +105,5 @@ class Workers:
                 continue
             lease = R.SessionValue.load(js.session.value).lease
             out.append(pb.JobInfo(job_id=job, lease_id=lease, groups=self.index.groups_of_job(job),
-                                  workers=len(js.workers)))
+                                  workers=len(js.workers), tenant=R.SessionValue.load(js.session.value).tenant))
         return out

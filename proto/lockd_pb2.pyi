@@ -147,24 +147,32 @@ class NodeSpec(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    ADMINS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    admins: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Group(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    ADMINS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ...) -> None: ...
+    tenants: _containers.RepeatedScalarFieldContainer[str]
+    admins: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("group_id", "force")
@@ -285,16 +293,18 @@ class ListJobsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "lease_id", "groups", "workers")
+    __slots__ = ("job_id", "lease_id", "groups", "workers", "tenant")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_id: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     workers: int
-    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)

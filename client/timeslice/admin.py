@@ -33,11 +33,14 @@ class Admin(Transport):
                                deadline=self._deadline(self.config.timeout))
         return GroupStatus.from_pb(r)
 
-    async def create_group(self, group_id: str, nodes=None, *, isolation: str = "") -> Group:
+    async def create_group(self, group_id: str, nodes=None, *, isolation: str = "", tenants=(),
+                           admins=()) -> Group:
         """Create ``group_id`` over ``nodes`` ("node", "node:0,1", (node, [gpus]) or NodeSpec).
         ``isolation``: the group's policy for parked cooperative workers (lockd lists the
-        values it knows; "" is the default). Re-creating it with the same settings is a no-op."""
-        req = self._create_req(group_id, nodes, isolation)
+        values it knows; "" is the default). ``tenants``: whose jobs may acquire it ("*": every
+        tenant; needed where lockd runs with tenants); ``admins``: the tenants that administer it.
+        Re-creating it with the same settings is a no-op."""
+        req = self._create_req(group_id, nodes, isolation, tenants, admins)
         r = await self._invoke(Call.CREATE_GROUP, lambda: req, deadline=self._deadline(self.config.timeout))
         return Group.from_pb(r)
 

@@ -27,6 +27,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     c.add_argument("--isolation", choices=isolation_choices(), default=NO_ISOLATION,
                    help="how far a parked job is moved off the group's devices (lockd's policies; "
                         f"{NO_ISOLATION!r}: cooperative workers keep their CUDA context)")
+    c.add_argument("--tenant", action="append", default=[], metavar="TENANT",
+                   help="a tenant whose jobs may acquire the group ('*': every tenant; needed where lockd "
+                        "runs with tenants); repeat for more")
+    c.add_argument("--admin-tenant", action="append", default=[], metavar="TENANT",
+                   help="a tenant that administers the group (may delete it, sees all its jobs); repeat for more")
     c.set_defaults(func=cmd_group_create)
     d = gsub.add_parser("delete", parents=[common], help="delete a group")
     d.add_argument("name")
@@ -92,7 +97,8 @@ def cmd_groups(args) -> int:
 
 def cmd_group_create(args) -> int:
     with admin_client(args) as c:
-        g = c.create_group(args.name, args.node, isolation=_isolation(args.isolation))
+        g = c.create_group(args.name, args.node, isolation=_isolation(args.isolation), tenants=args.tenant,
+                           admins=args.admin_tenant)
         try:
             alive = {n.node for n in c.status(g.group_id).node_status if n.agent_alive}
         except TimesliceClientError:          # deleted in between: nothing to warn about
@@ -104,6 +110,8 @@ def cmd_group_create(args) -> int:
     for w in warnings:
         print(f"timeslice: warning: {w}", file=sys.stderr, flush=True)
     iso = f", isolation: {g.isolation}" if g.isolation else ""
+    iso += f", tenants: {' '.join(g.tenants)}" if g.tenants else ""
+    iso += f", administered by: {' '.join(g.admins)}" if g.admins else ""
     emit(args, {**g.to_dict(), "warnings": warnings},
          lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'}{iso})")
     return 0

@@ -232,12 +232,15 @@ class ClientCore:
         return req, w
 
     @staticmethod
-    def _create_req(group_id: str, nodes, isolation: str = "") -> pb.CreateGroupRequest:
+    def _create_req(group_id: str, nodes, isolation: str = "", tenants=(), admins=()) -> pb.CreateGroupRequest:
         try:
             specs = node_specs(nodes)
         except (ValueError, TypeError) as e:
             raise E.InvalidArgumentError(str(e)) from None
-        return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs], isolation=isolation)
+        if isinstance(tenants, str) or isinstance(admins, str):
+            raise E.InvalidArgumentError("tenants and admins are lists of tenant names")
+        return pb.CreateGroupRequest(group_id=group_id, nodes=[n.to_pb() for n in specs], isolation=isolation,
+                                     tenants=list(tenants), admins=list(admins))
 
     def check_held(self, group_id: str) -> Grant:
         """The grant this client holds on ``group_id``; no I/O. Raises ``SessionLostError`` if the

@@ -88,10 +88,13 @@ class Group(_Dict):
     group_id: str
     nodes: tuple[NodeSpec, ...] = ()
     isolation: str = ""          # the group's policy for parked cooperative workers ("": the default)
+    tenants: tuple[str, ...] = ()   # whose jobs may acquire it ("*": every tenant)
+    admins: tuple[str, ...] = ()    # the tenants that administer it
 
     @classmethod
     def from_pb(cls, g: pb.Group) -> Group:
-        return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes), g.isolation)
+        return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes), g.isolation, tuple(g.tenants),
+                   tuple(g.admins))
 
 
 @dataclass(frozen=True)
@@ -177,10 +180,11 @@ class JobInfo(_Dict):
     lease_id: int
     groups: tuple[str, ...]
     workers: int
+    tenant: str = ""             # its session's tenant ("*": opened with the admin token; "": no tenants)
 
     @classmethod
     def from_pb(cls, j: pb.JobInfo) -> JobInfo:
-        return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers)
+        return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers, j.tenant)
 
 
 def node_specs(nodes: Iterable[NodeSpec | str | tuple] | None) -> list[NodeSpec]:
