@@ -269,3 +269,23 @@ def test_tenancy_is_on_in_deploy_and_off_in_the_local_cluster():
     assert secret == "timeslice-tenants"
     local = (root / "launcher" / "start.py").read_text() + (root / "deploy" / "local.env").read_text()
     assert "tenants" not in local.lower()
+
+
+async def test_the_public_client_carries_its_tenants_token(lockd, stubs, monkeypatch):
+    from timeslice import AsyncOrchestratorClient, PermissionDeniedError
+    admin = stubs("admin")
+    mine = await _group(admin, "b-only", tenants=["team-b"])
+    theirs = await _group(admin, "a-only", tenants=["team-a"])
+    monkeypatch.delenv("TIMESLICE_ADMIN_TOKEN", raising=False)        # a job, not the operator
+    monkeypatch.setenv("TIMESLICE_TENANT_TOKEN", TOKENS["team-b"])
+    c = AsyncOrchestratorClient(target=lockd.target, job_id=f"client-b-{secrets.token_hex(3)}", timeout=10)
+    try:
+        await c.acquire(mine, timeout=10)
+        await c.yield_(mine)
+        with pytest.raises(PermissionDeniedError):
+            await c.acquire(theirs, timeout=10)
+        assert [g.group_id for g in await c.groups() if g.group_id in (mine, theirs)] == [mine]
+        seen = {j.job_id: j.tenant for j in await c.jobs()}
+        assert c.job_id in seen and set(seen.values()) == {"team-b"}             # team-b's jobs only
+    finally:
+        await c.close()
