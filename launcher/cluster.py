@@ -44,9 +44,13 @@ class LaunchError(RuntimeError):
 class LocalCluster:
     def __init__(self, settings: Settings, run_dir: str | os.PathLike, *, node: str | None = None,
                  group: str | None = DEFAULT_GROUP, progress: Callable[[str], None] | None = None,
-                 python: str = sys.executable, sim_dir: str | None = None, settings_origin: str = ""):
+                 python: str = sys.executable, sim_dir: str | None = None, settings_origin: str = "",
+                 require_attestation: bool = True):
         from timeslice.config import node_name
         self.settings = settings
+        # The agent acts only on attested workers, as in deploy/; a test whose jobs register
+        # processes they cannot attest (several jobs in one process) turns it off.
+        self.require_attestation = require_attestation
         self.run_dir = Path(run_dir).absolute()
         self.node = node or node_name()
         self.group = group

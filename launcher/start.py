@@ -134,7 +134,7 @@ def agent_child(c: LocalCluster, eps: str, env: dict) -> NodeAgent:
         # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.local). Attestation
         # is required, as in deploy/: the agent acts only on processes that proved over the channel
         # that they are the registering job's.
-        channel_socket=socket, extra=["--require-attestation"],
+        channel_socket=socket, extra=["--require-attestation"] if c.require_attestation else [],
         env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(c.sim_dir) / "host")}, python=c.python)
     agent.info.update(sim_dir=c.sim_dir, agent_socket=socket, sim_capacity_bytes=s.sim_device_capacity_bytes)
     return agent

@@ -25,11 +25,15 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, monkeypatch):
     s = Settings(etcd_members=1, lockd_replicas=1, backend="sim", sim_device_capacity_bytes=64 * MiB,
                  sim_snapshot_bytes_per_s=0, sim_restore_bytes_per_s=0)
+    # Both jobs' clients live in this process, whose child is the sampler's server: the process
+    # cannot attest for two jobs, so it attests for none (no agent at that socket) and the agent
+    # does not require attestation, as the harness's agents do not.
+    monkeypatch.setenv("TIMESLICE_AGENT_SOCKET", str(tmp_path / "no-agent-here.sock"))
     c = LocalCluster(s, tmp_path / "run", node="n1", group="g", progress=lambda _m: None,
-                     sim_dir=str(tmp_path / "sim")).start()
+                     sim_dir=str(tmp_path / "sim"), require_attestation=False).start()
     yield c
     c.stop(quiet=True)
 
