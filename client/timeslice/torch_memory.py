@@ -14,11 +14,18 @@ between swaps, so after the first pause a swap is two PCIe copies
 (measured on an H200: 16 GiB out in 0.33 s, in 0.32 s; pinning 16 GiB anew
 costs 7–8 s). ``prepin()`` pays that first pinning up front.
 
+After a pause, what the process still holds on the device outside its regions
+(its CUDA context, the allocator's cache, cuBLAS workspaces, any tensor made
+outside a region) is its *residue*: ``residue_bytes()`` measures it, from
+NVML's per-process figure where the driver shows this process, else from the
+allocator's own count (which cannot see the context).
+
 PyTorch and torch-memory-saver are imported here only: the lock never needs them.
 """
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping, Sequence
 
 from timeslice.cooperative import DISCARD, OFFLOAD, POLICIES
@@ -46,6 +53,7 @@ class TorchMemory:
         self.retain_backup = retain_backup
         self._retain_set = False
         self._bytes = {t: 0 for t in self.tags}
+        self._paused: set[str] = set()
         self._pinned = False
 
     @contextlib.contextmanager
@@ -90,15 +98,49 @@ class TorchMemory:
 
     def pause(self, tags: Sequence[str]) -> None:
         self._each(self._tms.pause, tags)
+        self._paused.update(tags)
         if any(self.tags[t] == OFFLOAD for t in tags):
             self._pinned = True
 
     def resume(self, tags: Sequence[str]) -> None:
         self._each(self._tms.resume, tags)
+        self._paused.difference_update(tags)
 
-    def prepin(self) -> None:
-        """Allocate the retained host backups now: one pause and resume of every offload region."""
-        offload = [t for t, p in self.tags.items() if p == OFFLOAD and self._bytes[t]]
+    def prepin(self, tags: Sequence[str] | None = None) -> None:
+        """Allocate the retained host backups now: one pause and resume of the offload regions
+        (``tags``; default all), while the job holds its group, not during its first swap."""
+        offload = [t for t, p in self.tags.items() if p == OFFLOAD and self._bytes[t] and (tags is None or t in tags)]
         if offload:
             self.pause(offload)
             self.resume(offload)
+
+    # -- what stays behind -------------------------------------------------------------
+    def residue_bytes(self) -> int:
+        """Device bytes this process holds outside its resident regions (after a full pause: all it keeps)."""
+        resident = sum(n for t, n in self._bytes.items() if t not in self._paused)
+        used = self._process_bytes()
+        if used is not None:
+            return max(0, used - resident)
+        # The allocator counts a region's segments as reserved even while torch-memory-saver
+        # has unmapped them, so every region comes off; the CUDA context is not counted at all.
+        return max(0, self._torch.cuda.memory_reserved(self.device) - sum(self._bytes.values()))
+
+    def peak_bytes(self) -> int:
+        """The most this job has needed on the device (allocator peak plus what torch cannot see)."""
+        cuda = self._torch.cuda
+        used = self._process_bytes()
+        outside = 0 if used is None else max(0, used - cuda.memory_reserved(self.device))
+        return cuda.max_memory_reserved(self.device) + outside
+
+    def _process_bytes(self) -> int | None:
+        """This process's device memory as NVML shows it; None where it cannot (no NVML, another pid namespace)."""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByUUID(self.device_id())
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                    return int(p.usedGpuMemory)
+        except Exception:  # best effort: the allocator's count stands in
+            return None
+        return None
