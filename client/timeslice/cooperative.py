@@ -25,9 +25,16 @@ device's ``SimCooperativeMemory`` used by the tests and the demo.
 
 The channel reconnects by itself (an agent restart is routine) and tells the
 new agent which regions are paused, so a parked job is never forgotten.
+
+After each pause the worker measures its *residue* — the device bytes the
+process still holds outside its resident regions (its CUDA context, the
+allocator's cache, workspaces, tensors made outside any region), where the
+memory can say (``residue_bytes()``) — and reports it with the pause's answer
+(``residue_bytes``), so the agent can show it and plan with it.
 """
 from __future__ import annotations
 
+import collections
 import random
 import socket
 import threading
@@ -55,6 +62,19 @@ class SwapMemory(Protocol):
     def host_bytes(self) -> int: ...               # host backup already allocated (retained)
     def pause(self, tags: Sequence[str]) -> None: ...
     def resume(self, tags: Sequence[str]) -> None: ...
+    # optional: residue_bytes() -> int, the device bytes held outside the resident regions
+
+
+def residue_of(memory) -> int | None:
+    """What ``memory`` says the process keeps on the device outside its resident regions; None if it cannot say."""
+    measure = getattr(memory, "residue_bytes", None)
+    if measure is None:
+        return None
+    try:
+        return max(0, int(measure()))
+    except Exception:  # a measure that fails costs the figure, never the swap
+        log.warning("residue_measure_failed", exc_info=True)
+        return None
 
 
 class CallbackMemory:
@@ -123,6 +143,8 @@ class CooperativeWorker:
         self.pid = 0                                   # as the agent sees it (SO_PEERCRED)
         self.paused: list[str] = []                    # tags released now, in pause order
         self.swaps = 0
+        self.residue_bytes: int | None = None          # measured after the last pause (None: not measurable)
+        self.residues: collections.deque[int] = collections.deque(maxlen=256)   # after each pause, for benchmarks
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -223,6 +245,9 @@ class CooperativeWorker:
                 if kind == "pause":
                     tags = msg.get("tags")
                     moved, released, acted = self._pause(None if tags is None else [str(t) for t in tags])
+                    self.residue_bytes = residue_of(self.memory)
+                    if self.residue_bytes is not None:
+                        self.residues.append(self.residue_bytes)
                 elif kind == "resume":
                     moved, released, acted = self._resume()
                 elif kind == "ping":
@@ -239,13 +264,17 @@ class CooperativeWorker:
         if kind != "ping":
             self.swaps += 1
             log.info(f"cooperative_{kind}d", job=self.job_id, tags=acted, bytes_moved=moved,
-                     device_bytes=released, elapsed_ms=round(ms, 2))
+                     device_bytes=released, elapsed_ms=round(ms, 2),
+                     **({"residue_bytes": self.residue_bytes} if kind == "pause" else {}))
         return {"type": "done", "id": rid, "ok": True, "bytes_moved": moved, "device_bytes": released,
                 "elapsed_ms": ms, "tags": acted, **self._state()}
 
     def _state(self) -> dict:
-        return {"state": "paused" if self.paused else "running", "paused": list(self.paused),
-                "host_bytes": self.memory.host_bytes(), "region_bytes": self.memory.region_bytes()}
+        out = {"state": "paused" if self.paused else "running", "paused": list(self.paused),
+               "host_bytes": self.memory.host_bytes(), "region_bytes": self.memory.region_bytes()}
+        if self.paused and self.residue_bytes is not None:
+            out["residue_bytes"] = self.residue_bytes   # what stays on the device while parked
+        return out
 
     def _pause(self, tags: list[str] | None) -> tuple[int, int, list[str]]:
         order = list(self.memory.tags) if tags is None else tags

@@ -25,7 +25,7 @@ import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # before CUDA starts: deterministic cuBLAS
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import realmodel as R  # noqa: E402
+import realmodel as R
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
         opt.zero_grad(set_to_none=True)
         return float(loss.detach())
 
+    R.rendezvous()
     t0 = time.monotonic()
     prompts = R.prompts(a.steps * a.prompts, a.prompt_len, a.seed)
     losses = []
@@ -152,6 +153,8 @@ def main(argv=None) -> int:
         regions = memory.region_bytes() if memory is not None else {}
         if hasattr(memory, "close"):
             memory.close()                            # simulated device memory, given back while holding
+        if place is not None and place.worker is not None:
+            orchestrator.unregister_worker(pid=place.worker.pid, node=os.environ.get("TIMESLICE_NODE_NAME"))
     doc = {"job": orchestrator.job_id if orchestrator else "standalone", "standalone": a.standalone,
            "device": device, "steps": a.steps, "losses": losses, "digest": digest,
            "state_bytes": state, "wall_s": time.monotonic() - t0, "region_bytes": regions,

@@ -25,15 +25,48 @@ CHARS = string.ascii_lowercase + string.digits + " .,:;!?+-*/=()"
 PAD, EOS = 0, 1
 
 
-def deterministic() -> None:
-    """Bit-reproducible kernels. CUBLAS_WORKSPACE_CONFIG must be set before CUDA starts (the
-    scripts set it before importing torch); TRL's ``full_determinism`` is not used, because it
-    also sets CUDA_LAUNCH_BLOCKING, which serialises every kernel launch."""
+def deterministic() -> list[str]:
+    """Bit-reproducible kernels; returns the list that collects the warnings of operations
+    that have no deterministic implementation (they run anyway: ``warn_only``, so a run is
+    never lost to one; the list says whether it happened). CUBLAS_WORKSPACE_CONFIG must be set
+    before CUDA starts (the scripts set it before importing torch). TRL's ``full_determinism``
+    is not used: it also sets CUDA_LAUNCH_BLOCKING, which serialises every kernel launch."""
+    import warnings
+
     import torch
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
+    seen: list[str] = []
+    show = warnings.showwarning
+
+    def record(message, category, *args, **kwargs):
+        if "determinis" in str(message):
+            seen.append(str(message)[:300])
+        show(message, category, *args, **kwargs)
+    warnings.showwarning = record
+    return seen
+
+
+ENV_BARRIER = "TIMESLICE_EXAMPLE_BARRIER"      # "<dir>:<n>": wait until n jobs reached it
+
+
+def rendezvous(timeout: float = 300.0) -> None:
+    """Start a pair's loops together (tests and benchmarks set $TIMESLICE_EXAMPLE_BARRIER): the
+    imports of one job can take longer than the whole run of the other, and then nothing is
+    time-sliced. Each job leaves a file in the folder and waits until ``n`` are there."""
+    raw = os.environ.get(ENV_BARRIER, "")
+    if not raw:
+        return
+    folder, n = raw.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    end = time.monotonic() + timeout
+    while len(os.listdir(folder)) < int(n):
+        if time.monotonic() > end:
+            raise TimeoutError(f"only {len(os.listdir(folder))} of {n} jobs reached the barrier in {folder}")
+        time.sleep(0.05)
 
 
 def tokenizer(vocab_size: int):

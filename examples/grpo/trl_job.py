@@ -26,7 +26,7 @@ import time
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")     # before CUDA starts: deterministic cuBLAS
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import realmodel as R  # noqa: E402
+import realmodel as R
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -62,13 +62,13 @@ def main(argv=None) -> int:
     from timeslice.integrations.slicing import TimeSlice
     from timeslice.integrations.trl import TimeslicedGRPOTrainer
 
-    R.deterministic()
+    nondeterministic = R.deterministic()
     device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
     if device == "cpu":
         torch.set_num_threads(1)                      # two jobs share the CI machine's cores
     client = None if a.standalone else OrchestratorClient()        # target, job id: TIMESLICE_TARGET/_JOB_ID
     swap = "none" if a.standalone and device == "cpu" else a.swap
-    memory = None
+    memory = arena = None
     if swap == "cooperative" and device == "cpu":
         from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
         memory = SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
@@ -94,11 +94,18 @@ def main(argv=None) -> int:
                       num_generations=a.generations, max_completion_length=a.completion_len, max_steps=a.steps,
                       learning_rate=a.lr, logging_steps=1, report_to=[], save_strategy="no", seed=a.seed,
                       use_cpu=device == "cpu", bf16=device == "cuda", disable_tqdm=True, dataloader_num_workers=0)
+    R.rendezvous()
     t0 = time.monotonic()
     with ts.hold():                                   # the model goes onto the device inside the first hold
         region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
         with region:
             model = R.build_model(a.size, device, a.seed, a.dtype)
+        if swap == "checkpoint" and device == "cpu":
+            # SIMULATED: the CPU tensors are not device memory; an arena of the job's size on the
+            # simulated device stands for them, for the agent's checkpoint backend to move.
+            from timeslice.nodeagent.sim.client import SimDeviceClient
+            arena = SimDeviceClient.open(os.environ.get("TIMESLICE_SIM_DIR"))
+            arena.alloc(R.footprint(a.size, a.dtype))
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                                         processing_class=tok, timeslice=ts)
     from transformers import PrinterCallback
@@ -108,13 +115,16 @@ def main(argv=None) -> int:
         digest = R.weights_digest(trainer.model)
         state = R.state_bytes(trainer.model, trainer.optimizer)
         regions = ts.memory.region_bytes() if ts.memory is not None else {}
-        if hasattr(ts.memory, "close"):
-            ts.memory.close()                         # simulated device memory, given back while holding
+        peak = ts.memory.peak_bytes() if hasattr(ts.memory, "peak_bytes") else 0
+        if arena is not None:
+            arena.close()
+        ts.finish()                                   # give the device back, withdraw the worker
     doc = {"job": client.job_id if client else "standalone", "standalone": a.standalone, "swap": swap,
            "device": device, "size": a.size, "steps": trainer.state.global_step, "losses": list(trainer.timeslice_losses),
            "digest": digest, "state_bytes": state, "wall_s": time.monotonic() - t0, "stray": stray, "events": ts.log.events,
            "region_bytes": regions,
-           "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0,
+           "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0, "peak_bytes": peak,
+           "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
            "swaps": getattr(ts.worker, "swaps", 0)}
     if client is not None:
         client.close()

@@ -23,7 +23,8 @@ is a simulator and says so; what it keeps of the real thing:
 * ``resume`` reserves the room on the ledger first (DeviceOutOfMemory if it
   does not fit), copies the backup back and checks its checksum;
 * ``residue_bytes()`` is what the process still holds on the simulated device
-  outside its regions: the context.
+  outside its regions: the context, a small arena of real bytes, which the
+  agent's checkpoint takes where a strict group asks for full isolation.
 
 Storages, not tensors, are the unit (tied weights and views share one), and
 the poisoning writes the storage directly, so autograd's version counters are
@@ -63,6 +64,7 @@ class SimTorchMemory:
                 raise ValueError(f"tag {tag!r}: policy must be offload or discard, got {policy!r}")
         self.context_bytes = int(context_bytes)
         self.dev = SimDeviceClient.open(sim_dir, gpu)
+        self.dev.alloc(self.context_bytes)     # the "CUDA context": what a checkpoint of the rest moves
         self._storages: dict[str, dict[int, object]] = {t: {} for t in self.tags}   # tag -> data_ptr -> storage
         self._host: dict[str, dict[int, object]] = {t: {} for t in self.tags}       # retained backups
         self._sha: dict[str, dict[int, str]] = {t: {} for t in self.tags}

@@ -34,9 +34,9 @@ class Jobs:
         argv = [sys.executable, str(EXAMPLES / script), "--out", str(out), *args]
         if standalone:
             argv.append("--standalone")
-        log = open(self.tmp / f"{job}-{self.n}.log", "wb")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, **self.env, "TIMESLICE_JOB_ID": job})
+        with open(self.tmp / f"{job}-{self.n}.log", "wb") as log:   # the child keeps its own descriptor
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, **self.env, "TIMESLICE_JOB_ID": job})
         track(p)
         return p, out
 
@@ -56,7 +56,8 @@ class Jobs:
         return docs
 
     def run(self, runs: list[tuple], timeout: float = 240) -> list[dict]:
-        """Start every (script, job, args, standalone) at once, wait for all."""
+        """Start every (script, job, args, standalone) at once, their loops together (the barrier), wait for all."""
+        self.env["TIMESLICE_EXAMPLE_BARRIER"] = f"{self.tmp / f'barrier-{self.n}'}:{len(runs)}"
         return self.wait([self.start(s, j, *args, standalone=alone) for s, j, args, alone in runs], timeout)
 
 

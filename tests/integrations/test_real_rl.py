@@ -1,5 +1,6 @@
-"""Real RL frameworks through timeslice, on the SIMULATED device: TRL's GRPOTrainer and a plain
-transformers loop, two jobs time-sliced through lockd and the node agent (real etcd).
+"""Real RL frameworks through timeslice, on the SIMULATED device: a plain transformers GRPO loop
+and TRL's GRPOTrainer, jobs time-sliced through lockd and the node agent (real etcd). (The TRL
+pair in every regime: tests/test_gpu_rl_real_dry_run.py, the GPU benchmark's dry run.)
 
 Each job's model and optimizer state live in ``SimTorchMemory``, a SIMULATOR whose pause
 copies them out and overwrites them with NaN, so a phase that ran outside its hold would
@@ -41,30 +42,21 @@ def check_pair(alone: list[dict], sliced: list[dict]) -> None:
     assert alone[0]["digest"] != alone[1]["digest"]        # two different jobs (seeds)
 
 
-TRL_A, TRL_B = ["--seed", "1", "--steps", "3"], ["--seed", "2", "--steps", "3"]
-
-
-def test_two_trl_grpo_jobs_time_sliced_equal_their_standalone_runs_bit_for_bit(rl_stack, alone):
-    args_a, args_b = TRL_A, TRL_B
-    base = alone([("trl_job.py", "alone-a", args_a, True), ("trl_job.py", "alone-b", args_b, True)])
-    jobs, _agent = rl_stack(capacity_for(base))
-    sliced = jobs.run([("trl_job.py", "trl-a", args_a, False), ("trl_job.py", "trl-b", args_b, False)])
-    check_pair(base, sliced)
-    # The rewards ran outside the hold: each job yielded once per step for them.
-    for s in sliced:
-        assert len([e for e in s["events"] if e["ev"] == "span" and e["name"] == "rewards" and not e["gpu"]]) == 3
+TRL_A = ["--seed", "1", "--steps", "2"]
 
 
 def test_the_nan_stand_in_catches_a_phase_run_outside_the_hold(rl_stack, alone):
-    """Negative control: job A's reward function runs the model while A is parked."""
-    args_a, args_b = TRL_A, TRL_B
-    base = alone([("trl_job.py", "alone-a", args_a, True), ("trl_job.py", "alone-b", args_b, True)])
-    jobs, _agent = rl_stack(capacity_for(base))
-    stray, fine = jobs.run([("trl_job.py", "stray-a", [*args_a, "--stray", "--reward-s", "0.5"], False),
-                            ("trl_job.py", "fine-b", args_b, False)])
+    """Negative control: job A's reward function runs the model while A is parked (a GPU phase
+    outside the hold). It computes with NaN, and its weights end unlike those of A run alone.
+    (The positive case, TRL pairs equal to their standalone runs in every regime, is
+    tests/test_gpu_rl_real_dry_run.py.)"""
+    (base,) = alone([("trl_job.py", "alone-a", TRL_A, True)])
+    jobs, _agent = rl_stack(capacity_for([base, base]))
+    stray, fine = jobs.run([("trl_job.py", "stray-a", [*TRL_A, "--stray", "--reward-s", "0.5"], False),
+                            ("trl_job.py", "fine-b", ["--seed", "2", "--steps", "2"], False)])
     assert stray["stray"]["nan"] >= 1, stray["stray"]         # it computed with NaN weights
-    assert stray["losses"] != base[0]["losses"] or stray["digest"] != base[0]["digest"]
-    assert fine["digest"] == base[1]["digest"]                # the other job is untouched
+    assert stray["digest"] != base["digest"]                  # and the bit-equality check sees it
+    assert fine["steps"] == 2 and fine["swaps"] >= 2
 
 
 def test_two_plain_transformers_grpo_loops_time_sliced_equal_their_standalone_runs(rl_stack, alone):

@@ -83,7 +83,7 @@ class TimeSlice:
         self.worker = None
         self.log = PhaseLog(sync_phases)
         self._depth = 0
-        self._scope = None
+        self._scope: Any = None
         self._open: dict | None = None
         self._registered = False
 
@@ -215,6 +215,21 @@ class TimeSlice:
                      host_bytes=self.memory.host_bytes() if self.memory is not None else 0)
         log.info("timeslice_registered", group=self.group_id, swap=self.swap,
                  seconds=round(time.monotonic() - t0, 3))
+
+
+    def finish(self) -> None:
+        """The job is done with the device: inside its last hold, give the memory back (a memory
+        that can, e.g. the simulator's) and withdraw the worker, so no later swap plans for a
+        process on its way out (its channel closes with the client)."""
+        if not self.held:
+            raise RuntimeError("TimeSlice.finish() runs inside a hold")
+        close = getattr(self._memory, "close", None)
+        if close is not None:
+            close()
+        if self.client is not None and self._registered and self.swap != "none":
+            pid = self.worker.pid if self.worker is not None else None
+            self.client.unregister_worker(pid=pid, node=self.node)
+        self.log.add("finished")
 
 
 class _NoPlacement:

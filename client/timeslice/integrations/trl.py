@@ -70,6 +70,14 @@ class _CpuAccelerator:
 class TimesliceGRPOMixin:
     """Put it before ``GRPOTrainer`` in the bases; pass ``timeslice=TimeSlice(...)`` (None: standalone)."""
 
+    # What the trainer it is mixed into provides (annotations only: the trainer's own are found).
+    model: Any
+    ref_model: Any
+    args: Any
+    reward_funcs: Any
+    accelerator: Any
+    add_callback: Any
+
     def __init__(self, *args, timeslice: TimeSlice | None = None, **kwargs):
         self.timeslice = ts = timeslice if timeslice is not None else TimeSlice(None, swap="none")
         self.timeslice_losses: list[float] = []
@@ -77,39 +85,39 @@ class TimesliceGRPOMixin:
         with ts.hold():
             region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
             with region:
-                super().__init__(*args, **kwargs)        # type: ignore[call-arg]
-            tensors = list(module_tensors(self.model))  # type: ignore[attr-defined]
+                super().__init__(*args, **kwargs)
+            tensors = list(module_tensors(self.model))
             if getattr(self, "ref_model", None) is not None:
-                tensors += module_tensors(self.ref_model)  # type: ignore[attr-defined]
+                tensors += module_tensors(self.ref_model)
             ts.placement.adopt("weights", tensors)
             # AdamW's state appears at the first step, inside train(): plan room for it (and the
             # gradients beside it) before then, or that step would not fit beside another job.
-            params = list(self.model.parameters())       # type: ignore[attr-defined]
-            ts.placement.expect("optimizer", expected_state_bytes(str(self.args.optim), params))  # type: ignore[attr-defined]
+            params = list(self.model.parameters())
+            ts.placement.expect("optimizer", expected_state_bytes(str(self.args.optim), params))
             ts.transient_bytes = param_bytes(params)
-            self.add_callback(_optimizer_span_callback(ts))  # type: ignore[attr-defined]
+            self.add_callback(_optimizer_span_callback(ts))
             ts.register()
 
     # -- holds ---------------------------------------------------------------------------
     def train(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().train(*args, **kwargs)      # type: ignore[misc]
+            return super().train(*args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().evaluate(*args, **kwargs)   # type: ignore[misc]
+            return super().evaluate(*args, **kwargs)
 
     def save_model(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().save_model(*args, **kwargs)  # type: ignore[misc]
+            return super().save_model(*args, **kwargs)
 
     def create_optimizer(self, *args, **kwargs):
-        opt = super().create_optimizer(*args, **kwargs)  # type: ignore[misc]
+        opt = super().create_optimizer(*args, **kwargs)
         return self.timeslice.placement.optimizer(opt)
 
     # -- rewards, outside the hold ---------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        parent = super()._calculate_rewards            # type: ignore[misc]
+        parent = super()._calculate_rewards
         why = self._rewards_need_gpu()
         if why:
             if why not in self._ts_warned:
@@ -117,7 +125,7 @@ class TimesliceGRPOMixin:
                 log.warning("rewards_inside_hold", reason=why)
             with self.timeslice.log.span("rewards", gpu=True):
                 return parent(inputs, prompts, completions, completion_ids_list)
-        accelerator = self.accelerator                 # type: ignore[has-type]
+        accelerator = self.accelerator
         self.accelerator = _CpuAccelerator(accelerator)
         try:
             with self.timeslice.released("rewards"):
@@ -128,32 +136,32 @@ class TimesliceGRPOMixin:
 
     def _rewards_need_gpu(self) -> str:
         import torch
-        if any(isinstance(f, torch.nn.Module) for f in self.reward_funcs):   # type: ignore[attr-defined]
+        if any(isinstance(f, torch.nn.Module) for f in self.reward_funcs):
             return "a reward model runs on the GPU"
-        if self.accelerator.num_processes > 1:         # type: ignore[has-type]
+        if self.accelerator.num_processes > 1:
             return "rewards are gathered across processes on the device"
         return ""
 
     # -- spans and losses (for benchmarks; cheap) ----------------------------------------------
     def _generate_single_turn(self, *args, **kwargs):
         with self.timeslice.log.span("generate", gpu=True) as ev:
-            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)  # type: ignore[misc]
+            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
             ev["sequences"] = len(completion_ids)
             ev["tokens"] = sum(len(c) for c in completion_ids)
         return completion_ids, logprobs
 
     def _generate_and_score_completions(self, *args, **kwargs):
         with self.timeslice.log.span("rollout", gpu=True):
-            return super()._generate_and_score_completions(*args, **kwargs)  # type: ignore[misc]
+            return super()._generate_and_score_completions(*args, **kwargs)
 
     def training_step(self, model, inputs, *args, **kwargs):
         with self.timeslice.log.span("train_step", gpu=True) as ev:
-            out = super().training_step(model, inputs, *args, **kwargs)    # type: ignore[misc]
-            ev["samples"] = _batch_rows(self._buffered_inputs, self._step)  # type: ignore[attr-defined]
+            out = super().training_step(model, inputs, *args, **kwargs)
+            ev["samples"] = _batch_rows(self._buffered_inputs, self._step)
         return out
 
     def compute_loss(self, *args, **kwargs):
-        out = super().compute_loss(*args, **kwargs)    # type: ignore[misc]
+        out = super().compute_loss(*args, **kwargs)
         loss = out[0] if isinstance(out, tuple) else out
         self.timeslice_losses.append(float(loss.detach()))
         return out
