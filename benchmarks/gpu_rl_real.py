@@ -57,13 +57,14 @@ PROFILES = {   # name: job arguments
 }
 
 
-def job_argv(a, seed: int, out: Path, swap: str, standalone: bool) -> list[str]:
+def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0) -> list[str]:
     p = a.profile
     argv = [sys.executable, str(JOB), "--out", str(out), "--seed", str(seed), "--swap", swap,
             "--device", "cpu" if a.dry_run else "cuda", "--dtype", a.dtype, "--lr", str(a.lr),
             "--size", p["size"], "--steps", str(p["steps"]), "--batch", str(p["batch"]),
             "--generations", str(p["generations"]), "--prompt-len", str(p["prompt_len"]),
-            "--completion-len", str(p["completion_len"]), "--reward-s", str(p["reward_s"]), "--group", "gpu"]
+            "--completion-len", str(p["completion_len"]), "--reward-s", str(p["reward_s"]), "--group", "gpu",
+            "--hint-bytes", str(hint)]
     return argv + (["--standalone"] if standalone else [])
 
 
@@ -184,7 +185,11 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
                 with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
                     admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "")
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
-                argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False) for s, j in ((1, "a"), (2, "b"))]
+                # Each job tells lockd its peak (measured standalone, same run), as a user would:
+                # its first step's optimizer state and activations are not on the device yet.
+                hints = [d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB)) for d in alone]
+                argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False, h)
+                         for (s, j), h in zip(((1, "a"), (2, "b")), hints)]
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)

@@ -125,7 +125,7 @@ class Groups:
             s = R.StatusValue.load(kv.value)
             out.jobs.append(pb.JobState(job_id=job, state=s.state, bytes=s.bytes, elapsed_ms=s.elapsed_ms,
                                         error=s.error, token=s.token, since_unix_ms=s.updated_ms,
-                                        device_bytes=s.device_bytes))
+                                        device_bytes=s.device_bytes, residue_bytes=s.residue_bytes))
         return out
 
 

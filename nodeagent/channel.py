@@ -59,6 +59,7 @@ class WorkerInfo:
     region_bytes: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
     paused: list[str] = field(default_factory=list)
+    residue_bytes: int | None = None   # device bytes the worker still held after its last pause (its measure)
     connected: bool = True
     start_time: int | None = None      # the process incarnation that spoke (pids are reused)
 
@@ -70,6 +71,10 @@ class WorkerInfo:
                                  if str(t) in self.tags and isinstance(n, int)}
         if isinstance(msg.get("host_bytes"), int):
             self.host_bytes = max(0, msg["host_bytes"])
+        if not self.paused:
+            self.residue_bytes = None          # running: everything it has is on the device anyway
+        elif isinstance(msg.get("residue_bytes"), int) and not isinstance(msg["residue_bytes"], bool):
+            self.residue_bytes = max(0, msg["residue_bytes"])
 
 
 class WorkerConn:

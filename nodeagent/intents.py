@@ -128,7 +128,7 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
            elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0,
-           gpu_bytes: dict[str, int] | None = None) -> R.StatusValue:
+           gpu_bytes: dict[str, int] | None = None, residue_bytes: int = 0) -> R.StatusValue:
     """The status answering ``intent`` (outcome "" = still in progress).
 
     ``token`` is the intent's, except in a stale-token refusal: there it is the
@@ -140,7 +140,7 @@ def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, de
         state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
         intent_revision=intent.revision, token=token or intent.token, bytes=bytes_moved,
         device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
-        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}))
+        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}), residue_bytes=residue_bytes)
 
 
 def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
@@ -172,7 +172,7 @@ def final(intent: Intent, result: JobResult, after: Picture, elapsed_ms: float,
                   f"{rollback.error}")
     return status(intent, after.state, outcome_of(result), bytes_moved=moved_bytes(result, rollback),
                   device_bytes=after.device_bytes, elapsed_ms=elapsed_ms, error=error,
-                  pids=after.live_pids, gpu_bytes=after.gpu_bytes)
+                  pids=after.live_pids, gpu_bytes=after.gpu_bytes, residue_bytes=after.residue_bytes)
 
 
 def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
@@ -194,4 +194,5 @@ def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
                                                                                   after.gpu_bytes)):
         return None
     return R.StatusValue(**{**old.__dict__, "state": after.state, "device_bytes": after.device_bytes,
-                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes})
+                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes,
+                            "residue_bytes": after.residue_bytes})

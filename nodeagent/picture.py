@@ -45,6 +45,13 @@ class Picture:
     # pid -> device id -> bytes: where a process has a context now (0 bytes counts:
     # it is there), or where its snapshot was taken from (and a restore puts it back).
     usage: dict[int, dict[str, int]] = field(default_factory=dict)
+    # pid -> device bytes a paused cooperative process still holds outside its regions (its measure)
+    residue: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def residue_bytes(self) -> int:
+        """What the job leaves on the devices while parked (cooperative pause; 0 if unknown)."""
+        return sum(n for p, n in self.residue.items() if self.states.get(p) is ProcState.CHECKPOINTED)
 
     @property
     def resident_bytes(self) -> int:
@@ -111,6 +118,8 @@ def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) 
     states: dict[int, ProcState] = {}
     sizes: dict[int, int] = {}
     usage: dict[int, dict[str, int]] = {}
+    residue: dict[int, int] = {}
+    measure = getattr(backend, "residue_bytes", None)      # cooperative workers only (backends.composite)
     pids = set(pids)
     for pid in sorted(pids | set(remembered)):
         s = backend.get_state(pid)
@@ -121,11 +130,14 @@ def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) 
             per = backend.device_usage(pid)
         elif s is ProcState.CHECKPOINTED:
             per = backend.snapshot_usage(pid)
+            left = measure(pid) if measure is not None else None
+            if left is not None:
+                residue[pid] = left
         else:
             continue
         usage[pid] = dict(per or {})
         sizes[pid] = sum(usage[pid].values())
-    return Picture(states, sizes, usage)
+    return Picture(states, sizes, usage, residue)
 
 
 def _sum(maps: Iterable[Mapping[str, int]]) -> dict[str, int]:

@@ -61,6 +61,8 @@ class Upkeep:
         running = {j: p for j, p in pictures.items() if p.state in (R.RUNNING, R.FROZEN)}
         resident = {j: p.resident_bytes for j, p in running.items()}
         a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
+        a.metrics.note_residue({j: p.residue_bytes for j, p in pictures.items()
+                                if p.state == R.SNAPSHOTTED and p.residue})
         # Per device, for the leader's per-GPU plan; a job listed with {} has no device
         # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
         where = {j: p.resident_devices for j, p in running.items()}

@@ -208,3 +208,4 @@ class StatusValue(Record):
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
     gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)
+    residue_bytes: int = 0       # snapshotted cooperatively: what the job still holds on the devices here

@@ -168,7 +168,8 @@ class CompositeBackend(Backend):
             except e.BackendError as exc:     # still paused, only not frozen: say so, do not fail the swap
                 log.warning("freeze_failed", pid=pid, error=str(exc))
         log.info("cooperative_paused", pid=pid, kind=sw.kind, tags=rep.tags, bytes_moved=rep.bytes_moved,
-                 device_bytes=rep.device_bytes, elapsed_ms=round(rep.elapsed_ms, 2), isolation=ctx.isolation)
+                 device_bytes=rep.device_bytes, elapsed_ms=round(rep.elapsed_ms, 2), isolation=ctx.isolation,
+                 residue_bytes=rep.detail.get("residue_bytes"))
         return moved
 
     def _undo(self, pid: int, sw: Swapper) -> None:
@@ -229,6 +230,17 @@ class CompositeBackend(Backend):
             return None                                  # cannot say where: admission refuses, nothing is lost
         out[dev] = out.get(dev, 0) + paused
         return out
+
+    def residue_bytes(self, pid: int) -> int | None:
+        """Device bytes a paused cooperative ``pid`` keeps outside its regions (its own measure);
+        0 once full isolation checkpointed the rest; None where nobody can say."""
+        sw = self.resolve(pid)
+        measure = getattr(sw, "residue_bytes", None)
+        if measure is None:
+            return None
+        if self.base.get_state(pid) is ProcState.CHECKPOINTED:
+            return 0                                     # the driver checkpoint took what the pause left
+        return measure()
 
     def host_bytes_needed(self, pid: int) -> int | None:
         """Host memory a snapshot of ``pid`` will take that is not allocated yet."""

@@ -62,6 +62,11 @@ class CooperativeSwapper(Swapper):
         info = self._info()
         return info.host_bytes if info else 0
 
+    def residue_bytes(self) -> int | None:
+        """What the paused worker still holds on the device outside its regions, as it measured."""
+        info = self._info()
+        return info.residue_bytes if info is not None and info.paused else None
+
     def _call(self, msg: dict, deadline_s: float) -> dict:
         conn = self.server.conn(self.pid)
         if conn is None or conn.info.job != self.job or self.server.loop is None:
@@ -84,7 +89,8 @@ class CooperativeSwapper(Swapper):
     def _report(self, reply: dict, t0: float) -> SwapReport:
         return SwapReport(bytes_moved=int(reply.get("bytes_moved", 0)), device_bytes=int(reply.get("device_bytes", 0)),
                           elapsed_ms=(time.monotonic() - t0) * 1000, tags=list(reply.get("tags", [])),
-                          detail={"worker_ms": reply.get("elapsed_ms", 0.0)})
+                          detail={"worker_ms": reply.get("elapsed_ms", 0.0),
+                                  "residue_bytes": reply.get("residue_bytes")})
 
     def pause(self, tags: Sequence[str] | None, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()

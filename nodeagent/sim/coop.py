@@ -123,6 +123,11 @@ class SimCooperativeMemory:
             else:
                 self._sha[t] = hashlib.sha256(self._dev[t]).hexdigest()  # type: ignore[arg-type]
 
+    def residue_bytes(self) -> int:
+        """What this process still holds on the simulated device outside its resident regions: the context."""
+        resident = sum(self._size[t] for t, b in self._dev.items() if b is not None)
+        return max(0, self.dev.device_bytes - resident)
+
     def prepin(self) -> None:
         """Allocate the retained host backups now (the first pause would otherwise)."""
         for t, pol in self.tags.items():

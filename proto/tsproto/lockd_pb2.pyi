@@ -223,7 +223,7 @@ class Grant(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., granted_unix_ms: _Optional[int] = ...) -> None: ...
 
 class JobState(_message.Message):
-    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes")
+    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes", "residue_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -232,6 +232,7 @@ class JobState(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     bytes: int
@@ -240,7 +241,8 @@ class JobState(_message.Message):
     token: int
     since_unix_ms: int
     device_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., device_bytes: _Optional[int] = ...) -> None: ...
+    residue_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., device_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node", "agent_alive", "backend", "resident_jobs", "jobs", "device_free_bytes", "device_total_bytes")

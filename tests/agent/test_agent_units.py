@@ -78,6 +78,38 @@ def test_corrections_keep_the_answer_and_fix_the_state():
     assert I.corrected(run, Picture({1: S.RUNNING}, {1: 9})) is None      # allocator noise: not rewritten
 
 
+def test_a_parked_jobs_residue_is_recorded_and_counted_only_while_parked():
+    """The worker's own measure of what its pause left on the device reaches the job's status
+    (and the metric) while it is parked; a running or fully checkpointed process has none."""
+    from prometheus_client import CollectorRegistry
+
+    from timeslice.nodeagent.channel import WorkerInfo
+    from timeslice.nodeagent.metrics import Metrics
+    w = WorkerInfo(pid=1, uid=0, job="j", tags={"weights": "offload"})
+    w.update({"paused": ["weights"], "residue_bytes": 1234})
+    assert w.residue_bytes == 1234
+    w.update({"paused": ["weights"], "residue_bytes": True})          # not a count: ignored
+    assert w.residue_bytes == 1234
+    w.update({"paused": []})
+    assert w.residue_bytes is None                                   # resumed: nothing is residue
+    parked = Picture({1: S.CHECKPOINTED, 2: S.RUNNING}, {1: 10, 2: 20}, residue={1: 700, 2: 5})
+    assert parked.residue_bytes == 700
+    st = I.final(intent(), I_result(), parked, 1.0)
+    assert (st.state, st.residue_bytes) == (R.SNAPSHOTTED, 700)
+    assert R.StatusValue.load(st.dump()).residue_bytes == 700
+    assert R.StatusValue.load(b'{"state": "running", "job": "j"}').residue_bytes == 0   # an older agent's
+    m = Metrics(CollectorRegistry())
+    m.note_residue({"j": 700})
+    assert m.registry.get_sample_value("timeslice_agent_job_residue_bytes", {"job": "j"}) == 700
+    m.note_residue({})
+    assert m.registry.get_sample_value("timeslice_agent_job_residue_bytes", {"job": "j"}) is None
+
+
+def I_result():
+    from timeslice.nodeagent.backends import ops
+    return ops.JobResult(R.SNAPSHOT, [ops.PidResult(1, ops.Outcome.DONE, S.RUNNING, S.CHECKPOINTED, bytes=10)])
+
+
 def test_token_book_refuses_older_tokens_per_group_and_persists(tmp_path):
     path = tmp_path / "t.json"
     book = TokenBook(path)

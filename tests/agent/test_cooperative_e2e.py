@@ -119,6 +119,16 @@ async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client
     # A was paused through its channel: its offload region was copied, its discard region dropped.
     st = await status(client, keys, NODE, "coop-a")
     assert (st.state, st.outcome, st.bytes) == (R.SNAPSHOTTED, R.OK, WEIGHTS)
+    # What the pause left on the device (the simulated CUDA context), as A measured it, is on
+    # record: in A's node status and in `timeslice status`.
+    assert st.residue_bytes == 1 * MiB
+    from timeslice import OrchestratorClient
+    from timeslice.render import human_bytes, status_text
+    with OrchestratorClient(target=stack.target, job_id="watcher") as watcher:
+        gs = watcher.status("g")
+    (job,) = [j for n in gs.node_status for j in n.jobs if j.job_id == "coop-a"]
+    assert job.residue_bytes == 1 * MiB
+    assert "RESIDUE" in status_text(gs) and human_bytes(MiB) in status_text(gs)
     sa = a("swaps")
     assert sa["paused"] == ["weights", "kv"] or sorted(sa["paused"]) == ["kv", "weights"]
     assert sa["host_bytes"] == WEIGHTS           # the retained backup: offload regions only
