@@ -23,6 +23,15 @@ final weight hashes identical, bit for bit, to the standalone runs. Deterministi
     python -m benchmarks.gpu_rl_real --out benchmarks/results            # the H200 run (~8 min)
     python -m benchmarks.gpu_rl_real --quick --out benchmarks/results    # a shorter one (~5 min)
     python -m benchmarks.gpu_rl_real --dry-run --out /tmp/x              # CPU, SIMULATED device (CI)
+    python -m benchmarks.gpu_rl_real --kind plain --out benchmarks/results   # the 7B-class plain loop (~4 min)
+
+``--kind plain`` runs examples/grpo/real_job.py instead: the plain transformers loop
+(``@on_accelerators`` phases, ``Placement``) at a Qwen2-7B-architecture config with bf16
+weights and AdamW state, standalone and cooperative. Each job keeps ~46 GB resident and
+peaks near 70 GB, so a parked job plus the other's peak fit the H200 only narrowly; the
+ballast rule above decides. Its pinned backups take ~92 GB of host memory together; a
+46 GB whole-process checkpoint would take most of a call's ten minutes, hence no
+checkpoint regime by default.
 
 ``--dry-run`` runs the same orchestration and analysis on the CPU: a tiny model, the
 SIMULATED device (``SimTorchMemory``: a pause overwrites the tensors with NaN, so a phase
@@ -46,7 +55,7 @@ from benchmarks import rl_real_figures as F
 from benchmarks.common import machine_facts, table
 
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "examples" / "grpo" / "trl_job.py"
+JOBS = {"trl": ROOT / "examples" / "grpo" / "trl_job.py", "plain": ROOT / "examples" / "grpo" / "real_job.py"}
 NODE = "gpu-node-0"
 GiB = 1 << 30
 REGIMES = ("standalone", "cooperative", "checkpoint", "strict")
@@ -54,17 +63,27 @@ PROFILES = {   # name: job arguments
     "full": dict(size="1.5b", steps=3, batch=64, generations=8, prompt_len=64, completion_len=192, reward_s=7.0),
     "quick": dict(size="1.5b", steps=2, batch=64, generations=8, prompt_len=64, completion_len=128, reward_s=5.0),
     "dry-run": dict(size="tiny", steps=2, batch=8, generations=4, prompt_len=8, completion_len=8, reward_s=0.3),
+    # --kind plain: the plain transformers loop at a 7B-class config, bf16 weights and AdamW state
+    # (~46 GB resident per job: two never fit side by side); cooperative only by default.
+    "plain-7b": dict(size="7b", steps=2, batch=16, generations=4, prompt_len=64, completion_len=128, reward_s=5.0,
+                     dtype="bfloat16"),
 }
 
 
 def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0) -> list[str]:
     p = a.profile
-    argv = [sys.executable, str(JOB), "--out", str(out), "--seed", str(seed), "--swap", swap,
-            "--device", "cpu" if a.dry_run else "cuda", "--dtype", a.dtype, "--lr", str(a.lr),
-            "--size", p["size"], "--steps", str(p["steps"]), "--batch", str(p["batch"]),
+    argv = [sys.executable, str(JOBS[a.kind]), "--out", str(out), "--seed", str(seed),
+            "--device", "cpu" if a.dry_run else "cuda", "--dtype", p.get("dtype", a.dtype), "--lr", str(a.lr),
+            "--size", p["size"], "--steps", str(p["steps"]),
             "--generations", str(p["generations"]), "--prompt-len", str(p["prompt_len"]),
             "--completion-len", str(p["completion_len"]), "--reward-s", str(p["reward_s"]), "--group", "gpu",
             "--hint-bytes", str(hint)]
+    if a.kind == "trl":
+        argv += ["--swap", swap, "--batch", str(p["batch"])]
+    else:           # the plain loop cooperates (torch-memory-saver) on CUDA, SimTorchMemory without
+        if swap != "cooperative":
+            raise ValueError("the plain loop time-slices cooperatively only (regimes: cooperative, strict)")
+        argv += ["--prompts", str(p["batch"] // p["generations"])]
     return argv + (["--standalone"] if standalone else [])
 
 
@@ -220,7 +239,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny model, SIMULATED device (what CI runs)")
     p.add_argument("--quick", action="store_true", help="fewer, shorter steps")
-    p.add_argument("--regimes", default=",".join(REGIMES))
+    p.add_argument("--kind", choices=sorted(JOBS), default="trl", help="trl (default) or plain (the 7B-class loop)")
+    p.add_argument("--regimes", default="", help=f"default: {','.join(REGIMES)}; plain: standalone,cooperative")
     p.add_argument("--dtype", default="float32", help="weights (bf16 autocast in the steps); default %(default)s")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--steps", type=int, default=0, help="override the profile's steps per job")
@@ -232,12 +252,17 @@ def main(argv=None) -> int:
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_rl_real[_quick|_dryrun])")
     a = p.parse_args(argv)
-    a.profile = dict(PROFILES["dry-run" if a.dry_run else "quick" if a.quick else "full"])
+    a.profile = dict(PROFILES["dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
+                              "quick" if a.quick else "full"])
+    if a.kind == "plain" and a.dry_run:
+        a.profile["batch"] = 8
+    a.regimes = a.regimes or (",".join(REGIMES) if a.kind == "trl" else "standalone,cooperative")
     if a.steps:
         a.profile["steps"] = a.steps
     if a.reward_s:
         a.profile["reward_s"] = a.reward_s
-    name = a.name or "gpu_rl_real" + ("_dryrun" if a.dry_run else "_quick" if a.quick else "")
+    name = a.name or "gpu_rl_real" + ("_plain" if a.kind == "plain" else "") + (
+        "_dryrun" if a.dry_run else "_quick" if a.quick else "")
     regimes = [r for r in a.regimes.split(",") if r]
     if "standalone" not in regimes:
         regimes.insert(0, "standalone")       # the baseline and the degradation reference, same run

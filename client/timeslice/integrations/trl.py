@@ -10,8 +10,11 @@
     trainer.train()
 
 Or mix ``TimesliceGRPOMixin`` in front of your own ``GRPOTrainer`` subclass. Tested with
-TRL 1.16 (the ``trl`` extra pins ``trl>=1.16,<1.17``), transformers 5.17–5.24, on one
-process per job (generation with transformers, ``use_vllm=False``).
+TRL 1.16.0 (the ``trl`` extra pins ``trl>=1.16,<1.17``; another version logs a warning, and one
+without the hook points below is refused at import), with transformers 5.24 and PyTorch 2.13
+on the CPU in CI; one process per job, generation with transformers (``use_vllm=False``).
+Both client spellings work (``OrchestratorClient(job_id=...)``,
+``TimeSliceOrchestratorClient(target=...)``: the same class).
 
 Where the holds go. A GRPO step is generation, the old/reference log-prob
 passes, the rewards, then the loss, its backward and the optimizer step. All
