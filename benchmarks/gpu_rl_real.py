@@ -6,8 +6,8 @@ reward of ``--reward-s`` seconds per batch) as two jobs with different seeds:
 
   standalone    one after the other, no lock (the baseline of the same run)
   cooperative   time-sliced; each job pauses its own torch-memory-saver regions
-  checkpoint    time-sliced; the agent checkpoints each parked process (CUDA driver API)
   strict        cooperative, in a strict group: the driver checkpoint takes the rest (full isolation)
+  checkpoint    time-sliced; the agent checkpoints each parked process (CUDA driver API)
 
 Each sliced regime gets a fresh etcd, lockd and node agent. The pair must not fit side by
 side: where the jobs chosen would (one job's resident state plus the other's peak fits the
@@ -58,9 +58,10 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = {"trl": ROOT / "examples" / "grpo" / "trl_job.py", "plain": ROOT / "examples" / "grpo" / "real_job.py"}
 NODE = "gpu-node-0"
 GiB = 1 << 30
-REGIMES = ("standalone", "cooperative", "checkpoint", "strict")
+REGIMES = ("standalone", "cooperative", "strict", "checkpoint")   # the slowest last: a cut-short call keeps the rest
 PROFILES = {   # name: job arguments
-    "full": dict(size="1.5b", steps=3, batch=64, generations=8, prompt_len=64, completion_len=192, reward_s=7.0),
+    # each step: ~6-7 s of generation and ~1 s of training on the H200 (estimated), 6 s of CPU reward
+    "full": dict(size="1.5b", steps=3, batch=64, generations=8, prompt_len=64, completion_len=160, reward_s=6.0),
     "quick": dict(size="1.5b", steps=2, batch=64, generations=8, prompt_len=64, completion_len=128, reward_s=5.0),
     "dry-run": dict(size="tiny", steps=2, batch=8, generations=4, prompt_len=8, completion_len=8, reward_s=0.3),
     # --kind plain: the plain transformers loop at a 7B-class config, bf16 weights and AdamW state

@@ -11,8 +11,9 @@
 
 Or mix ``TimesliceGRPOMixin`` in front of your own ``GRPOTrainer`` subclass. Tested with
 TRL 1.16.0 (the ``trl`` extra pins ``trl>=1.16,<1.17``; another version logs a warning, and one
-without the hook points below is refused at import), with transformers 5.24 and PyTorch 2.13
-on the CPU in CI; one process per job, generation with transformers (``use_vllm=False``).
+without the hook points below is refused at import), with transformers 5.24 (CI) and 5.17
+(checked on the CPU too), PyTorch 2.13 on the CPU; one process per job, generation with
+transformers (``use_vllm=False``).
 Both client spellings work (``OrchestratorClient(job_id=...)``,
 ``TimeSliceOrchestratorClient(target=...)``: the same class).
 
