@@ -150,9 +150,29 @@ def test_the_hint_plans_for_optimizer_state_not_made_yet(sim):
     ts.register()                                           # standalone: nothing to tell, but it counts
     weights = sum(p.numel() * p.element_size() for p in m.parameters())
     assert ts._hint() == mem.peak_bytes() + 2 * weights + 7
+    with ts.hold():
+        pass
+    assert ts._next_hint == mem.peak_bytes() + 2 * weights + 7   # worked out at the release, while held
     m(torch.ones(2, 8)).sum().backward()
     opt.step()
     assert ts._hint() == mem.peak_bytes()                   # measured now: no estimate on top
     with pytest.raises(ValueError):
         TimeSlice(None, swap="sometimes")
     mem.close()
+
+
+def test_a_cpu_span_never_touches_the_device(monkeypatch):
+    """A span outside the hold (the rewards) must not synchronize: the parked process may be
+    checkpointed, and a CUDA call there blocks until the next grant, which it would never ask for."""
+    import timeslice.integrations.slicing as S
+    from timeslice.integrations.slicing import PhaseLog
+    calls = []
+    monkeypatch.setattr(S, "_cuda_ready", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: calls.append("sync"))
+    log = PhaseLog(sync=True)
+    with log.span("rewards", gpu=False):
+        pass
+    assert calls == []
+    with log.span("generate", gpu=True):
+        pass
+    assert calls == ["sync"]

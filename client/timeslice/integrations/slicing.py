@@ -42,8 +42,9 @@ def _cuda_ready() -> bool:
 
 
 class PhaseLog:
-    """Holds and phase spans of one job, as dicts (``events``); ``sync`` makes a span's end
-    wait for the device work it queued (``torch.cuda.synchronize``), for honest timings."""
+    """Holds and phase spans of one job, as dicts (``events``); ``sync`` makes the end of a
+    ``gpu=True`` span wait for the device work it queued (``torch.cuda.synchronize``), for
+    honest timings."""
 
     def __init__(self, sync: bool = False):
         self.events: list[dict] = []
@@ -55,7 +56,9 @@ class PhaseLog:
         try:
             yield ev                              # the body may add figures (tokens, samples)
         finally:
-            if self.sync and _cuda_ready():
+            # Only a GPU span waits for its device work: a CPU span runs outside the hold, where
+            # the process must not touch its device (it may be checkpointed: the call would block).
+            if self.sync and fields.get("gpu") and _cuda_ready():
                 sys.modules["torch"].cuda.synchronize()
             ev["end"] = time.monotonic()
             self.events.append(ev)
@@ -85,6 +88,7 @@ class TimeSlice:
         self._depth = 0
         self._scope: Any = None
         self._open: dict | None = None
+        self._next_hint: int | None = None
         self._registered = False
 
     # -- memory ------------------------------------------------------------------------
@@ -136,14 +140,20 @@ class TimeSlice:
         until the next grant, which the job would never ask for)."""
         depth, self._depth = self._depth, 0
         if depth:
-            self._exit()
+            try:
+                self._exit()
+            except BaseException:
+                self._depth = depth          # the hold's own exit sees it (and finds nothing left to yield)
+                raise
         try:
             with self.log.span(why, gpu=False):
                 yield
         finally:
-            if depth:
-                self._enter()
-            self._depth = depth
+            try:
+                if depth:
+                    self._enter()
+            finally:
+                self._depth = depth
 
     @property
     def held(self) -> bool:
@@ -167,13 +177,18 @@ class TimeSlice:
         t_req = time.monotonic()
         grant = None
         if self.client is not None:
-            self._scope = self.client.on_accelerators(self.group_id, timeout=self.timeout,
-                                                      device_bytes_hint=self._hint())
-            grant = self._scope.__enter__()
+            # The hint was worked out at the last release, while holding: outside a hold this
+            # process must not ask anything of its device (it may be checkpointed).
+            hint = self._next_hint if self._next_hint is not None else self.hint
+            scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint)
+            grant = scope.__enter__()
+            self._scope = scope
         self._open = {"t_req": t_req, "t_grant": time.monotonic(), "grant": grant}
 
     def _exit(self) -> None:
         held, self._open = self._open, None
+        if held is not None:
+            self._next_hint = self._hint()
         t_end = time.monotonic()
         if self.client is not None and self._scope is not None:
             if not self.client.release_cache and _cuda_ready():
