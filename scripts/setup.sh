@@ -41,5 +41,7 @@ fi
 echo "==> installing timeslice[server,$EXTRAS] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # server: lockd, the node agent and the launcher; a job-only install is `pip install .`
+# test: also PyTorch (pinned to the version whose CPU build CI's index holds), TRL, transformers,
+# datasets and accelerate, for the real-framework tests on the simulated device
 .venv/bin/python -m pip install -q -e ".[server,$EXTRAS]"
 echo "==> ready: etcd $(etcd --version | head -1 | awk '{print $3}'), $(.venv/bin/python --version)"
