@@ -59,7 +59,8 @@ class SwapMemory(Protocol):
     def resume(self, tags: Sequence[str]) -> int | None: ...
 
 # Optional, where a memory has them: host_pending_bytes() (a host reservation in progress),
-# backup_stats() (copies, clean skips, wrong clean claims), set_host_listener(fn), prepin().
+# backup_stats() (copies, clean skips, wrong clean claims), set_state_listener(fn) (called when the
+# agent should hear this worker's state again), prepin().
 
 
 class CallbackMemory:
@@ -165,6 +166,9 @@ class CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
         if self._sock is None:
             self.connect()
+        listen = getattr(self.memory, "set_state_listener", None)
+        if listen is not None:
+            listen(self.announce)                      # a reservation, a region that grew: the agent hears it
         self._thread = threading.Thread(target=self._serve, name="timeslice-cooperative", daemon=True)
         self._thread.start()
         return self
@@ -172,9 +176,6 @@ class CooperativeWorker:
     def prepin(self) -> None:
         """Reserve the memory's host backup now, telling the agent when it starts and when it is done,
         so that its host admission counts the reservation from the start (``timeslice.pinned``)."""
-        listen = getattr(self.memory, "set_host_listener", None)
-        if listen is not None:
-            listen(self.announce)
         prepin = getattr(self.memory, "prepin", None)
         if prepin is not None:
             prepin()

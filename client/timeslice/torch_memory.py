@@ -107,8 +107,9 @@ class TorchMemory:
             log.info("torch_memory_backup", backup="tms", why=why)
         return "pool" if ok else "tms"
 
-    def set_host_listener(self, fn: Callable[[], None] | None) -> None:
-        """Called when a host reservation starts and ends (the worker tells its agent)."""
+    def set_state_listener(self, fn: Callable[[], None] | None) -> None:
+        """Called when what the node agent should know changes: a host reservation starts or ends,
+        a region grows (the cooperative worker sends it its state)."""
         self._listener = fn
 
     def _host_changed(self) -> None:
@@ -141,6 +142,8 @@ class TorchMemory:
         if self.backup == "tms" and self.retain_backup and not self._retain_set:
             self._tms.retain_cpu_backup = True
             self._retain_set = True
+        if grown > 0:
+            self._host_changed()                        # the agent learns the region's size now
 
     def device_id(self) -> str:
         uuid = str(self._torch.cuda.get_device_properties(self.device).uuid)

@@ -48,7 +48,7 @@ class SimCooperativeMemory:
     def __init__(self, regions: Mapping[str, tuple[int, str]], sim_dir: str | os.PathLike | None = None,
                  seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None,
                  gpu: int | None = None, *, checksum: bool = True, slab_bytes: int = 1 << 30,
-                 pin_gbps: float = 0.0, pin_gate: str | None = None):
+                 pin_gbps: float = 0.0, pin_gate: str | None = None, resident: bool = True):
         self.tags = {t: pol for t, (_, pol) in regions.items()}
         self._size = {t: int(n) for t, (n, _) in regions.items()}
         raw = os.environ.get(ENV_COOP_GBPS)
@@ -62,19 +62,35 @@ class SimCooperativeMemory:
         self.host_pool = SimHostPool(slab_bytes, pin_gbps, pin_gate, on_change=self._host_changed)
         self.mover = SimMover(self._dev, self.host_pool, self._pace)
         self.book = BackupBook(self.host_pool, self.mover, checksum=checksum)
-        rng = random.Random(seed)
+        self._seed, self._allocated = seed, False
+        self._dev.update(dict.fromkeys(self._size))
+        if resident:
+            self.allocate()
+        else:
+            self._account()
+
+    def allocate(self) -> None:
+        """Put the regions on the device, filled from the seed. ``resident=False`` defers it to here:
+        like a real job, which loads its model inside its first hold (after pinning its backup)."""
+        rng = random.Random(self._seed)
         fresh = {t: bytearray(rng.randbytes(n)) for t, n in self._size.items()}
         self._dev.update(fresh)
         self._account()
+        self._allocated = True
         for t, buf in fresh.items():
             self._sha[t] = hashlib.sha256(buf).hexdigest()
+        self._host_changed()                                # the agent learns the regions' sizes
+
+    def allocated(self) -> bool:
+        return self._allocated
 
     # -- what the channel asks -------------------------------------------------------
     def device_id(self) -> str:
         return device_id(self.dev.gpu)
 
     def region_bytes(self) -> dict[str, int]:
-        return dict(self._size)
+        """Device bytes per region (0 until ``allocate``: the pool is sized from the declared sizes)."""
+        return {t: n if self._allocated else 0 for t, n in self._size.items()}
 
     def host_bytes(self) -> int:
         return self.host_pool.size()
@@ -85,7 +101,7 @@ class SimCooperativeMemory:
     def backup_stats(self) -> dict[str, int]:
         return dict(self.book.stats)
 
-    def set_host_listener(self, fn) -> None:
+    def set_state_listener(self, fn) -> None:
         self._listener = fn
 
     def _host_changed(self) -> None:
