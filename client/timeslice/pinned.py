@@ -24,6 +24,12 @@ the device) and ``thp`` x1.12: so the reservation runs when the worker
 cooperates, before its first acquire returns, never inside its own GPU phase
 (``TorchMemory.prepin``).
 
+One reservation at a time per host: processes take a file lock
+(``TIMESLICE_PIN_LOCK``, default ``timeslice-pin.lock`` in /dev/shm) around
+the pinning. Faulting is bound by the host's memory bandwidth, so two at once
+each take about twice as long; one after the other, the first job is ready
+(and can start its first hold) in half the time, the second no later.
+
 Host accounting: ``pending_bytes()`` is what a reservation in progress has
 promised and not finished; ``on_change`` is called when it starts and ends
 (the cooperative worker tells its node agent, whose host admission subtracts
@@ -35,11 +41,14 @@ method and ``view``; the libc side (map, advise, fault) needs none.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import mmap
 import os
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +66,7 @@ MAX_SLAB = 64 * GIB                       # one cudaHostRegister call at most (l
 TORCH_SLAB = GIB                          # torch's host allocator rounds to powers of two: 1 GiB wastes none
 METHODS = ("thp", "fault", "torch")
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
+ENV_PIN_LOCK = "TIMESLICE_PIN_LOCK"
 _MADV_HUGEPAGE = 14
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -108,6 +118,28 @@ def fault_in(addr: int, nbytes: int, threads: int) -> None:
         list(ex.map(lambda s: ctypes.memset(s[0], 0, s[1]), spans))
 
 
+def default_lock_path() -> str:
+    env = os.environ.get(ENV_PIN_LOCK)
+    if env is not None:
+        return env                         # "" turns the lock off
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, "timeslice-pin.lock")
+
+
+@contextlib.contextmanager
+def host_lock(path: str) -> Iterator[None]:
+    """One pinning at a time on this host (flock: released if the process dies)."""
+    if not path:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                       # closing drops the lock
+
+
 @dataclass
 class Slab:
     nbytes: int
@@ -121,7 +153,7 @@ class PinnedPool:
 
     def __init__(self, method: str = "auto", threads: int | None = None, register: Register | None = None,
                  unregister: Unregister | None = None, on_change: Callable[[], None] | None = None,
-                 check_free: bool = True, max_slab: int = MAX_SLAB):
+                 check_free: bool = True, max_slab: int = MAX_SLAB, lock_path: str | None = None):
         if method not in ("auto", *METHODS):
             raise ValueError(f"method must be auto or one of {METHODS}, got {method!r}")
         self.method = method
@@ -130,6 +162,7 @@ class PinnedPool:
         self.on_change = on_change
         self.check_free = check_free
         self.max_slab = max(HUGE, max_slab // HUGE * HUGE)
+        self.lock_path = default_lock_path() if lock_path is None else lock_path
         self.slabs: list[Slab] = []
         self._starts: list[int] = []
         self._pending = 0
@@ -160,16 +193,19 @@ class PinnedPool:
                 raise PinnedPoolError(f"the host has {free} bytes available, the backup pool needs {nbytes}")
         self._pending = nbytes
         self._changed()
-        t0 = time.monotonic()
+        t0 = t1 = time.monotonic()
         try:
-            self._reserve(nbytes)
+            with host_lock(self.lock_path):
+                t1 = time.monotonic()
+                self._reserve(nbytes)
         finally:
-            dt = time.monotonic() - t0
+            dt = time.monotonic() - t1
             self._pending = 0
             self.seconds += dt
             self._changed()
         log.info("pinned_pool_reserved", bytes=nbytes, method=self.method, slabs=len(self.slabs),
-                 seconds=round(dt, 3), gb_s=round(nbytes / max(dt, 1e-9) / 1e9, 2))
+                 seconds=round(dt, 3), gb_s=round(nbytes / max(dt, 1e-9) / 1e9, 2),
+                 waited_for_another_s=round(t1 - t0, 3))
         return at
 
     def _reserve(self, nbytes: int) -> None:

@@ -14,10 +14,10 @@ import subprocess
 import sys
 
 import pytest
-
-from agenthelpers import MiB, NODE, answered, intent, register, status
+from agenthelpers import NODE, MiB, answered, intent, register, status
 from test_cooperative_channel import SECRET, session
 from test_cooperative_e2e import FOOTPRINT, WEIGHTS, Stack
+
 from timeslice.common import records as R
 from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.nodeagent.sim.hostpool import ENV_PIN_GATE

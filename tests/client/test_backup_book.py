@@ -117,7 +117,7 @@ def test_copies_never_cross_a_slab_and_cover_the_region_exactly():
         assert sum(e.nbytes for e in where) == 3 * MiB + 512
         assert len(where) >= 4
         for e in where:
-            assert 0 < e.nbytes and e.offset + e.nbytes <= len(r.pool.slabs[e.slab])
+            assert e.nbytes > 0 and e.offset + e.nbytes <= len(r.pool.slabs[e.slab])
 
 
 def test_a_region_that_outgrew_its_area_grows_the_pool_without_touching_another_copy():

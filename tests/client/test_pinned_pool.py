@@ -83,3 +83,22 @@ def test_a_pool_the_host_cannot_hold_is_refused_before_anything_is_promised():
     with pytest.raises(P.PinnedPoolError, match="available"):
         pool.reserve(P.mem_available() + (64 << 30))
     assert seen == [] and reg.calls == []
+
+
+def test_one_pinning_at_a_time_per_host(tmp_path):
+    import threading
+    import time
+    reg = Registrar()
+    lock = str(tmp_path / "pin.lock")
+    pool = P.PinnedPool("fault", threads=2, register=reg.register, unregister=reg.unregister, lock_path=lock)
+    with P.host_lock(lock):                                 # another process is pinning
+        t = threading.Thread(target=pool.reserve, args=(4 * MiB,))
+        t.start()
+        deadline = time.monotonic() + 10
+        while pool.pending_bytes() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.pending_bytes() == 4 * MiB              # promised (the agent counts it) ...
+        assert pool.size() == 0 and reg.calls == []         # ... but not pinned while the other one pins
+    t.join(10)
+    assert pool.size() == 4 * MiB and len(reg.calls) == 1
+    pool.close()
