@@ -98,8 +98,9 @@ def main() -> int:
 
     def load_weights() -> None:
         # Like a real job, the model goes onto the GPU inside the first GPU phase
-        # (while holding the group), and the process is registered once it owns
-        # device memory, so the agent knows what to snapshot.
+        # (while holding the group). A job that cooperated already (pool backup)
+        # tells the agent its region's size as the region grows; the others
+        # register now that they own device memory, so the agent knows what to move.
         nonlocal expected
         gen = torch.Generator(device=dev).manual_seed(sum(map(ord, a.job)))
         if memory is not None:

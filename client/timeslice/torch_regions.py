@@ -68,6 +68,7 @@ def live_spans(segments, pool_id, device: int) -> list[Span]:
         addr = seg["address"]
         run: list[int] | None = None
         for b in seg.get("blocks", []):
+            addr = b.get("address", addr)       # blocks tile their segment in address order
             live = b.get("state") != "inactive"
             if live and run is not None and run[0] + run[1] == addr:
                 run[1] += b["size"]
