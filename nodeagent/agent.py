@@ -80,7 +80,8 @@ class Agent:
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
                                         cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
-        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
+        # Pinned backups being reserved count against free host memory from the start.
+        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes, pending=self.channel.pending_host_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
         self.client = EtcdClient(cfg.etcd)

@@ -26,6 +26,7 @@ import sys
 
 import pytest
 import timeslice, timeslice.cooperative, timeslice.channel, timeslice.torch_memory, timeslice.cli, timeslice.cli_admin
+import timeslice.backup, timeslice.pinned, timeslice.torch_regions
 from timeslice import OrchestratorClient, AsyncOrchestratorClient, TimeSliceOrchestratorClient
 bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in sys.argv[1:]))
 print(",".join(bad))
