@@ -1,4 +1,4 @@
-"""On a real GPU: the cooperative backup pool itself (TorchMemory(backup="pool"), issue 22).
+"""On a real GPU: the cooperative backup pool itself (TorchMemory(backup="pool")).
 
 For each size (``--gib``, one child process per size so each starts cold):
 

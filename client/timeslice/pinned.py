@@ -62,7 +62,7 @@ log = structlog.get_logger(__name__)
 
 GIB = 1 << 30
 HUGE = 2 << 20                            # a transparent huge page on x86-64
-MAX_SLAB = 64 * GIB                       # one cudaHostRegister call at most (larger calls fail: vLLM #51080)
+MAX_SLAB = 64 * GIB                       # one cudaHostRegister call at most (vLLM measured larger calls failing)
 TORCH_SLAB = GIB                          # torch's host allocator rounds to powers of two: 1 GiB wastes none
 METHODS = ("thp", "fault", "torch")
 THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
