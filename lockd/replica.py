@@ -20,6 +20,7 @@ from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.workers import Workers
 
@@ -48,6 +49,8 @@ class Replica:
                                  config.election, config.policy, self.metrics)
         # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
         self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
+        # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).
+        self.traces = HandoffTraces(self.keys, self.index, config.replica_id)
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
         self._ops_seen: set[tuple[bytes, int]] = set()
@@ -63,6 +66,7 @@ class Replica:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
             self.history.on_batch(events, reset, self.leader.leadership)
+            self.traces.on_batch(events, not reset)
 
     def _current_leadership(self) -> Leadership | None:
         """The leadership that fences a direct handoff: ours when we lead, else the current

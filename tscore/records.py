@@ -120,6 +120,7 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
+    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
 
 
 @dataclass
