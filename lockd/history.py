@@ -211,6 +211,12 @@ class History:
     def on_batch(self, events: list[WatchEvent], reset: bool, leadership: Leadership | None) -> None:
         if leadership is None:
             return
+        try:
+            self._on_batch(events, reset, leadership)
+        except Exception:  # a record keeper's bug must never stop the mirror that calls it
+            log.exception("history_observe_failed")
+
+    def _on_batch(self, events: list[WatchEvent], reset: bool, leadership: Leadership) -> None:
         now = R.now_ms()
         if reset or leadership.epoch != self.book.epoch:
             self.book.reseed(self.kvs(), leadership.epoch, now)

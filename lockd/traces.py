@@ -23,10 +23,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+import structlog
+
 from timeslice import tracing
 from timeslice.common import records as R
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
+
+log = structlog.get_logger("lockd.traces")
 
 MAX_OPEN = 4096
 MAX_INTENTS = 256
@@ -95,6 +99,12 @@ class HandoffTraces:
     def on_batch(self, events: list[WatchEvent], leading: bool) -> None:
         if not leading or not tracing.enabled():
             return
+        try:
+            self._on_batch(events)
+        except Exception:  # a tracing bug must never stop the mirror that calls it
+            log.exception("handoff_traces_failed")
+
+    def _on_batch(self, events: list[WatchEvent]) -> None:
         now = time.time_ns()
         groups: set[str] = set()
         for ev in events:
