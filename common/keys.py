@@ -21,6 +21,8 @@ The README documents each key with an etcdctl example.
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
     <p>nodes/<node>/intents/<job>               {op, token, leader_epoch, group}, written by the leader
     <p>nodes/<node>/status/<job>                {state, intent_revision, token, bytes, elapsed_ms, error}, by the agent
+    <p>history/<group>/<token, 20 digits>       one finished hold {job, granted_ms, released_ms, swaps...},
+                                                by the leader; bounded (lockd/history.py), durable
 """
 from __future__ import annotations
 
@@ -143,6 +145,17 @@ class Keys:
 
     def status(self, node: str, job: str) -> bytes:
         return self.statuses(node) + check_id("job", job).encode()
+
+    # --- history of finished holds (lockd/history.py) ---------------------------
+    def history(self) -> bytes:
+        return self._k("history", "")
+
+    def history_group(self, group: str) -> bytes:
+        return self.history() + check_id("group", group).encode() + b"/"
+
+    def history_entry(self, group: str, token: int) -> bytes:
+        # Zero-padded: etcd orders keys as bytes, so a group's records sort by token (= time).
+        return self.history_group(group) + f"{int(token):020d}".encode()
 
     # --- parsing --------------------------------------------------------------
     def parse(self, key: bytes) -> tuple[str, ...]:

@@ -120,6 +120,7 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
+    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
 
 
 @dataclass
@@ -208,3 +209,22 @@ class StatusValue(Record):
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
     gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)
+
+
+@dataclass
+class HoldRecord(Record):
+    """One finished hold of a group, as the leader saw it (lockd/history.py; read by `timeslice report`)."""
+
+    group: str
+    job: str
+    token: int
+    leader_epoch: int = 0
+    enqueued_ms: int = 0          # the queue entry's: the wait is granted_ms - enqueued_ms
+    granted_ms: int = 0
+    released_ms: int = 0          # yield, handoff, session loss or deletion, as the leader saw it
+    restored: bool = False
+    elided: bool = False
+    bytes_moved: int = 0
+    # The agents' answers to this grant's swap intents:
+    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
+    swaps: list[dict] = field(default_factory=list)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
+from timeslice import tracing
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
 from timeslice.common.etcd import ops
@@ -74,7 +75,8 @@ class Locks:
             raise InvalidIdError("device_bytes_hint must be >= 0")
         await self._require_group(group)
         attempt = secrets.token_hex(8)
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
+        # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent()).dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:

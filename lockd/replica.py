@@ -14,11 +14,13 @@ from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.groups import Groups
+from timeslice.lockd.history import History
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.workers import Workers
 
@@ -45,6 +47,10 @@ class Replica:
         self.workers = Workers(self.client, self.keys, self.index)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
+        # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
+        self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
+        # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).
+        self.traces = HandoffTraces(self.keys, self.index, config.replica_id)
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
         self._ops_seen: set[tuple[bytes, int]] = set()
@@ -59,6 +65,8 @@ class Replica:
         if sched is not None:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
+            self.history.on_batch(events, reset, self.leader.leadership)
+            self.traces.on_batch(events, not reset)
 
     def _current_leadership(self) -> Leadership | None:
         """The leadership that fences a direct handoff: ours when we lead, else the current
@@ -100,6 +108,7 @@ class Replica:
         self.reflector.start()
         await asyncio.wait_for(self.reflector.synced.wait(), sync_timeout)
         self._tasks.append(asyncio.create_task(self.leader.run(), name="leader"))
+        self._tasks.append(asyncio.create_task(self.history.run(lambda: self.leader.leadership), name="history"))
         log.info("replica_started", replica=self.config.replica_id, prefix=self.config.prefix)
 
     async def etcd_healthy(self, timeout: float = 2.0) -> bool:

@@ -13,7 +13,7 @@ import structlog
 
 from timeslice.common.errors import LockError, TimesliceError
 from timeslice.common.serving import bounded, rpc, status_of
-from timeslice.lockd import peers
+from timeslice.lockd import peers, traces
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
 from timeslice.proto import lockd_pb2 as pb
@@ -50,8 +50,10 @@ class LockdServicer(pbg.LockdServicer):
         remaining = context.time_remaining()
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN - (time.monotonic() - t0))
         try:
-            got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                             seq=req.attempt_seq)
+            with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
+                got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
+                                                 seq=req.attempt_seq)
+                traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
             raise

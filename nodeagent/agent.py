@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import time
 from pathlib import Path
 
 import structlog
@@ -30,7 +31,7 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
-from timeslice.nodeagent import attest, fencing
+from timeslice.nodeagent import attest, fencing, traces
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends import pick_backend
@@ -337,10 +338,13 @@ class Agent:
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         assert intent.value is not None                   # decide() runs only a readable intent
+        t0_ns = time.time_ns()
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
         rev = await self._answer(intent, st, refresh=moves)
+        # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
+        await traces.op_spans(self.client, self.keys, self.node, self.backend.name, intent, pic, rr, t0_ns)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
