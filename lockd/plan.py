@@ -76,15 +76,30 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
 
 
-def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
-    """Where a job's context is on a node: running | snapshotted | gone | absent."""
+RESIDENT = ("running", "partial", "unknown")      # residencies that hold memory on the device
+
+
+def residency(ns: NodeState | None, job: str, on_node: bool, agent: R.AgentValue | None = None) -> str:
+    """Where a job's context is on a node: running | partial | unknown | snapshotted | gone | absent.
+
+    ``partial``: parked (snapshotted) with memory left on the device, as the agent reports it: a
+    cooperative worker whose selective pause kept some regions there. The others must count it
+    resident (a further snapshot frees the rest); for itself it is a snapshot to restore.
+    ``unknown``: the agent cannot read its state now (a cooperative worker not reconnected to it,
+    ``AgentValue.job_unknown``; a status "unknown"). The others count it resident with its
+    registered footprint; it is never granted before the agent answered a restore for it.
+    """
     st = status_of(ns, job)
     if not on_node:
         return "absent"
+    if st is not None and st.state == R.UNKNOWN:
+        return "unknown"
     if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING, R.FROZEN):
-        return "running"                                  # a context on the device (frozen: locked there)
+        # A context on the device (frozen: locked there); its last known state, unless the agent says
+        # it cannot tell any more.
+        return "unknown" if agent is not None and job in agent.job_unknown else "running"
     if st.state in (R.SNAPSHOTTED, R.RESTORING):
-        return "snapshotted"
+        return "partial" if agent is not None and agent.job_device_bytes.get(job, 0) > 0 else "snapshotted"
     return "gone"                                         # gone or lost: nothing to move
 
 
@@ -119,8 +134,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         ns = nodes.get(node)
         on_node = (node_jobs.get(node, set()) if node_jobs is not None
                    else {j for j, js in jobs.items() if node in js.nodes()})
+        agent = R.AgentValue.load(ns.agent.value) if ns is not None and ns.agent is not None else None
         # 0. Intents of this swap on the node: wait for them, time them out, or read their result.
-        node_waiting = False
+        node_waiting = head_back = False
         refused_restore = None
         for job, ikv in (ns.intents.items() if ns else ()):
             intent = R.IntentValue.load(ikv.value)
@@ -146,18 +162,20 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                     f"{intent.op} of job {job} on node {node} {st.outcome}: "
                     f"{st.error or 'processes gone'}"))]
             moved += st.bytes
+            head_back |= intent.op == R.RESTORE and job == head_job and st.outcome == R.OK
             restored |= intent.op == R.RESTORE and job == head_job
         if node_waiting:
             waiting = True
             continue
-        running = sorted(j for j in on_node if j != head_job and residency(ns, j, True) == "running")
-        b_where = residency(ns, head_job, head_job in on_node)
-        if ns is None or ns.agent is None:
+        where = {j: residency(ns, j, True, agent) for j in on_node if j != head_job}
+        where.update((j, "partial") for j in parked_left(ns, agent, on_node) if j != head_job)
+        running = sorted(j for j, w in where.items() if w in RESIDENT)
+        b_where = residency(ns, head_job, head_job in on_node, agent)
+        if ns is None or agent is None:
             if running or b_where != "absent":
                 return [FailWaiter(head_job, token, lease, node=node,
                                    reason=f"node agent on {node} is not alive")]
             continue
-        agent = R.AgentValue.load(ns.agent.value)
         view = NodeView.of(node, agent)
         if unfenced(agent, node, head_job, jobs, ns):
             # A job the agent still reports running here has no registration any more (its session
@@ -165,8 +183,17 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # it then leaves the running jobs) or saw it exit; the Acquire's deadline bounds the wait.
             pending = True
             continue
+        if b_where == "unknown" and not head_back:
+            # Where the head's memory is, the agent cannot tell now (a cooperative worker of it has not
+            # reconnected): never grant before a restore says it is back. The agent answers once the
+            # worker is back (asking for room, if it needs some, by refusing), or fails it with the reason.
+            actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            pending = True
+            continue
         # Residents: other jobs with a device context on some GPU of this node, by GPU.
         residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
+        if b_where == "partial":
+            b_where = "snapshotted"            # for itself: a snapshot to restore, like any other
         b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
         need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
@@ -175,7 +202,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if need is None:
             short = set(b_gpus) if policy.evict_unknown else set()
         else:
-            free = view.free_after_registered(residents, jobs)
+            # A partly paused resident's released bytes are off the device: not "registered, uncounted".
+            off = {j: st.device_bytes for j in residents if where[j] == "partial" and (st := status_of(ns, j))}
+            free = view.free_after_registered(residents, jobs, off)
             short = {g for g, n in need.items() if n > 0 and n > free.get(g, 0) - policy.device_margin_bytes}
         if refused_restore is not None:
             short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
@@ -228,10 +257,24 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
 
 def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState],
              ns: NodeState | None = None) -> list[str]:
-    """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet."""
+    """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet
+    (a parked one runs nothing: what it left on the device is a resident's, ``parked_left``)."""
     return sorted(j for j, b in agent.job_device_bytes.items()
                   if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ())
-                  and not S.is_frozen(ns, j))
+                  and not S.is_frozen(ns, j) and not _parked(ns, j))
+
+
+def parked_left(ns: NodeState | None, agent: R.AgentValue | None, on_node: set[str]) -> set[str]:
+    """Parked jobs without registrations here that the agent reports with memory on the devices:
+    residents too (a job whose session went while a partial pause kept some of its regions there;
+    the agent moves them through the worker's own channel)."""
+    return {j for j, b in (agent.job_device_bytes.items() if agent else ()) if b and j not in on_node
+            and _parked(ns, j)}
+
+
+def _parked(ns: NodeState | None, job: str) -> bool:
+    st = status_of(ns, job)
+    return st is not None and st.state in (R.SNAPSHOTTED, R.RESTORING)
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],
