@@ -9,7 +9,7 @@ from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.plan import RESIDENT, residency
+from timeslice.lockd.residency import RESIDENT, residency
 from timeslice.lockd.revocations import Revocations
 from timeslice.proto import lockd_pb2 as pb
 

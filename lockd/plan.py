@@ -7,10 +7,15 @@ with hand-made states, and a new leader simply calls it again on what etcd
 holds: every step is resumable because the state *is* the plan's input.
 
 The swap for head job B (token t), per node of the group, GPU by GPU
-(``lockd.placement``: where each job has a device context, free bytes per GPU):
-  1. jobs other than B resident on a GPU where B does not fit beside them
-     → snapshot intents for them (carrying t); wait for the agent's reports;
-     a job that holds a group on those devices is never snapshotted: B waits;
+(``lockd.placement``: where each job has a device context, free bytes per GPU;
+``lockd.residency``: running, partly paused, unknown, snapshotted):
+  0. B's state unknown to the agent (a cooperative worker not reconnected to it)
+     → restore intent for B first: the agent answers once it has seen B's memory
+     back (or fails it with the reason); no grant before;
+  1. jobs other than B resident on a GPU where B does not fit beside them (also
+     one paused in part, or of unknown state) → snapshot intents for them
+     (carrying t); wait for the agent's reports; a job that holds a group on
+     those devices is never snapshotted: B waits;
   2. B snapshotted on the node → restore intent for B; wait;
   3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
      B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
@@ -27,6 +32,7 @@ from timeslice.common import records as R
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
+from timeslice.lockd.residency import RESIDENT, parked_left, residency, unfenced
 
 
 @dataclass(frozen=True)
@@ -74,33 +80,6 @@ class FailWaiter:
 
 
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
-
-
-RESIDENT = ("running", "partial", "unknown")      # residencies that hold memory on the device
-
-
-def residency(ns: NodeState | None, job: str, on_node: bool, agent: R.AgentValue | None = None) -> str:
-    """Where a job's context is on a node: running | partial | unknown | snapshotted | gone | absent.
-
-    ``partial``: parked (snapshotted) with memory left on the device, as the agent reports it: a
-    cooperative worker whose selective pause kept some regions there. The others must count it
-    resident (a further snapshot frees the rest); for itself it is a snapshot to restore.
-    ``unknown``: the agent cannot read its state now (a cooperative worker not reconnected to it,
-    ``AgentValue.job_unknown``; a status "unknown"). The others count it resident with its
-    registered footprint; it is never granted before the agent answered a restore for it.
-    """
-    st = status_of(ns, job)
-    if not on_node:
-        return "absent"
-    if st is not None and st.state == R.UNKNOWN:
-        return "unknown"
-    if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING, R.FROZEN):
-        # A context on the device (frozen: locked there); its last known state, unless the agent says
-        # it cannot tell any more.
-        return "unknown" if agent is not None and job in agent.job_unknown else "running"
-    if st.state in (R.SNAPSHOTTED, R.RESTORING):
-        return "partial" if agent is not None and agent.job_device_bytes.get(job, 0) > 0 else "snapshotted"
-    return "gone"                                         # gone or lost: nothing to move
 
 
 def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
@@ -253,28 +232,6 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     if waiting or pending:
         return [a for a in actions if a is not None]
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
-
-
-def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState],
-             ns: NodeState | None = None) -> list[str]:
-    """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet
-    (a parked one runs nothing: what it left on the device is a resident's, ``parked_left``)."""
-    return sorted(j for j, b in agent.job_device_bytes.items()
-                  if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ())
-                  and not S.is_frozen(ns, j) and not _parked(ns, j))
-
-
-def parked_left(ns: NodeState | None, agent: R.AgentValue | None, on_node: set[str]) -> set[str]:
-    """Parked jobs without registrations here that the agent reports with memory on the devices:
-    residents too (a job whose session went while a partial pause kept some of its regions there;
-    the agent moves them through the worker's own channel)."""
-    return {j for j, b in (agent.job_device_bytes.items() if agent else ()) if b and j not in on_node
-            and _parked(ns, j)}
-
-
-def _parked(ns: NodeState | None, job: str) -> bool:
-    st = status_of(ns, job)
-    return st is not None and st.state in (R.SNAPSHOTTED, R.RESTORING)
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],

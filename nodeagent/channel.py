@@ -258,8 +258,8 @@ class ChannelServer:
         await writer.drain()
         log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
                  host_bytes=info.host_bytes)
-        hello, self._hello = self._hello, asyncio.Event()
-        hello.set()                                 # ops waiting for this worker go on (nodeagent.reconnects)
+        said, self._hello = self._hello, asyncio.Event()
+        said.set()                                  # ops waiting for this worker go on (nodeagent.reconnects)
         if self.on_connect is not None:
             self.on_connect(info)
         try:
