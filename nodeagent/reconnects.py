@@ -22,6 +22,7 @@ worker threads (a channel that drops in the middle of a pause or resume).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from collections.abc import Callable, Iterable
 
@@ -65,7 +66,11 @@ class Reconnects:
         if loop is None:
             return AWAY
         fut = asyncio.run_coroutine_threadsafe(self.wait(pid, job), loop)
-        return fut.result(max(0.0, self.deadline(pid) - time.monotonic()) + 5.0)
+        try:
+            return fut.result(max(0.0, self.deadline(pid) - time.monotonic()) + 5.0)
+        except (concurrent.futures.TimeoutError, TimeoutError):
+            fut.cancel()                     # the loop is stuck or stopping: the worker counts as away
+            return AWAY
 
     async def wait_all(self, pids: Iterable[int], job: str) -> str:
         """Wait for every pid of ``job`` in ``pids`` that has no open channel; the reasons of
