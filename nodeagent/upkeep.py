@@ -72,7 +72,8 @@ class Upkeep:
         listed = {j: p for j, p in pictures.items()
                   if p.state in (R.RUNNING, R.FROZEN, R.UNKNOWN) or p.partial}
         resident = {j: p.resident_bytes for j, p in listed.items()}
-        a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
+        # Time on the devices, per job: running or frozen there (a parked job's leftovers do not count).
+        a.metrics.duty.note_resident(j for j, b in resident.items() if b and listed[j].state in (R.RUNNING, R.FROZEN))
         # Per device, for the leader's per-GPU plan; a job listed with {} has no device
         # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
         # An unknown job the meter cannot place is left out: the leader then assumes its
