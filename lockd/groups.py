@@ -9,7 +9,7 @@ from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.plan import residency
+from timeslice.lockd.residency import RESIDENT, residency
 from timeslice.lockd.revocations import Revocations
 from timeslice.proto import lockd_pb2 as pb
 
@@ -116,7 +116,8 @@ class Groups:
             out.backend, out.device_free_bytes, out.device_total_bytes = a.backend, a.device_free_bytes, \
                 a.device_total_bytes
         on_node = sorted(self.index.node_jobs.get(node, ()))
-        out.resident_jobs.extend(j for j in on_node if residency(ns, j, True) == "running")
+        agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
+        out.resident_jobs.extend(j for j in on_node if residency(ns, j, True, agent) in RESIDENT)
         for job in sorted(set(on_node) | set(ns.statuses if ns else ())):
             kv = ns.statuses.get(job) if ns else None
             if kv is None:
