@@ -38,9 +38,13 @@ class Job:
                 return json.loads(line)
         raise AssertionError("no answer from the job process")
 
-    def __call__(self, cmd: str, timeout: float = 90) -> dict:
+    def send(self, cmd: str) -> None:
+        """Send a command without waiting for its answer (read it later with ``_read``)."""
         self.p.stdin.write(cmd + "\n")
         self.p.stdin.flush()
+
+    def __call__(self, cmd: str, timeout: float = 90) -> dict:
+        self.send(cmd)
         return self._read(timeout)
 
     async def ask(self, cmd: str, timeout: float = 90) -> dict:
