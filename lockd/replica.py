@@ -26,10 +26,10 @@ log = structlog.get_logger("lockd.replica")
 
 
 class Replica:
-    def __init__(self, config: LockdConfig, metrics: Metrics | None = None):
+    def __init__(self, config: LockdConfig, metrics: Metrics | None = None, client: EtcdClient | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.client = EtcdClient(config.etcd)
+        self.client = client or EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
         # Deleted groups' queue_depth series go at the next scrape.
