@@ -31,6 +31,7 @@ from timeslice.common.errors import (
     InvalidIdError,
     LockError,
     NotHolder,
+    OutcomeUnknown,
     SessionLost,
     StaleToken,
 )
@@ -100,7 +101,11 @@ class Locks:
             # removes what the write may have left (see _abandon).
             token, revision, spec_rev = await self._enqueue(group, job, lease, value, seq, spec_rev)
             # Our own write must be in the mirror before we judge "entry gone".
-            await self.reflector.wait_revision(revision, timeout)
+            try:
+                await self.reflector.wait_revision(revision, timeout)
+            except asyncio.TimeoutError:
+                raise AcquireTimeout(f"{job!r} was not granted {group!r} within {timeout:.3f}s (this replica's "
+                                     "view of etcd lags); its place in the queue was given up") from None
             deadline = None if timeout is None else t0 + timeout
             while True:
                 wake.clear()
@@ -137,6 +142,12 @@ class Locks:
                 return token, revision, spec_rev
             except GuardFailed:
                 spec_rev = await self._spec_rev(group, fresh=True)   # deleted (NotFound), or created again
+            except OutcomeUnknown:
+                # Resolved by reading, never by blindly writing again: did our write land?
+                r = await self.client.range(ops.range_req(self.keys.queue_entry(group, job)))
+                if r.kvs and r.kvs[0].value == value:
+                    return r.kvs[0].create_revision, r.header.revision, spec_rev
+                raise
         raise EtcdUnavailable(f"group {group!r} was deleted and created again while {job!r} joined it; try again")
 
     async def _enqueue_once(self, group: str, job: str, lease: int, value: bytes, seq: int,

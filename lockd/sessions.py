@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from timeslice.common import records as R
-from timeslice.common.errors import ConfigError, InvalidIdError, SessionLost
+from timeslice.common.errors import ConfigError, EtcdError, InvalidIdError, OutcomeUnknown, SessionLost
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
@@ -106,15 +106,32 @@ class Sessions:
         value = R.SessionValue(lease, _digest(secret), R.now_ms(), self.replica, peer).dump()
         key = self.keys.session(job)
         # Create-if-absent: two processes claiming one job id must not share it.
-        resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, value, lease)], [ops.get(key)])
+        try:
+            resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, value, lease)],
+                                         [ops.get(key)])
+        except OutcomeUnknown:
+            # Resolved by reading, never by writing again: the session is ours if its key names our lease.
+            r = await self.client.range(ops.range_req(key))
+            if r.kvs and R.SessionValue.load(r.kvs[0].value).lease == lease:
+                await self._mirrored(r.header.revision)
+                return secret, lease, granted
+            await self._drop(lease)        # a late-landing write then goes with the lease
+            raise
         if not resp.succeeded:
-            await self.client.revoke(lease)
+            await self._drop(lease)
             old = R.SessionValue.load(resp.responses[0].response_range.kvs[0].value)
             raise AlreadyExists(
                 f"job {job!r} already has a live session (lease {old.lease:x}); close it, or wait "
                 f"for it to expire, or use another job id")
         await self._mirrored(resp.header.revision)     # until then it counts as ours in flight (_opening)
         return secret, lease, granted
+
+    async def _drop(self, lease: int) -> None:
+        """Give back a lease no session came of (best effort: unrevoked, it expires within its TTL)."""
+        try:
+            await self.client.revoke(lease)
+        except EtcdError:
+            pass
 
     async def verify(self, job: str, secret: str) -> int:
         """The job's lease id if ``secret`` opens its session; raises otherwise."""
