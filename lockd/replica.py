@@ -42,7 +42,7 @@ class Replica:
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
-        self.workers = Workers(self.client, self.keys, self.index)
+        self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
         self.reflector.add_listener(self._on_batch)
