@@ -22,6 +22,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import structlog
+
 from timeslice.common import records as R
 from timeslice.common.errors import ConfigError, EtcdError, EtcdUnavailable, InvalidIdError, OutcomeUnknown, SessionLost
 from timeslice.common.etcd import ops
@@ -32,6 +34,8 @@ from timeslice.common.serving import bounded
 from timeslice.lockd import slots as S
 from timeslice.lockd.errors import AlreadyExists, BadSecret, LimitExceeded
 from timeslice.lockd.index import StateIndex
+
+log = structlog.get_logger("lockd.sessions")
 
 CLOSED_MARKER_TTL_S = 60            # how long CloseSession's marker outlives the session (see close)
 
@@ -192,11 +196,22 @@ class Sessions:
             raise SessionLost(f"session of job {job!r} expired; open a new one")
         return ttl
 
-    async def close(self, job: str, secret: str) -> bool:
+    async def close(self, job: str, secret: str, lost: bool = False) -> bool:
+        """End the session; False if it had ended already. ``lost``: its client had declared it lost
+        (no keepalive for a TTL) and ends it as soon as it reaches lockd again, so the queue entries
+        it left go now instead of when the lease runs out (lockd.proto SessionRef.lost)."""
         try:
             raw, val = await self._session(job, secret)
         except SessionLost:
             return False
+        if lost:
+            # As if the lease had expired, only now: everything it owned goes in one revision, and no
+            # marker, so the agents fence what of the job is still on a device as after any expiry.
+            revision = await self.client.revoke(val.lease)
+            log.info("session_ended", job=job, lease=f"{val.lease:x}", why="its client had declared it lost",
+                     ended=revision > 0)
+            await self._mirrored(revision)
+            return revision > 0
         # A marker first, on a short lease of its own: the node agents then know the job's workers
         # go deliberately and do not freeze its processes (nodeagent/orphans.py freezes only those of
         # a session that *expired*, a holder paused past its lease). A plain put: a retry is harmless.
