@@ -153,6 +153,17 @@ class SessionValue(Record):
     opened_ms: int = 0
     replica: str = ""
     peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+    slot: int = -1                    # its slot of --max-sessions (lockd/slots.py); -1: none (older lockd)
+    peer_slot: int = -1               # its slot of --max-sessions-per-peer among the peer's
+
+
+@dataclass
+class SlotValue(Record):
+    """Who holds a slot of a count limit (``slots/<space>/<n>``, lockd/slots.py): for etcdctl readers."""
+
+    job: str
+    node: str = ""                    # a worker's slot: its node and pid
+    pid: int = 0
 
 
 @dataclass
@@ -166,6 +177,7 @@ class WorkerValue(Record):
     endpoint: str = ""                                 # vllm/sglang base URL
     tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)
     collective: bool = False                           # CUDA IPC / NCCL p2p: never checkpoint
+    slot: int = -1                                     # its slot of the job's max_workers_per_job; -1: none
 
 
 @dataclass

@@ -28,10 +28,10 @@ log = structlog.get_logger(__name__)
 
 
 class Replica:
-    def __init__(self, config: LockdConfig, metrics: Metrics | None = None):
+    def __init__(self, config: LockdConfig, metrics: Metrics | None = None, client: EtcdClient | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.client = EtcdClient(config.etcd)
+        self.client = client or EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
         # Deleted groups' queue_depth series go at the next scrape.
@@ -44,7 +44,7 @@ class Replica:
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
-        self.workers = Workers(self.client, self.keys, self.index)
+        self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
         # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).

@@ -42,7 +42,7 @@ class Swappers:
 
     def note(self, job: str, read: list[tuple[rpc.KeyValue, R.WorkerValue]]) -> None:
         """The op path read ``job``'s registrations fresh from etcd: (key-value, decoded) pairs."""
-        seen = self.jobs.jobs_mirror.revision
+        seen = self.jobs.workers_revision
         fresh = {p: v for p, v in self._fresh.items() if v[0] > seen}   # drop what the mirror has
         for kv, reg in read:
             pid = kv.key.rsplit(b"/", 1)[-1]
@@ -53,7 +53,7 @@ class Swappers:
     def registration(self, pid: int) -> tuple[str, R.WorkerValue] | None:
         """``pid``'s (job, registration): the newer of the fresh read and the jobs mirror."""
         fresh = self._fresh.get(pid)
-        if fresh is not None and fresh[0] > self.jobs.jobs_mirror.revision:
+        if fresh is not None and fresh[0] > self.jobs.workers_revision:
             return fresh[1], fresh[2]
         return self.jobs.local_workers().get(pid)
 
