@@ -156,10 +156,12 @@ class Sessions:
                 raise AlreadyExists(
                     f"job {job!r} already has a live session (lease {old.lease:x}); close it, or wait "
                     f"for it to expire, or use another job id")
-            if resp.responses[1].response_range.kvs:
-                room.total.add(g)
-            if resp.responses[2].response_range.kvs:
-                room.mine.add(p)
+            if resp.responses[1].response_range.kvs or resp.responses[2].response_range.kvs:
+                # A parallel open took a place first, and the mirror may lag many such opens: read
+                # both spaces once, so the next pick is among places free now.
+                room.total = await S.taken_now(self.client, self.keys, S.SESSIONS)
+                room.mine = await S.taken_now(self.client, self.keys, pspace)
+                room.fresh = True
         raise EtcdUnavailable(f"OpenSession of {job!r}: parallel opens kept taking the places it picked; try again")
 
     async def _drop(self, lease: int) -> None:

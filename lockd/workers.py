@@ -100,7 +100,10 @@ class Workers:
                     [ops.put(key, val.dump(), lease), ops.put(skey, R.SlotValue(job, node, pid).dump(), lease)],
                     [ops.get(key), ops.get(skey)])
                 if not resp.succeeded and resp.responses[1].response_range.kvs:
-                    taken.add(slot)
+                    # A parallel call took it first, and our view (the mirror) may lag many such
+                    # calls: read the space once, so the next pick is among slots free now (under
+                    # load, picking from the lagging mirror ran out of tries: UNAVAILABLE).
+                    taken, fresh = await S.taken_now(self.client, self.keys, space), True
             if resp.succeeded:
                 return
             kvs = resp.responses[0].response_range.kvs
