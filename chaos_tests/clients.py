@@ -87,9 +87,10 @@ class ClientsView:
 
     def holders(self) -> list[ClientProc]:
         """Clients inside a critical section right now (as their histories say)."""
-        # A section's own reports (memory, data_check, ...) may follow its cs_start.
+        # A section's own reports (memory, data_check, ...) may follow its cs_start; its closing
+        # fenced operation (fence_ok / fence_reject) means it is on its way out.
         return [c for c in self.live_clients()
-                if (e := self.last_of(c, _TURN)) and e["ev"] == "cs_start"]
+                if (e := self.last_of(c, (*_TURN, "fence_ok", "fence_reject"))) and e["ev"] == "cs_start"]
 
     def wait_for_holder(self, timeout: float = 10.0) -> ClientProc:
         """A client inside its critical section (seeded choice among those seen there)."""

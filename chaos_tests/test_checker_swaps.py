@@ -219,3 +219,49 @@ def test_the_cooperative_worker_checks_its_regions_bytes_after_a_resume(tmp_path
         assert hashlib.sha256(view).hexdigest() == dev.expected["kv"]
     evs = [e["ev"] for e in load_history(str(tmp_path / "h")) if e["ev"].startswith("coop_")]
     assert evs == ["coop_pausing", "coop_paused", "coop_pausing", "coop_paused", "coop_resuming", "coop_resumed"]
+
+
+# -- the fenced resource survives a process killed while it writes --------------------------------
+def _die_while_saving(path: str, hist: str) -> None:
+    """Apply one operation, then die (os._exit, as SIGKILL would) in the middle of saving the next."""
+    import json
+    import os
+
+    from chaos_tests import history
+    from chaos_tests.history import FencedResource, HistoryRecorder
+
+    fence = FencedResource(path)
+    rec = HistoryRecorder(hist, name="dying", job="D")
+    fence.apply(rec, "g", 5)
+
+    class Dying:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(*_a, **_kw):
+            os._exit(9)
+
+    history.json = Dying  # type: ignore[assignment]
+    fence.apply(rec, "g", 6)
+
+
+def test_a_process_killed_while_the_fence_saves_leaves_its_state_whole(tmp_path):
+    """A chaos client SIGKILLed inside its fenced operation must not wipe the resource's state: on
+    main before this fix the file was truncated before the new state was written, so a death in
+    between reset every job's operation count and the highest token (issue 25 run: every job's
+    count on g0 dropped to 1 at once, then a data check failed, 'expected 194 ops, resource has 168')."""
+    import multiprocessing
+
+    from chaos_tests.history import FencedResource, HistoryRecorder
+
+    path, hist = str(tmp_path / "gpu"), str(tmp_path / "h")
+    fence = FencedResource(path)
+    rec = HistoryRecorder(hist, name="other", job="O")
+    assert fence.apply(rec, "g", 3)
+    p = multiprocessing.get_context("spawn").Process(target=_die_while_saving, args=(path, hist))
+    p.start()
+    p.join(60)
+    assert p.exitcode == 9
+    assert (fence.ops("g", "O"), fence.ops("g", "D")) == (1, 1)
+    assert not fence.apply(rec, "g", 4)            # the highest token (5) survived: 4 is refused
+    rec.close()
