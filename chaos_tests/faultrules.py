@@ -1,4 +1,4 @@
-"""Checker rules about the lock's behaviour around the faults themselves (issue 25), over the history.
+"""Checker rules about the lock's behaviour around the faults themselves, over the history.
 
 The test records each fault it injects (``fault``: fault_id, what, and ``no_quorum: true``
 when it takes an etcd majority away) and when it healed (``heal``: fault_id).

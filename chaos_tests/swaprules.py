@@ -1,4 +1,4 @@
-"""Checker rules about the jobs' device memory across swaps (issue 25), over the history.
+"""Checker rules about the jobs' device memory across swaps, over the history.
 
 They judge what the jobs themselves report (their device's bytes and regions, see
 ``device.py`` and ``coopdevice.py``) and what the agents wrote in etcd (``observer.py``):

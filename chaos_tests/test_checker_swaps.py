@@ -1,4 +1,4 @@
-"""The checker's rules of issue 25 (swaprules.py, faultrules.py) each catch a violation planted in
+"""The checker's rules (swaprules.py, faultrules.py) each catch a violation planted in
 a hand-made history and pass its well-behaved twin; the events they judge come from a real etcd
 watch (the observer's sessions) and from the cooperative worker's own bookkeeping on the simulator."""
 from __future__ import annotations
@@ -248,7 +248,7 @@ def _die_while_saving(path: str, hist: str) -> None:
 def test_a_process_killed_while_the_fence_saves_leaves_its_state_whole(tmp_path):
     """A chaos client SIGKILLed inside its fenced operation must not wipe the resource's state: on
     main before this fix the file was truncated before the new state was written, so a death in
-    between reset every job's operation count and the highest token (issue 25 run: every job's
+    between reset every job's operation count and the highest token (seen in a fault run: every job's
     count on g0 dropped to 1 at once, then a data check failed, 'expected 194 ops, resource has 168')."""
     import multiprocessing
 

@@ -1,4 +1,4 @@
-"""Chaos scenarios of issue 25 against etcd itself: members paused, and the majority lost and back.
+"""Chaos scenarios against etcd itself: members paused, and the majority lost and back.
 
 * SIGSTOP of an etcd follower, then of the raft leader (alive but silent past the election
   timeout: the others elect a new leader; the old one wakes up as a follower);

@@ -1,4 +1,4 @@
-"""Chaos scenarios of issue 25 around the node agent and its swaps, on a SIMULATED device.
+"""Chaos scenarios around the node agent and its swaps, on a SIMULATED device.
 
 One node (``simnode.py``) whose device holds about one job: two checkpointed jobs (the
 agent copies the whole process's arena out and back) and two cooperative ones (the job
