@@ -26,7 +26,7 @@ from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.scheduler import Scheduler
 
-log = structlog.get_logger("lockd.leader")
+log = structlog.get_logger(__name__)
 
 
 class LeaderLoop:

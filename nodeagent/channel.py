@@ -14,8 +14,9 @@ go out on it with an id and a deadline, answers come back as ``done`` frames.
 What a worker last said about itself (paused tags, sizes, host backup) is
 remembered after its connection drops, so a parked worker is never forgotten
 while it reconnects (e.g. after an agent restart, its hello says what it has
-paused). Everything read from a peer is bounded: frame size, hello fields,
-connections in total, requests in flight.
+paused); when each channel went is kept too (``lost_at``), for the bounded wait
+of ``nodeagent.reconnects``. Everything read from a peer is bounded: frame
+size, hello fields, connections in total, requests in flight.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import itertools
 import os
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent.backends import procfs
 
-log = structlog.get_logger("nodeagent.channel")
+log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 1024
@@ -58,6 +60,8 @@ class WorkerInfo:
     tags: dict[str, str] = field(default_factory=dict)
     region_bytes: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
+    host_reserving: int = 0            # host bytes a reservation in progress has promised (timeslice.pinned)
+    backup: dict[str, int] = field(default_factory=dict)   # the worker's copy counters, as it last said
     paused: list[str] = field(default_factory=list)
     residue_bytes: int | None = None   # device bytes the worker still held after its last pause (its measure)
     connected: bool = True
@@ -71,6 +75,11 @@ class WorkerInfo:
                                  if str(t) in self.tags and isinstance(n, int)}
         if isinstance(msg.get("host_bytes"), int):
             self.host_bytes = max(0, msg["host_bytes"])
+        if isinstance(msg.get("host_reserving"), int):
+            self.host_reserving = max(0, msg["host_reserving"])
+        if isinstance(msg.get("backup"), dict):
+            self.backup = {str(k)[:32]: int(v) for k, v in list(msg["backup"].items())[:16]
+                           if isinstance(v, int) and v >= 0}
         if not self.paused:
             self.residue_bytes = None          # running: everything it has is on the device anyway
         elif isinstance(msg.get("residue_bytes"), int) and not isinstance(msg["residue_bytes"], bool):
@@ -138,16 +147,21 @@ class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
-                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_connect: Callable[[WorkerInfo], None] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
-        self.on_disconnect = on_disconnect
+        self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
+        self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
+        self._hello = asyncio.Event()                # set (and replaced) at every accepted hello
         self._server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.started_at = time.monotonic()           # reset by start(): from then on workers reconnect
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.started_at = time.monotonic()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.path.unlink()               # a previous agent's socket: nobody listens on it any more
@@ -195,12 +209,39 @@ class ChannelServer:
     def forget(self, pid: int) -> None:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
+        self._lost.pop(pid, None)
         c = self._conns.pop(pid, None)
         if c is not None:
             c.close()
 
     def pids(self) -> list[int]:
         return sorted(self._infos)
+
+    def pending_host_bytes(self) -> int:
+        """Host bytes that workers' reservations in progress have promised and not pinned yet.
+
+        Host admission subtracts them from free memory from the moment a reservation
+        starts: free memory shows a reservation only as its pages are faulted in, so
+        while it runs the part already faulted is counted twice (refusing early, never
+        admitting what does not fit)."""
+        return sum(i.host_reserving for i in self._infos.values())
+
+    def cooperative_pids(self) -> dict[int, str]:
+        """pid -> job of the live processes that said hello as cooperative workers (with regions to
+        move; a process that only attests has none), connected or not."""
+        return {p: i.job for p, i in list(self._infos.items())
+                if i.tags and procfs.same_process(p, i.start_time)}
+
+    def lost_at(self, pid: int) -> float | None:
+        """When ``pid``'s channel went (monotonic), if it had one and it is closed now."""
+        return self._lost.get(pid)
+
+    async def next_hello(self, timeout: float) -> None:
+        """Return at the next accepted hello, or after ``timeout`` s."""
+        try:
+            await asyncio.wait_for(self._hello.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -233,23 +274,33 @@ class ChannelServer:
             old.close()
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
+        self._lost.pop(pid, None)
         writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
         await writer.drain()
         log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
                  host_bytes=info.host_bytes)
+        said, self._hello = self._hello, asyncio.Event()
+        said.set()                                  # ops waiting for this worker go on (nodeagent.reconnects)
+        if self.on_connect is not None:
+            self.on_connect(info)
         try:
             while True:
                 msg = await _read(reader)
                 if msg.get("type") == "done":
                     conn.deliver(msg)
                 elif msg.get("type") == "state":
+                    was = info.host_reserving
                     info.update(msg)            # e.g. the retained host backup, after prepin
+                    if was != info.host_reserving:
+                        log.info("host_reservation_started" if info.host_reserving else "host_reservation_done",
+                                 pid=pid, job=job, reserving=info.host_reserving, host_bytes=info.host_bytes)
         except (asyncio.IncompleteReadError, ConnectionError, C.ChannelError, OSError) as e:
             why = "closed" if isinstance(e, asyncio.IncompleteReadError) else str(e)[:200]
         finally:
             if self._conns.get(pid) is conn:
                 del self._conns[pid]
                 info.connected = False
+                self._lost[pid] = time.monotonic()
             conn.fail_all("the worker closed its channel")
             conn.close()
         log.info("channel_worker_disconnected", pid=pid, job=job, reason=why, paused=info.paused)

@@ -37,9 +37,9 @@ from timeslice.nodeagent.backends.ops import (
     _per_pid,
 )
 
-log = structlog.get_logger("nodeagent.backends.freezing")
+log = structlog.get_logger(__name__)
 
-_AT_REST = (ProcState.GONE, ProcState.NO_CUDA, ProcState.CHECKPOINTED)
+_AT_REST = (ProcState.GONE, ProcState.NO_CUDA, ProcState.CHECKPOINTED, ProcState.PARTIAL)
 
 
 def _base(backend: Backend) -> Backend:

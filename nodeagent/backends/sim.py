@@ -14,7 +14,7 @@ For machines without a GPU. It is a simulator, it says so in its name
   driver we measured, a restore that fails for lack of device memory loses the
   context: later restores fail (``lose_context_on_failed_restore``);
 * copies are paced to a configurable bandwidth, default the H200 figures of
-  DESIGN.md §6 (env ``TIMESLICE_SIM_CHECKPOINT_GBPS`` / ``..._RESTORE_GBPS``;
+  the README's "Node agent on an H200" table (env ``TIMESLICE_SIM_CHECKPOINT_GBPS`` / ``..._RESTORE_GBPS``;
   0 = as fast as memory allows).
 """
 from __future__ import annotations
@@ -31,11 +31,11 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
-log = structlog.get_logger("nodeagent.backends.sim")
+log = structlog.get_logger(__name__)
 
 ENV_CKPT_GBPS = "TIMESLICE_SIM_CHECKPOINT_GBPS"
 ENV_RESTORE_GBPS = "TIMESLICE_SIM_RESTORE_GBPS"
-DEFAULT_CKPT_GBPS = 1.8     # one process, H200, measured (DESIGN.md §6)
+DEFAULT_CKPT_GBPS = 1.8     # one process, H200, measured (README: "Node agent on an H200")
 DEFAULT_RESTORE_GBPS = 4.4
 CHUNK = 8 << 20
 
@@ -166,11 +166,15 @@ class SimBackend(Backend):
             tmp = self.dev.host_copy(pid).with_suffix(".partial")
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                sha = self._copy(str(self.dev.arena(pid)), out, nbytes, self.checkpoint_bps) if nbytes else \
-                    hashlib.sha256().hexdigest()
-                os.fsync(out)
-            finally:
-                os.close(out)
+                try:
+                    sha = self._copy(str(self.dev.arena(pid)), out, nbytes, self.checkpoint_bps) if nbytes else \
+                        hashlib.sha256().hexdigest()
+                    os.fsync(out)
+                finally:
+                    os.close(out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)          # a half copy is no snapshot: the device keeps the bytes
+                raise
             os.replace(tmp, self.dev.host_copy(pid))
             # The host copy is complete and named: record it, and only then free the device.
             self.dev.write_state(pid, {**doc, "state": CHECKPOINTED, "bytes": nbytes, "sha256": sha, "lost": False})

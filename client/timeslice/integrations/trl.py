@@ -81,6 +81,12 @@ class TimesliceGRPOMixin:
     reward_funcs: Any
     accelerator: Any
     add_callback: Any
+    _buffered_inputs: Any
+    _step: int
+
+    def _ts_parent(self) -> Any:
+        """The trainer's own methods (the class after this mixin in the bases), untyped for mypy."""
+        return super()
 
     def __init__(self, *args, timeslice: TimeSlice | None = None, **kwargs):
         self.timeslice = ts = timeslice if timeslice is not None else TimeSlice(None, swap="none")
@@ -105,23 +111,23 @@ class TimesliceGRPOMixin:
     # -- holds ---------------------------------------------------------------------------
     def train(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().train(*args, **kwargs)
+            return self._ts_parent().train(*args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().evaluate(*args, **kwargs)
+            return self._ts_parent().evaluate(*args, **kwargs)
 
     def save_model(self, *args, **kwargs):
         with self.timeslice.hold():
-            return super().save_model(*args, **kwargs)
+            return self._ts_parent().save_model(*args, **kwargs)
 
     def create_optimizer(self, *args, **kwargs):
-        opt = super().create_optimizer(*args, **kwargs)
+        opt = self._ts_parent().create_optimizer(*args, **kwargs)
         return self.timeslice.placement.optimizer(opt)
 
     # -- rewards, outside the hold ---------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        parent = super()._calculate_rewards
+        parent = self._ts_parent()._calculate_rewards
         why = self._rewards_need_gpu()
         if why:
             if why not in self._ts_warned:
@@ -149,23 +155,23 @@ class TimesliceGRPOMixin:
     # -- spans and losses (for benchmarks; cheap) ----------------------------------------------
     def _generate_single_turn(self, *args, **kwargs):
         with self.timeslice.log.span("generate", gpu=True) as ev:
-            completion_ids, logprobs = super()._generate_single_turn(*args, **kwargs)
+            completion_ids, logprobs = self._ts_parent()._generate_single_turn(*args, **kwargs)
             ev["sequences"] = len(completion_ids)
             ev["tokens"] = sum(len(c) for c in completion_ids)
         return completion_ids, logprobs
 
     def _generate_and_score_completions(self, *args, **kwargs):
         with self.timeslice.log.span("rollout", gpu=True):
-            return super()._generate_and_score_completions(*args, **kwargs)
+            return self._ts_parent()._generate_and_score_completions(*args, **kwargs)
 
     def training_step(self, model, inputs, *args, **kwargs):
         with self.timeslice.log.span("train_step", gpu=True) as ev:
-            out = super().training_step(model, inputs, *args, **kwargs)
+            out = self._ts_parent().training_step(model, inputs, *args, **kwargs)
             ev["samples"] = _batch_rows(self._buffered_inputs, self._step)
         return out
 
     def compute_loss(self, *args, **kwargs):
-        out = super().compute_loss(*args, **kwargs)
+        out = self._ts_parent().compute_loss(*args, **kwargs)
         loss = out[0] if isinstance(out, tuple) else out
         self.timeslice_losses.append(float(loss.detach()))
         return out
