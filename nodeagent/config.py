@@ -70,6 +70,8 @@ class AgentConfig:
     log_level: str = "info"
     channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
     swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
+    app_drain_s: float = 0.0                  # an app server's in-flight requests may finish this long; 0: half
+    app_drain_expired: str = "refuse"         # then: refuse the swap (serve on) or abort them (app_endpoint.py)
     freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
     parked_warn_s: float = 300.0              # warn once when a job stays snapshotted (parked) this long
     require_attestation: bool = False         # act only on pids a job attested over the channel (attest.py)
@@ -100,6 +102,10 @@ class AgentConfig:
             raise ConfigError("--parked-warn-s must be > 0")
         if not 0 < self.swap_deadline_s <= 3600:
             raise ConfigError("--swap-deadline-s must be in (0, 3600]")
+        if not 0 <= self.app_drain_s < self.swap_deadline_s:
+            raise ConfigError("--app-drain-s must be in [0, --swap-deadline-s) (0: half the swap deadline)")
+        if self.app_drain_expired not in ("refuse", "abort"):
+            raise ConfigError(f"--app-drain-expired {self.app_drain_expired[:16]!r}: refuse or abort")
         if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
             raise ConfigError("--sim-capacity-bytes must be > 0")
         for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
@@ -158,6 +164,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                "else a per-user temp dir)")
     env_flag(p, "--swap-deadline-s", type=float, default=120.0,
           help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--app-drain-s", type=float, default=0.0,
+          help="how long an inference server's in-flight requests may take to finish before it is put to "
+               "sleep, s (0: half of --swap-deadline-s)")
+    env_flag(p, "--app-drain-expired", choices=("refuse", "abort"), default="refuse",
+          help="requests still in flight at the drain deadline: refuse the swap (the server serves on) "
+               "or abort them and sleep (default: %(default)s)")
     env_flag(p, "--require-attestation", action="store_true", default=False,
           help="act only on registered pids that the job's own processes attested over the node-local "
                "channel (the client library does it when it registers a worker)")
@@ -189,6 +201,7 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), tls_cert=a.tls_cert or None,
             tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level,
             channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
+            app_drain_s=float(a.app_drain_s), app_drain_expired=a.app_drain_expired,
             freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s),
             require_attestation=bool(a.require_attestation))
     except (TypeError, ValueError) as e:
