@@ -57,11 +57,41 @@ class QueueDepth:
         yield fam
 
 
+class JobFractions:
+    """``timeslice_job_busy_ratio{group,job}`` and ``timeslice_job_wait_ratio{group,job}``.
+
+    Set by the leader's profile recorder (lockd/profile_recorder.py) at each flush:
+    of a job's recent cycle (hold + gap + wait), the share it held the group and the
+    share it waited. Exported only for jobs with a live session (``live_jobs``), so
+    departed jobs leave no series behind.
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        self.values: dict[tuple[str, str], tuple[float, float]] = {}   # (group, job) -> (busy, wait)
+        self.live_jobs: Callable[[], Iterable[str]] | None = None
+        registry.register(self)
+
+    def collect(self):
+        live = set(self.live_jobs()) if self.live_jobs is not None else None
+        busy = GaugeMetricFamily("timeslice_job_busy_ratio",
+                                 "Leader: share of a job's recent cycle it held the group", labels=["group", "job"])
+        wait = GaugeMetricFamily("timeslice_job_wait_ratio",
+                                 "Leader: share of a job's recent cycle it waited for the group (swaps included)",
+                                 labels=["group", "job"])
+        for (g, j), (b, w) in sorted(self.values.items()):
+            if live is None or j in live:
+                busy.add_metric([g, j], b)
+                wait.add_metric([g, j], w)
+        yield busy
+        yield wait
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
         add_common(r, "lockd")
         self.queue_depth = QueueDepth(r)
+        self.job_fractions = JobFractions(r)
         self.acquire_wait = Histogram("timeslice_acquire_wait_seconds",
                                       "Acquire arrival to grant, as served by this replica",
                                       buckets=_LAT, registry=r)

@@ -113,6 +113,10 @@ class LockdServicer(pbg.LockdServicer):
     async def ListJobs(self, req, context):
         return pb.ListJobsReply(jobs=self.r.workers.job_list())
 
+    @rpc
+    async def GetProfiles(self, req, context):
+        return self.r.profile_view.get(req.job_id, req.group_id)
+
     async def WatchGroup(self, req, context):
         changed = asyncio.Event()
         prefix = self.r.keys.group(req.group_id) if req.group_id else b""

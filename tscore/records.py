@@ -208,3 +208,32 @@ class StatusValue(Record):
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
     gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)
+
+
+@dataclass
+class ProfileValue(Record):
+    """A job's phases in one group, as the leader saw them (Keys.profile; lockd/profiles.py).
+
+    Each list keeps the last N samples, oldest first, in milliseconds (bytes for
+    ``swap_bytes``). hold: grant to yield (the job computes); gap: yield to the
+    next Acquire (its CPU phase); wait: Acquire to grant (queueing and swaps).
+    snapshot / restore: the agents' reported op times for this job's swaps.
+    """
+
+    job: str
+    group: str
+    hold_ms: list[int] = field(default_factory=list)
+    gap_ms: list[int] = field(default_factory=list)
+    wait_ms: list[int] = field(default_factory=list)
+    snapshot_ms: list[int] = field(default_factory=list)
+    restore_ms: list[int] = field(default_factory=list)
+    swap_bytes: list[int] = field(default_factory=list)
+    gpu_bytes: dict = field(default_factory=dict)      # "<node>/<device id>" -> peak bytes seen there
+    device_bytes: int = 0                              # peak footprint on one node (hint or report)
+    host_bytes: int = 0                                # peak bytes one snapshot put in host memory
+    grants: int = 0
+    elided: int = 0                                    # grants where nothing moved though another job was resident
+    restored: int = 0                                  # grants that restored this job
+    first_ms: int = 0
+    updated_ms: int = 0
+    last_release_ms: int = 0                           # end of the last hold: the next gap starts there
