@@ -40,6 +40,8 @@ from timeslice.lockd.index import StateIndex
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.waiters import Waiters
 
+MAX_HOLD_MS = 30 * 24 * 3600 * 1000   # a hold the job reports (profiles): a month at most
+
 
 @dataclass(frozen=True)
 class Granted:
@@ -67,14 +69,16 @@ class Locks:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
-                      seq: int = 0) -> Granted:
+                      seq: int = 0, last_hold_ms: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
+        if not 0 <= last_hold_ms <= MAX_HOLD_MS:
+            raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
         await self._require_group(group)
         attempt = secrets.token_hex(8)
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, last_hold_ms).dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:

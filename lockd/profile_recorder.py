@@ -131,7 +131,8 @@ class ProfileRecorder:
             return
         q = _load(R.QueueValue, ev.kv)
         if q is not None:
-            self.book.enqueued(group, job, ev.kv.create_revision, q.enqueued_ms or now, q.device_bytes_hint)
+            self.book.enqueued(group, job, ev.kv.create_revision, q.enqueued_ms or now, q.device_bytes_hint,
+                               q.last_hold_ms)
 
     def _status(self, kv: KV, now: int) -> None:
         st = _load(R.StatusValue, kv)

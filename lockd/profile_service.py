@@ -33,7 +33,7 @@ class ProfileService:
             js = self.index.jobs.get(p.job)
             out.profiles.append(pb.Profile(
                 job_id=p.job, group_id=p.group, hold_ms=p.hold_ms, gap_ms=p.gap_ms, wait_ms=p.wait_ms,
-                snapshot_ms=p.snapshot_ms, restore_ms=p.restore_ms, swap_bytes=p.swap_bytes,
+                snapshot_ms=p.snapshot_ms, restore_ms=p.restore_ms, swap_bytes=p.swap_bytes, busy_ms=p.busy_ms,
                 gpu_bytes={str(k): int(v) for k, v in p.gpu_bytes.items()}, device_bytes=p.device_bytes,
                 host_bytes=p.host_bytes, grants=p.grants, elided=p.elided, restored=p.restored,
                 first_unix_ms=p.first_ms, updated_unix_ms=p.updated_ms,

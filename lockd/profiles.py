@@ -93,8 +93,10 @@ class ProfileBook:
             self._evicted.add(key)
 
     # -- the lock's events ----------------------------------------------------------------
-    def enqueued(self, group: str, job: str, token: int, enqueued_ms: int, hint_bytes: int = 0) -> None:
-        """The job's queue entry was created (an Acquire arrived)."""
+    def enqueued(self, group: str, job: str, token: int, enqueued_ms: int, hint_bytes: int = 0,
+                 last_hold_ms: int = 0) -> None:
+        """The job's queue entry was created (an Acquire arrived); ``last_hold_ms``: the job's own
+        measure of its previous hold, its GPU phase without the lock's round trips."""
         key = (group, job)
         o = self._open.get(key)
         if o is not None and o.token == token:
@@ -103,6 +105,8 @@ class ProfileBook:
         p = self._get(group, job, enqueued_ms)
         if p.last_release_ms and enqueued_ms >= p.last_release_ms:
             _push(p.gap_ms, enqueued_ms - p.last_release_ms, self.phases)
+            if 0 < last_hold_ms <= (p.hold_ms[-1] if p.hold_ms else 0):
+                _push(p.busy_ms, last_hold_ms, self.phases)
         p.last_release_ms = 0
         p.device_bytes = max(p.device_bytes, hint_bytes)
 

@@ -51,7 +51,7 @@ class LockdServicer(pbg.LockdServicer):
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN - (time.monotonic() - t0))
         try:
             got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                             seq=req.attempt_seq)
+                                             seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
             raise

@@ -120,6 +120,7 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
+    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (profiles)
 
 
 @dataclass
@@ -215,7 +216,8 @@ class ProfileValue(Record):
     """A job's phases in one group, as the leader saw them (Keys.profile; lockd/profiles.py).
 
     Each list keeps the last N samples, oldest first, in milliseconds (bytes for
-    ``swap_bytes``). hold: grant to yield (the job computes); gap: yield to the
+    ``swap_bytes``). hold: grant to yield as the leader saw them; busy: the same holds
+    as the job measured them (Acquire returned to Yield called); gap: yield to the
     next Acquire (its CPU phase); wait: Acquire to grant (queueing and swaps).
     snapshot / restore: the agents' reported op times for this job's swaps.
     """
@@ -228,6 +230,7 @@ class ProfileValue(Record):
     snapshot_ms: list[int] = field(default_factory=list)
     restore_ms: list[int] = field(default_factory=list)
     swap_bytes: list[int] = field(default_factory=list)
+    busy_ms: list[int] = field(default_factory=list)   # the job's own measure of its holds (its GPU phases)
     gpu_bytes: dict = field(default_factory=dict)      # "<node>/<device id>" -> peak bytes seen there
     device_bytes: int = 0                              # peak footprint on one node (hint or report)
     host_bytes: int = 0                                # peak bytes one snapshot put in host memory

@@ -132,7 +132,7 @@ def _apply(args, ps: ProfileSet, adv: Advice, names: dict[tuple[str, ...], str])
 
 
 def _row(name: str, pl: Placement, where: str) -> str:
-    slow = "  ".join(f"{j} {pl.result.jobs[j].slowdown:+.1%}" for j in pl.jobs)
+    slow = "  ".join(f"{j} {round(pl.result.jobs[j].slowdown, 4) + 0.0:+.1%}" for j in pl.jobs)
     return f"  {name:<14} {pl.duty:6.1%}  {slow}{where}"
 
 
@@ -143,7 +143,8 @@ def advice_text(adv: Advice, names: dict[tuple[str, ...], str], bound: float, cr
            f"(gain {p.duty - t.duty:+.1%}; slowdown bound {bound:.0%})",
            "  GROUP            DUTY  PREDICTED SLOWDOWN (vs the job alone)"]
     for pl in p.groups:
-        out.append(_row(names[pl.jobs], pl, f"   GPUs of {pl.gpu_set}" if pl.gpu_set else "   (no GPU set free)"))
+        out.append(_row(names[pl.jobs], pl, (f"   GPUs of {pl.gpu_set}" if pl.gpu_set else "   (no GPU set free)")
+                        + ("" if pl.feasible else f"   ! {pl.why}: no better grouping fits the GPU sets")))
     out.append("today:")
     for pl in t.groups:
         out.append(_row(pl.gpu_set, pl, "" if pl.feasible else f"   ! {pl.why}"))

@@ -110,3 +110,13 @@ def test_a_new_leader_continues_from_the_stored_profiles_and_open_entries():
 def test_bounds_must_be_positive(kw):
     with pytest.raises(ValueError):
         ProfileBook(**kw)
+
+
+def test_the_jobs_own_hold_is_kept_beside_the_lock_one_when_plausible():
+    book = ProfileBook()
+    t = cycle(book, 0, 1, wait=2, hold=100)
+    book.enqueued("g", "a", 2, t + 50, last_hold_ms=90)      # its GPU phase, without the round trips
+    book.granted("g", "a", 2, t + 52, False, False)
+    book.left("g", "a", None, t + 152)
+    book.enqueued("g", "a", 3, t + 200, last_hold_ms=5000)   # longer than the lock saw: not believed
+    assert book.profiles[("g", "a")].busy_ms == [90]

@@ -75,3 +75,18 @@ async def test_bad_ids_are_invalid_argument(lockd3p):
         await stub.GetProfiles(pb.ProfilesRequest(job_id="bad id!"), timeout=5)
     assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     await ch.close()
+
+
+async def test_a_bad_reported_hold_is_invalid_argument_and_changes_nothing(lockd3p):
+    t = lockd3p.targets[0]
+    ch, stub = await admin(t)
+    await stub.CreateGroup(pb.CreateGroupRequest(group_id="g"))
+    job = await Job(t, "pbad").open()
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await stub.Acquire(pb.AcquireRequest(job_id="pbad", session_secret=job.secret, group_id="g",
+                                             last_hold_ms=-1), timeout=5)
+    assert e.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "last_hold_ms" in e.value.details()
+    st = await stub.GetGroupStatus(pb.GroupRef(group_id="g"), timeout=5)
+    assert not st.holder.job_id                          # nothing was queued
+    await job.close()
+    await ch.close()

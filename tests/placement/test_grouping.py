@@ -90,6 +90,15 @@ def test_calibration_recovers_the_control_plane_cost():
     assert adv.overhead_s == pytest.approx(0.02, abs=0.003)
 
 
+def test_never_more_groups_than_gpu_sets_even_past_the_bound():
+    # Two heavy jobs and one GPU set: they must share it; the proposal says the bound is broken.
+    ps = cluster([prof("h1", "g0", 300, 200), prof("h2", "g0", 300, 200)], one_gpu_sets(["g0"]))
+    adv = advise(ps, Options(overhead_s=0.005))
+    assert [p.jobs for p in adv.proposal.groups] == [("h1", "h2")]
+    assert not adv.proposal.groups[0].feasible and "bound" in adv.proposal.groups[0].why
+    assert adv.proposal.groups[0].gpu_set == "g0"
+
+
 def test_jobs_without_phases_are_skipped():
     ps = cluster([prof("a", "g0", 100, 400), JobProfile("new", "g0", hold_ms=[5])], one_gpu_sets(["g0"]))
     assert advise(ps, Options(overhead_s=0.005)).skipped == ["new"]

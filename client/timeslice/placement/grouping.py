@@ -109,7 +109,7 @@ def sim_job(p: JobProfile, gbps: float = DEFAULT_GBPS) -> SimJob:
     guess = moved / (gbps * 1e9)
     return SimJob(p.job, tuple(h / 1000 for h in p.hold_ms), tuple(g / 1000 for g in p.gap_ms),
                   mean(p.snapshot_ms) / 1000 if p.snapshot_ms else guess,
-                  mean(p.restore_ms) / 1000 if p.restore_ms else guess, p.per_gpu_bytes)
+                  mean(p.restore_ms) / 1000 if p.restore_ms else guess, p.per_gpu_bytes, p.busy_share)
 
 
 class Advisor:
@@ -242,7 +242,7 @@ class Advisor:
                     pl = self.evaluate(c)
                     if pl.feasible:
                         feasible[c] = pl
-        groups = self._improve(self._greedy(names, feasible), feasible)
+        groups = self._fit_sets(self._improve(self._greedy(names, feasible), feasible), feasible)
         plan = Plan(sorted((replace(feasible[g]) for g in groups), key=lambda p: p.jobs))
         self._assign(plan)
         return Advice(plan, today_plan, self.overhead_s, self.skipped)
@@ -277,6 +277,26 @@ class Advisor:
                 break
             groups = best[1]
             w, n = score(groups)
+        return groups
+
+    def _fit_sets(self, groups: list[tuple[str, ...]], feasible: dict[tuple[str, ...], Placement]
+                  ) -> list[tuple[str, ...]]:
+        """No more groups of N GPUs than there are GPU sets of N GPUs: merge the pair of groups whose
+        union slows its worst job least (it may break the bound: then the proposal says so)."""
+        limits: dict[int, int] = {}
+        for s in self.sets:
+            limits[self.set_gpus(s)] = limits.get(self.set_gpus(s), 0) + 1
+        if not limits:
+            return groups                         # no GPU sets known (a file without groups): no limit
+        for gpus, limit in sorted(limits.items()):
+            while True:
+                mine = [g for g in groups if feasible[g].gpus == gpus]
+                if len(mine) <= max(1, limit):
+                    break
+                best = min((tuple(sorted(a + b)) for a, b in itertools.combinations(mine, 2)),
+                           key=lambda u: (self.evaluate(u).result.max_slowdown, -self.evaluate(u).duty, u))
+                feasible[best] = self.evaluate(best)
+                groups = [g for g in groups if not set(g) & set(best)] + [best]
         return groups
 
     def _assign(self, plan: Plan) -> None:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 FORMAT_VERSION = 1
-LISTS = ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes")
+LISTS = ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms")
 MAX_SAMPLES = 4096          # per list read from a file (lockd keeps far fewer)
 
 
@@ -45,6 +45,7 @@ class JobProfile:
     snapshot_ms: list[int] = field(default_factory=list)
     restore_ms: list[int] = field(default_factory=list)
     swap_bytes: list[int] = field(default_factory=list)
+    busy_ms: list[int] = field(default_factory=list)          # the job's own measure of its holds
     gpu_bytes: dict[str, int] = field(default_factory=dict)   # "<node>/<device>" -> peak bytes
     device_bytes: int = 0
     host_bytes: int = 0
@@ -78,6 +79,12 @@ class JobProfile:
         return mean(self.hold_ms) / s if s > 0 else 0.0
 
     @property
+    def busy_share(self) -> float:
+        """Of a hold as lockd saw it, the share the job itself computed (the rest: the lock's round trips)."""
+        h = mean(self.hold_ms)
+        return min(1.0, mean(self.busy_ms) / h) if self.busy_ms and h > 0 else 1.0
+
+    @property
     def per_gpu_bytes(self) -> int:
         """Its largest footprint on one device (the device report, else the node's total)."""
         return max(self.gpu_bytes.values(), default=0) or self.device_bytes
@@ -95,7 +102,7 @@ class JobProfile:
     def from_pb(cls, p) -> JobProfile:
         return cls(job=p.job_id, group=p.group_id, hold_ms=list(p.hold_ms), gap_ms=list(p.gap_ms),
                    wait_ms=list(p.wait_ms), snapshot_ms=list(p.snapshot_ms), restore_ms=list(p.restore_ms),
-                   swap_bytes=list(p.swap_bytes), gpu_bytes=dict(p.gpu_bytes), device_bytes=p.device_bytes,
+                   swap_bytes=list(p.swap_bytes), busy_ms=list(p.busy_ms), gpu_bytes=dict(p.gpu_bytes), device_bytes=p.device_bytes,
                    host_bytes=p.host_bytes, grants=p.grants, elided=p.elided, restored=p.restored,
                    updated_ms=p.updated_unix_ms, live=p.live)
 

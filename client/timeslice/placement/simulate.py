@@ -8,7 +8,9 @@ The model is the scheduler's own rule (lockd/plan.py), played forward with
 each job's recorded phases drawn at random (bootstrap) from its profile:
 
 * a job alternates a CPU phase (gap) and a GPU phase (hold); between them it
-  queues for the group, FIFO by arrival;
+  queues for the group, FIFO by arrival; of a hold the job computes
+  ``busy_share`` (its own measure over the lock's: the rest is round trips
+  during which the group is taken but the GPU idle);
 * the head's turn: if it is resident, the grant follows at once ("elided"
   when other jobs are resident beside it); else, when it does not fit beside
   the resident jobs, *all* of those are snapshotted (in parallel: the slowest
@@ -64,6 +66,7 @@ class SimJob:
     snapshot_s: float = 0.0
     restore_s: float = 0.0
     nbytes: int = 0                       # its footprint on each GPU of the group
+    busy_share: float = 1.0               # of each hold, the share the job computes (the rest: round trips)
 
     def __post_init__(self) -> None:
         if not self.hold_s or not self.gap_s:
@@ -180,7 +183,7 @@ def simulate(jobs: list[SimJob], group: SimGroup, *, horizon_s: float | None = N
             queue.pop(0)
             waits[i].append((t, t - requested[i]))
             hold = rng.choice(jobs[i].hold_s)
-            holds.append((t, t + hold, jobs[i].name))
+            holds.append((t, t + hold * jobs[i].busy_share, jobs[i].name))
             at(t + hold, "release", i)
         else:                                                     # release
             releases[i].append(t)
