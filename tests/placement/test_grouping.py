@@ -99,6 +99,16 @@ def test_never_more_groups_than_gpu_sets_even_past_the_bound():
     assert adv.proposal.groups[0].gpu_set == "g0"
 
 
+def test_a_job_never_swapped_is_estimated_at_the_rate_the_others_swapped():
+    swapped = prof("a", "g0", 100, 400, nbytes=40 * MiB, snap=400, restore=200)    # 0.1 GB/s, 0.2 GB/s
+    never = prof("b", "g1", 100, 400, nbytes=20 * MiB)
+    never.snapshot_ms, never.restore_ms = [], []
+    adv = Advisor(cluster([swapped, never], one_gpu_sets(["g0", "g1"])))
+    assert adv.jobs["b"].snapshot_s == pytest.approx(0.2) and adv.jobs["b"].restore_s == pytest.approx(0.1)
+    alone = Advisor(cluster([never], one_gpu_sets(["g1"])))          # nobody swapped: the default rate
+    assert alone.jobs["b"].snapshot_s == pytest.approx(20 * MiB / 10e9)
+
+
 def test_jobs_without_phases_are_skipped():
     ps = cluster([prof("a", "g0", 100, 400), JobProfile("new", "g0", hold_ms=[5])], one_gpu_sets(["g0"]))
     assert advise(ps, Options(overhead_s=0.005)).skipped == ["new"]

@@ -27,7 +27,7 @@ from timeslice.placement.profile import JobProfile, ProfileSet, mean
 from timeslice.placement.simulate import DEFAULT_HANDOFF_S, SimGroup, SimJob, SimResult, simulate
 
 DEFAULT_MAX_SLOWDOWN = 0.15
-DEFAULT_GBPS = 10.0          # host<->device copy rate assumed for a job never swapped (bytes / 1e9 per s)
+DEFAULT_GBPS = 10.0          # copy rate assumed for a job never swapped when no job was (bytes / 1e9 per s)
 MAX_IMPROVE_ROUNDS = 100
 
 
@@ -103,13 +103,28 @@ class Advice:
                 "gain": round(self.proposal.duty - self.today.duty, 4)}
 
 
-def sim_job(p: JobProfile, gbps: float = DEFAULT_GBPS) -> SimJob:
-    """A profile as the simulator's job: its samples in seconds, its measured (or estimated) swaps."""
+def observed_rates(profiles: list[JobProfile]) -> tuple[float | None, float | None]:
+    """(snapshot, restore) bytes per second over every swap the profiles recorded (None: no swap seen)."""
+    totals = [[0.0, 0.0], [0.0, 0.0]]                 # [bytes, ms] for snapshot, restore
+    for p in profiles:
+        moved = p.per_gpu_bytes * p.gpu_count
+        for k, xs in enumerate((p.snapshot_ms, p.restore_ms)):
+            if xs and moved:
+                totals[k][0] += moved * len(xs)
+                totals[k][1] += sum(xs)
+    snap, rest = (b / ms * 1000 if ms > 0 else None for b, ms in totals)
+    return snap, rest
+
+
+def sim_job(p: JobProfile, gbps: float = DEFAULT_GBPS, rates: tuple[float | None, float | None] = (None, None)
+            ) -> SimJob:
+    """A profile as the simulator's job: its samples in seconds, its swaps as measured; a job never
+    swapped is estimated at the rate the cluster's other swaps ran at (else ``gbps``)."""
     moved = p.per_gpu_bytes * p.gpu_count
-    guess = moved / (gbps * 1e9)
+    snap_guess, rest_guess = (moved / (r or gbps * 1e9) for r in rates)
     return SimJob(p.job, tuple(h / 1000 for h in p.hold_ms), tuple(g / 1000 for g in p.gap_ms),
-                  mean(p.snapshot_ms) / 1000 if p.snapshot_ms else guess,
-                  mean(p.restore_ms) / 1000 if p.restore_ms else guess, p.per_gpu_bytes, p.busy_share)
+                  mean(p.snapshot_ms) / 1000 if p.snapshot_ms else snap_guess,
+                  mean(p.restore_ms) / 1000 if p.restore_ms else rest_guess, p.per_gpu_bytes, p.busy_share)
 
 
 class Advisor:
@@ -125,7 +140,8 @@ class Advisor:
         self.skipped = sorted({p.job for p in ps.profiles} - set(best))
         self.profiles = dict(sorted(best.items()))
         self.sets = {g.group: g for g in ps.groups}
-        self.jobs = {n: sim_job(p, opts.gbps) for n, p in self.profiles.items()}
+        rates = observed_rates(list(self.profiles.values()))
+        self.jobs = {n: sim_job(p, opts.gbps, rates) for n, p in self.profiles.items()}
         self.overhead_s = opts.overhead_s if opts.overhead_s is not None else DEFAULT_HANDOFF_S
         self._cache: dict[tuple[str, ...], Placement] = {}
 
