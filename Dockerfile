@@ -14,11 +14,13 @@ FROM python:3.12-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
-COPY tscore/ tscore/
+COPY client/ client/
+COPY common/ common/
+COPY testing/ testing/
+COPY proto/ proto/
+COPY launcher/ launcher/
 COPY lockd/ lockd/
 COPY nodeagent/ nodeagent/
-COPY client/ client/
-COPY proto/ proto/
 # lockd and the node agent need the `server` extra (a plain `timeslice` is the lean job client)
 RUN pip wheel --wheel-dir /wheels ".[server]"
 

@@ -74,7 +74,7 @@ def machine_facts() -> dict:
         pass
     etcd_v = _run(["etcd", "--version"]).splitlines()
     commit = _run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
-    dirty = bool(_run(["git", "-C", ROOT, "status", "--porcelain", "--", "lockd", "tscore", "proto"]))
+    dirty = bool(_run(["git", "-C", ROOT, "status", "--porcelain", "--", "lockd", "common", "proto"]))
     return {
         "nproc": os.cpu_count(),
         "cpu_model": cpu,

@@ -22,7 +22,7 @@ SIGKILL. ``--default-trials`` adds SIGKILL trials with lockd's default timings
     python -m benchmarks.failover                   # 3 x SIGKILL, 3 x SIGTERM, 1 x SIGKILL default timings
     python -m benchmarks.failover --repeats 5 --default-trials 0
 
-Stalls and etcd member loss (issue 17), ``--stall-trials N`` (0 skips them): the
+Stalls and etcd member loss, ``--stall-trials N`` (0 skips them): the
 same ping-pong, but the jobs use the product's client (``AsyncOrchestratorClient``:
 keepalive pings, numbered Acquire attempts), since what is measured is what a job
 sees. Rows: SIGSTOP of the leader replica for 5 s and for 30 s (then SIGCONT), and
@@ -255,7 +255,7 @@ async def run(kinds: list[str], repeats: int, before: float, after: float, flags
 
 
 async def run_stalls(counts: dict[str, int], before: float, after: float) -> list[dict]:
-    """The issue-17 rows, on a 3-member etcd (the etcd rows need one)."""
+    """The stall and etcd-member rows, on a 3-member etcd (the etcd rows need one)."""
     out = []
     with C.Stack(etcd_size=3, replicas=3, lockd_args=FAST_FLAGS) as st:
         setup = C.Job("fo-setup", [st.lockd.replicas[0].target], C.Channels())

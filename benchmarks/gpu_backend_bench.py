@@ -11,7 +11,7 @@ many bytes of device memory; then, alternately:
   driver backend: state query, NVML sizes, host/device admission, durable size
   record, the same four calls, result objects.
 
-The agent should add no more than a few percent (DESIGN.md §7). Then two
+The agent should add no more than a few percent. Then two
 workers of ``--parallel-gib`` each, both ways, in parallel threads. The
 worker's data is verified by checksum after every cycle. Prints a table and
 writes JSON (default ``benchmarks/results/gpu_backend_<date>.json``).

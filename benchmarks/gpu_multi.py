@@ -1,5 +1,5 @@
 """Proof on a multi-GPU host: two jobs, one process per GPU each, NCCL all-reduce in every GPU
-phase, time-sliced through lockd + one node agent (issue #13).
+phase, time-sliced through lockd + one node agent.
 
     python -m benchmarks.gpu_multi --out "$OUT"            # 2×H200: both GPUs, all regimes
     python -m benchmarks.gpu_multi --gpus 2 --regimes nofit --iters 3
@@ -102,7 +102,7 @@ def job_cmd(a, job: str, mode: str, events: str, target: str = "", collective: i
 
 
 def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
-    from timeslice.demo.analysis import union_length
+    from timeslice.launcher.demo.analysis import union_length
     gpu = sorted((e for e in events if e["ev"] == "phase" and e.get("gpu")), key=lambda e: e["start"])
     res = {"label": label, "gpu_phases": len(gpu), "violations": [],
            "acquire_failed": sorted({e["error"][:400] for e in events if e["ev"] == "acquire_failed"}),

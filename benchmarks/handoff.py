@@ -14,7 +14,7 @@ enqueued and is waiting, then pauses ``--settle-ms``; B's server-side
 The floor is measured in the same run, in blocks alternating with the handoff
 blocks (so background load on the machine hits both alike): one etcd
 transaction (a put) by one client connection, and the delivery of the watch
-event it causes to a watcher on another connection, both through tscore's etcd
+event it causes to a watcher on another connection, both through timeslice.common's etcd
 layer, against the same endpoints lockd uses. Each floor sample follows the
 same settle pause as each handoff (both start from a quiet system).
 

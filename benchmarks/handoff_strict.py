@@ -20,7 +20,7 @@ and releases the other's, answering each through its revisioned status; only
 then is the grant written. After each strict handoff the benchmark checks that
 the yielded job's status says frozen for this very grant (``frozen_checked``).
 The agent's own time per freeze and thaw (status ``elapsed_ms``) is reported
-beside. On a GPU the driver's lock/unlock take ~0.5 ms / ~2 ms (DESIGN.md §6).
+beside. On an H200 the driver's lock/unlock took 2.0 / 1.75 ms per process (benchmarks/results/gpu_round2_session2.md).
 
     python -m benchmarks.handoff_strict                     # 400 handoffs per group
     python -m benchmarks.handoff_strict --handoffs 100 --block 25

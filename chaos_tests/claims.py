@@ -1,4 +1,4 @@
-"""Two checker rules about what the *server* did for a job (issue 17), over the history.
+"""Two checker rules about what the *server* did for a job, over the history.
 
 They need events the clients cannot write themselves: ``grant_put`` / ``grant_end``
 (group, job, token), recorded by ``observer.py`` from an etcd watch on the grant

@@ -1,4 +1,4 @@
-"""The cross-group grant invariant (issue #15), over the history: a job holding any group is never
+"""The cross-group grant invariant, over the history: a job holding any group is never
 parked (snapshotted, frozen, or being moved) on that group's devices.
 
 Groups name GPUs per node; a job may hold one group while another group's handoff wants room on a

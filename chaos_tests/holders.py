@@ -1,7 +1,7 @@
 """The cross-group invariant, judged from etcd's own history: a holder is never parked.
 
-DESIGN.md §9: "A job that holds any group is never parked on that group's
-devices." Checked over etcd's revision order (a total order, no clocks): at
+The rule: a job that holds any group is never parked on that group's
+devices (README, "Jobs over several GPUs and nodes"). Checked over etcd's revision order (a total order, no clocks): at
 the revision a ``snapshot`` intent for job J on node n is written, J must not
 hold a grant on a group whose spec names n on a GPU where J has registered
 workers (a worker without declared GPUs, or a spec entry without GPUs, counts

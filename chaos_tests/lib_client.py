@@ -1,7 +1,7 @@
 """A chaos client that drives the public client library (``python -m chaos_tests.client_proc --library``).
 
 client_proc.py's default client speaks raw gRPC, so that the history shows what
-lockd answered. This one judges the *library* (issue 17): what a job written
+lockd answered. This one judges the *library*: what a job written
 against ``OrchestratorClient`` sees when its replica stalls, when its process is
 restarted under the same job id, when its session is lost. Same loop, same
 events, same fenced resource as the raw client, plus:

@@ -1,7 +1,7 @@
 """Writes down what the server granted and where jobs were parked, for the checker's ghost
 (claims.py) and cross-group (crossgroup.py) rules.
 
-A thread of the test process runs one resumable etcd watch (tscore's ``Watch``)
+A thread of the test process runs one resumable etcd watch (``timeslice.common.etcd``'s ``Watch``)
 on the whole prefix, so its events come in etcd's revision order, and records:
 
     grant_put   group, job, token     a group's grant was written (or rewritten)

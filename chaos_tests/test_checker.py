@@ -193,7 +193,7 @@ def test_fence_serialises_processes(tmp_path):
     assert check(events).fence_rejections == rejects
 
 
-# -- issue 17: grants nobody claimed, false session loss (claims.py) ----------------------
+# -- grants nobody claimed, false session loss (claims.py) ----------------------
 def grant_put(t_ms, job, token, group="g"):
     return ev(t_ms, "grant_put", job, group, token=token)
 
@@ -237,7 +237,7 @@ def test_session_loss_while_the_lease_is_alive_is_a_violation():
 
 
 def test_a_holder_parked_on_its_groups_devices_is_a_cross_group_violation():
-    """#15 item 4: PX holds gA (GPU 0 of n1); gB (GPU 1) hands over; PX must never be parked on GPU 0."""
+    """PX holds gA (GPU 0 of n1); gB (GPU 1) hands over; PX must never be parked on GPU 0."""
     specs = [ev(0, "group_spec", None, "gA", nodes=[{"node": "n1", "gpus": [0]}]),
              ev(0, "group_spec", None, "gB", nodes=[{"node": "n1", "gpus": [1]}])]
     held = [ev(10, "grant_put", "PX", "gA", token=5), ev(30, "grant_end", "PX", "gA", token=5)]

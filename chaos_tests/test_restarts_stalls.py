@@ -1,4 +1,4 @@
-"""Chaos scenarios of issue 17, through the public client library (``--library`` clients).
+"""Chaos scenarios of restarts and stalls, through the public client library (``--library`` clients).
 
 * A job process SIGKILLed while it holds, or while it waits, and started again at
   once under the same job id: the new process waits its predecessor's session out,

@@ -1,4 +1,4 @@
-"""Chaos scenarios (issue 7 §3–4): faults against real processes, judged by the history checker.
+"""Chaos scenarios: faults against real processes, judged by the history checker.
 
 Each scenario runs a 3-member etcd, 3 lockd replicas and several client
 processes (``client_proc.py``) looping acquire → fenced critical section →

@@ -1,4 +1,4 @@
-"""The client's order of its Acquire attempts, enforced in etcd (issue 17).
+"""The client's order of its Acquire attempts, enforced in etcd.
 
 A client re-sends an Acquire when its replica fails or stalls, and numbers
 every (re-)send (``AcquireRequest.attempt_seq``, strictly increasing per

@@ -27,7 +27,7 @@ from timeslice.lockd.plan import Policy
 from timeslice.lockd.profile_recorder import ProfileRecorder
 from timeslice.lockd.scheduler import Scheduler
 
-log = structlog.get_logger("lockd.leader")
+log = structlog.get_logger(__name__)
 
 
 class LeaderLoop:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
+from timeslice import tracing
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
 from timeslice.common.etcd import ops
@@ -78,7 +79,9 @@ class Locks:
             raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
         await self._require_group(group)
         attempt = secrets.token_hex(8)
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, last_hold_ms).dump()
+        # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
+                             last_hold_ms=last_hold_ms).dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:

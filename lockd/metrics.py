@@ -2,7 +2,7 @@
 
 Each replica has its own registry so several replicas can run in one process
 (tests, benchmarks); ``serve`` exposes it on --metrics-port. Naming follows
-``tscore.metrics_common``.
+``timeslice.common.metrics_common``.
 """
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.groups import Groups
+from timeslice.lockd.history import History
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
@@ -22,10 +23,11 @@ from timeslice.lockd.profile_recorder import ProfileRecorder
 from timeslice.lockd.profile_service import ProfileService
 from timeslice.lockd.profiles import ProfileBook
 from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.workers import Workers
 
-log = structlog.get_logger("lockd.replica")
+log = structlog.get_logger(__name__)
 
 
 class Replica:
@@ -53,6 +55,10 @@ class Replica:
         self.metrics.job_fractions.live_jobs = lambda: [j for j, js in self.index.jobs.items() if js.session]
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics, recorder=self.profiles)
+        # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
+        self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
+        # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).
+        self.traces = HandoffTraces(self.keys, self.index, config.replica_id)
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
         self._ops_seen: set[tuple[bytes, int]] = set()
@@ -68,6 +74,8 @@ class Replica:
         if sched is not None:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
+            self.history.on_batch(events, reset, self.leader.leadership)
+            self.traces.on_batch(events, not reset)
 
     def _current_leadership(self) -> Leadership | None:
         """The leadership that fences a direct handoff: ours when we lead, else the current
@@ -109,6 +117,7 @@ class Replica:
         self.reflector.start()
         await asyncio.wait_for(self.reflector.synced.wait(), sync_timeout)
         self._tasks.append(asyncio.create_task(self.leader.run(), name="leader"))
+        self._tasks.append(asyncio.create_task(self.history.run(lambda: self.leader.leadership), name="history"))
         log.info("replica_started", replica=self.config.replica_id, prefix=self.config.prefix)
 
     async def etcd_healthy(self, timeout: float = 2.0) -> bool:

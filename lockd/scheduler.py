@@ -23,7 +23,7 @@ from timeslice.lockd.cleanup import plan_cleanup
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.metrics import Metrics
 
-log = structlog.get_logger("lockd.scheduler")
+log = structlog.get_logger(__name__)
 
 
 class Scheduler:

@@ -9,6 +9,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from timeslice import tracing
 from timeslice.common import logs
 from timeslice.common.auth import Authority, Gate, load_admin_token
 from timeslice.common.grpc_metrics import GrpcServerMetrics
@@ -18,7 +19,7 @@ from timeslice.lockd.replica import Replica
 from timeslice.lockd.servicer import LockdServicer
 from timeslice.proto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("lockd.server")
+log = structlog.get_logger(__name__)
 SERVICE_NAME = "timeslice.v1.Lockd"
 # Clients ping every second while a call is open (timeslice.config.KEEPALIVE_TIME_MS),
 # to leave a paused replica quickly; gRPC's defaults would answer such pings on a
@@ -61,6 +62,8 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
 
 
 async def serve(config: LockdConfig, ready=None) -> None:
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    tracing.setup("lockd", {"timeslice.replica": config.replica_id})
     replica = Replica(config)
     await replica.start()
     server, port, hs = create_server(config, replica)
@@ -89,4 +92,5 @@ async def serve(config: LockdConfig, ready=None) -> None:
     await replica.leader.resign()
     await server.stop(grace=2.0)
     await replica.stop()
+    tracing.shutdown()
     log.info("stopped", replica=config.replica_id)

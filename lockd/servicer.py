@@ -13,13 +13,13 @@ import structlog
 
 from timeslice.common.errors import LockError, TimesliceError
 from timeslice.common.serving import bounded, rpc, status_of
-from timeslice.lockd import peers
+from timeslice.lockd import peers, traces
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
-log = structlog.get_logger("lockd.rpc")
+log = structlog.get_logger(__name__)
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time
 
 
@@ -50,8 +50,10 @@ class LockdServicer(pbg.LockdServicer):
         remaining = context.time_remaining()
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN - (time.monotonic() - t0))
         try:
-            got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                             seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
+            with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
+                got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
+                                                 seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
+                traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
             raise

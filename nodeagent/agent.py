@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import time
 from pathlib import Path
 
 import structlog
@@ -30,7 +31,7 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
-from timeslice.nodeagent import attest, fencing
+from timeslice.nodeagent import attest, fencing, traces
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends import pick_backend
@@ -51,7 +52,7 @@ from timeslice.nodeagent.swappers import Swappers
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
 
-log = structlog.get_logger("nodeagent.agent")
+log = structlog.get_logger(__name__)
 
 
 def make_backend(cfg: AgentConfig) -> Backend:
@@ -80,7 +81,8 @@ class Agent:
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
                                         cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
-        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
+        # Pinned backups being reserved count against free host memory from the start.
+        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes, pending=self.channel.pending_host_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
         self.client = EtcdClient(cfg.etcd)
@@ -337,10 +339,13 @@ class Agent:
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         assert intent.value is not None                   # decide() runs only a readable intent
+        t0_ns = time.time_ns()
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
         rev = await self._answer(intent, st, refresh=moves)
+        # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
+        await traces.op_spans(self.client, self.keys, self.node, self.backend.name, intent, pic, rr, t0_ns)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))

@@ -4,7 +4,7 @@ RegisterWorker goes through lockd, which cannot see the node's processes: a job 
 name any pid there, another job's worker included. The node-local channel closes that
 gap. A job's process that opens it is known to the agent by the kernel's word
 (``SO_PEERCRED``) and by the job's session secret; the client library opens it when it
-registers a worker (``timeslice.cooperative.attest``). A registered pid is the job's
+registers a worker (``Workers.attest_worker`` in ``timeslice.workers``). A registered pid is the job's
 when the pid itself, or one of its ancestors (a launcher that starts its ranks), holds
 such a connection for that job — on Kubernetes with a hostPID agent, the pod's
 processes descend from the container's, so the rule holds there too.

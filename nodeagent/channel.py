@@ -36,7 +36,7 @@ from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent.backends import procfs
 
-log = structlog.get_logger("nodeagent.channel")
+log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 1024
@@ -58,6 +58,8 @@ class WorkerInfo:
     tags: dict[str, str] = field(default_factory=dict)
     region_bytes: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
+    host_reserving: int = 0            # host bytes a reservation in progress has promised (timeslice.pinned)
+    backup: dict[str, int] = field(default_factory=dict)   # the worker's copy counters, as it last said
     paused: list[str] = field(default_factory=list)
     connected: bool = True
     start_time: int | None = None      # the process incarnation that spoke (pids are reused)
@@ -70,6 +72,11 @@ class WorkerInfo:
                                  if str(t) in self.tags and isinstance(n, int)}
         if isinstance(msg.get("host_bytes"), int):
             self.host_bytes = max(0, msg["host_bytes"])
+        if isinstance(msg.get("host_reserving"), int):
+            self.host_reserving = max(0, msg["host_reserving"])
+        if isinstance(msg.get("backup"), dict):
+            self.backup = {str(k)[:32]: int(v) for k, v in list(msg["backup"].items())[:16]
+                           if isinstance(v, int) and v >= 0}
 
 
 class WorkerConn:
@@ -197,6 +204,15 @@ class ChannelServer:
     def pids(self) -> list[int]:
         return sorted(self._infos)
 
+    def pending_host_bytes(self) -> int:
+        """Host bytes that workers' reservations in progress have promised and not pinned yet.
+
+        Host admission subtracts them from free memory from the moment a reservation
+        starts: free memory shows a reservation only as its pages are faulted in, so
+        while it runs the part already faulted is counted twice (refusing early, never
+        admitting what does not fit)."""
+        return sum(i.host_reserving for i in self._infos.values())
+
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         try:
@@ -238,7 +254,11 @@ class ChannelServer:
                 if msg.get("type") == "done":
                     conn.deliver(msg)
                 elif msg.get("type") == "state":
+                    was = info.host_reserving
                     info.update(msg)            # e.g. the retained host backup, after prepin
+                    if was != info.host_reserving:
+                        log.info("host_reservation_started" if info.host_reserving else "host_reservation_done",
+                                 pid=pid, job=job, reserving=info.host_reserving, host_bytes=info.host_bytes)
         except (asyncio.IncompleteReadError, ConnectionError, C.ChannelError, OSError) as e:
             why = "closed" if isinstance(e, asyncio.IncompleteReadError) else str(e)[:200]
         finally:

@@ -1,6 +1,6 @@
 """Finding the processes of a job on this node.
 
-Two sources, as DESIGN.md §6 says:
+Two sources:
 
 1. **Registration.** A worker registers itself through the client library
    (``/timeslice/jobs/<job>/workers/<node>/<pid>``). ``local_registered_pids``

@@ -21,7 +21,7 @@ from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends.base import ProcState
 
-log = structlog.get_logger("nodeagent.fencing")
+log = structlog.get_logger(__name__)
 
 
 def let_go(agent, job: str) -> bool:

@@ -20,7 +20,7 @@ from timeslice.nodeagent.hostmem import HostMemory
 if TYPE_CHECKING:   # for the annotation only: the module is imported on first use (_nvml_gpus)
     from timeslice.nodeagent.backends.nvml import Nvml
 
-log = structlog.get_logger("nodeagent.inventory")
+log = structlog.get_logger(__name__)
 
 
 def version() -> str:

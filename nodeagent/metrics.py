@@ -2,7 +2,7 @@
 
 Each agent has its own registry, so several agents can live in one process
 (tests); ``serve`` exposes it on --metrics-port. Naming follows
-``tscore.metrics_common``.
+``timeslice.common.metrics_common``.
 
 Duty cycle: ``timeslice_agent_gpu_utilization_ratio{gpu}`` is read at scrape
 time from ``gpu_utilization`` (a callable the agent sets: NVML's utilization

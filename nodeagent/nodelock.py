@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-log = structlog.get_logger("nodeagent.nodelock")
+log = structlog.get_logger(__name__)
 
 
 class NodeLock:

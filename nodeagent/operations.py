@@ -26,7 +26,7 @@ from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.jobs import load_status
 from timeslice.nodeagent.protected import protected_reason
 
-log = structlog.get_logger("nodeagent.operations")
+log = structlog.get_logger(__name__)
 
 PENDING, RUNNING, DONE, FAILED = "pending", "running", "done", "failed"
 MAX_PID = 2**22

@@ -2,7 +2,7 @@
 
 * ``answer``: a status answering an intent, in a transaction guarded by
   ``mod_revision(intent) == intent_revision``. A slow op whose intent was
-  replaced meanwhile writes nothing (DESIGN.md §4.5). The refreshed liveness
+  replaced meanwhile writes nothing (docs/ARCHITECTURE.md, invariant 5). The refreshed liveness
   key rides in the same transaction, so the leader never sees the op's result
   beside free-memory figures from before it.
 * ``put_agent``: the liveness key alone, attached to the agent's lease.
@@ -32,7 +32,7 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.keys import Keys
 from timeslice.nodeagent.intents import Intent
 
-log = structlog.get_logger("nodeagent.reporter")
+log = structlog.get_logger(__name__)
 
 Build = Callable[[], tuple[list, list, list]]
 

@@ -26,7 +26,7 @@ from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 from timeslice.nodeagent.intents import moved_bytes, outcome_of
 from timeslice.nodeagent.metrics import Metrics
 
-log = structlog.get_logger("nodeagent.runner")
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)

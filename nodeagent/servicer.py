@@ -1,4 +1,4 @@
-"""The direct gRPC API (proto/tsproto/nodeagent.proto): proto in, agent call, proto out.
+"""The direct gRPC API (proto/nodeagent.proto): proto in, agent call, proto out.
 
 Errors are TimesliceErrors carrying the name of their gRPC status (admission
 refusals are RESOURCE_EXHAUSTED, unknown ids NOT_FOUND, bad input

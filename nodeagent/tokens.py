@@ -1,4 +1,4 @@
-"""Fencing: the highest token this agent has acted on, per group (DESIGN.md §4.2).
+"""Fencing: the highest token this agent has acted on, per group (docs/ARCHITECTURE.md, invariant 2).
 
 A grant's token is the create revision of the holder's queue key: strictly
 increasing per group, durable. Every intent carries the token of the swap it

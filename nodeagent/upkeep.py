@@ -27,7 +27,7 @@ from timeslice.nodeagent.inventory import differs
 from timeslice.nodeagent.jobs import load_status
 from timeslice.nodeagent.picture import Picture, take
 
-log = structlog.get_logger("nodeagent.upkeep")
+log = structlog.get_logger(__name__)
 
 
 class Upkeep:

@@ -2,7 +2,7 @@
 
 Every YAML document is parsed; names, ports, labels, selectors, environment
 variables and image references are checked against each other and against
-``tscore.defaults``. Each check is a function that returns a list of problems
+``timeslice.common.defaults``. Each check is a function that returns a list of problems
 (empty = fine), run per document; ``test_check_catches`` then breaks a copy of
 the manifests in one specific way per check and asserts that the check notices,
 so that no check can pass vacuously.
@@ -26,7 +26,7 @@ from timeslice.common import defaults
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
-# What the CLIs accept (each flag also as TIMESLICE_<FLAG>), from issue #6.
+# What the CLIs accept (each flag also as TIMESLICE_<FLAG>).
 LOCKD_FLAGS = (
     "etcd-endpoints", "prefix", "listen", "metrics-port", "metrics-host", "replica-id",
     "etcd-ca", "etcd-cert", "etcd-key", "tls-cert", "tls-key",
@@ -400,7 +400,7 @@ def check_env(w: Doc, docs: list[Doc]) -> list[str]:
             seen.append(name)
         for name in seen + sorted(from_cm):
             if name.startswith("TIMESLICE_") and name not in ALLOWED_TIMESLICE_ENV:
-                out.append(f"{w.id}: {name} is neither in tscore.defaults nor a documented flag")
+                out.append(f"{w.id}: {name} is neither in timeslice.common.defaults nor a documented flag")
             elif own and not name.startswith("TIMESLICE_") and name not in ALLOWED_FOREIGN_ENV:
                 out.append(f"{w.id}: {name} is not a variable our programs or the NVIDIA runtime read")
         argv = " ".join(map(str, list(c.get("command") or []) + list(c.get("args") or [])))
@@ -557,7 +557,7 @@ def check_nodeagent(w: Doc, docs: list[Doc]) -> list[str]:
     caps = set(str(env.get("NVIDIA_DRIVER_CAPABILITIES", {}).get("value", "")).split(","))
     if not {"compute", "utility"} <= caps:
         out.append(f"{w.id}: NVIDIA_DRIVER_CAPABILITIES must include compute,utility (driver + NVML)")
-    # Least privilege (issue #15): hostPID already shows the jobs' pids; nothing
+    # Least privilege: hostPID already shows the jobs' pids; nothing
     # reads a second procfs, so none is mounted.
     if any((v.get("hostPath") or {}).get("path") == "/proc" for v in ps.get("volumes") or []):
         out.append(f"{w.id}: host /proc is mounted but unused (hostPID already shows the pids)")
@@ -757,7 +757,7 @@ def test_nodeagent_is_privileged_with_host_pid(doc_id):
 
 
 def test_no_component_is_granted_kubernetes_api_access():
-    # Neither lockd nor the agent calls the Kubernetes API (issue #15: no unused RBAC).
+    # Neither lockd nor the agent calls the Kubernetes API (no unused RBAC).
     assert of_kind(DOCS, "ClusterRoleBinding", "RoleBinding") == []
 
 
@@ -1008,7 +1008,7 @@ def local_env_problems(values: dict[str, str]) -> list[str]:
     if values.get("ETCD_MEMBERS") != "1":
         out.append("ETCD_MEMBERS defaults to 1 (three with a flag)")
     if values.get("PREFIX") != defaults.KEY_PREFIX:
-        out.append(f"PREFIX must be {defaults.KEY_PREFIX!r} (tscore.defaults.KEY_PREFIX)")
+        out.append(f"PREFIX must be {defaults.KEY_PREFIX!r} (timeslice.common.defaults.KEY_PREFIX)")
     if values.get("BACKEND") not in ("auto", "cuda-driver", "cuda-checkpoint", "sim"):
         out.append(f"BACKEND {values.get('BACKEND')!r} is not auto|cuda-driver|cuda-checkpoint|sim")
     for k in ("LOCKD_PORT", "LOCKD_METRICS_PORT", "NODEAGENT_PORT", "NODEAGENT_METRICS_PORT",

@@ -1,5 +1,5 @@
 """deploy/ rendered with `kubectl kustomize`, validated against Kubernetes' schemas,
-and checked for the secure defaults of issue #15.
+and checked for the secure defaults (deploy/README.md).
 
 Every build (the base, the DRA example, the overlay examples in
 examples/kubernetes/) is rendered once; each is validated with
@@ -111,7 +111,7 @@ def test_rendered_env_refers_only_to_earlier_variables(build):
     assert problems == [], "\n".join(problems)
 
 
-# --------------------------------------------------------------------------- secure by default (issue #15)
+# --------------------------------------------------------------------------- secure by default
 
 def _policies(build: str) -> list[dict]:
     return [d for d in render(build) if d["kind"] == "NetworkPolicy"]

@@ -1,5 +1,5 @@
 """A standby whose session is lost while it waits its turn (paused past its lease)
-leaves the campaign at once instead of waiting for its predecessor (issue 17 §5)."""
+leaves the campaign at once instead of waiting for its predecessor."""
 import asyncio
 
 import pytest

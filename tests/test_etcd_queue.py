@@ -1,4 +1,4 @@
-"""The FIFO queue / lock against real etcd (issue 2 §5)."""
+"""The FIFO queue / lock against real etcd."""
 import asyncio
 import json
 import os

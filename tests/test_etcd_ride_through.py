@@ -1,5 +1,5 @@
-"""lockd's and the agents' etcd client rides through a member that stops answering
-(issue 17 §3-4): reads are re-sent in short attempts, and the HTTP/2 keepalive
+"""lockd's and the agents' etcd client rides through a member that stops answering:
+reads are re-sent in short attempts, and the HTTP/2 keepalive
 closes the dead connection so that the channel moves to another member."""
 import asyncio
 

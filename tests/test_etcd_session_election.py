@@ -1,4 +1,4 @@
-"""Sessions, timing validation and leader election against real etcd (issue 2 §5)."""
+"""Sessions, timing validation and leader election against real etcd."""
 import asyncio
 import json
 import os

@@ -1,4 +1,4 @@
-"""The resumable watch and the reflector against real etcd (issue 2 §5)."""
+"""The resumable watch and the reflector against real etcd."""
 import asyncio
 
 import pytest

@@ -1,4 +1,4 @@
-"""Watch reconnects leave no asyncio debris (issue 17 §6): no task destroyed while
+"""Watch reconnects leave no asyncio debris: no task destroyed while
 pending, no async generator closed while running, nothing for the loop's exception
 handler, across etcd member kills and a reflector and session riding through them."""
 import asyncio
@@ -64,7 +64,7 @@ async def test_reconnects_leave_no_pending_tasks_or_running_generators(etcd3, ke
         await asyncio.sleep(0.1)
     logging.getLogger("asyncio").removeHandler(debris)
     loop.set_exception_handler(None)
-    # What the issue saw (and the old code logs): tasks and generators left behind by reconnects.
+    # What the old code logged: tasks and generators left behind by reconnects.
     # grpc.aio's own poller may log a transient "Exception in callback PollerCompletionQueue..."
     # (EAGAIN on its wake-up pipe) on a loaded machine: not ours, not what this test is about.
     noise = [m for m in seen_by_loop + debris.records if "PollerCompletionQueue" not in m]

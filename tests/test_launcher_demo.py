@@ -23,13 +23,13 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from timeslice.demo.analysis import (
+from timeslice.launcher import settings as L
+from timeslice.launcher.demo.analysis import (
     gpu_phases,
     overlapping_pairs,
     read_events,
     union_length,
 )
-from timeslice.launcher import settings as L
 from timeslice.launcher.procs import same_process
 from timeslice.launcher.state import find_running
 from timeslice.testing.ctl import etcdctl_run, http_json

@@ -1,4 +1,4 @@
-"""tscore.logs: JSON for every line, library logs included; no bytes reprs; ready lines."""
+"""timeslice.common.logs: JSON for every line, library logs included; no bytes reprs; ready lines."""
 from __future__ import annotations
 
 import io
@@ -81,3 +81,20 @@ def test_ready_line_is_json_and_parses_in_both_forms():
     assert logs.parse_ready(line.encode(), "NODEAGENT_READY") is None
     assert logs.parse_ready(b"LOCKD_READY port=7 replica=r1\n", "LOCKD_READY") == {"port": "7", "replica": "r1"}
     assert logs.parse_ready("{not json", "LOCKD_READY") is None
+
+
+def test_every_logger_is_named_by_its_module():
+    """Loggers are ``__name__``-based, all under ``timeslice``: configuring that logger reaches every part."""
+    import ast
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parent.parent
+    calls = []
+    for folder in ("client", "common", "testing", "launcher", "lockd", "nodeagent"):
+        for path in (root / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+                        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) == "get_logger"
+                        and node.args):
+                    calls.append((path.relative_to(root).as_posix(), ast.unparse(node.args[0])))
+    assert len(calls) > 20
+    assert [c for c in calls if c[1] not in ("__name__", "self.name")] == []

@@ -1,4 +1,4 @@
-"""Habits that help the next person (issue #14): a LICENSE matching pyproject, PEP 561
+"""Habits that help the next person: a LICENSE matching pyproject, PEP 561
 markers shipped in the wheel, classifiers, and one version for __version__ and --version."""
 from __future__ import annotations
 
@@ -25,17 +25,18 @@ def test_one_namespace_every_package_folder_listed():
     setup = PROJECT["tool"]["setuptools"]
     listed, dirs = set(setup["packages"]), setup["package-dir"]
     assert {name.split(".")[0] for name in listed} == {"timeslice"}
-    found = set()
-    for name, folder in dirs.items():
-        for init in (ROOT / folder).rglob("__init__.py"):
-            rel = init.parent.relative_to(ROOT / folder).parts
-            sub = ".".join((name, *rel)) if rel else name
-            # a folder mapped to its own name (tscore/testing -> timeslice.testing) is not also a child
-            if any(init.parent == (ROOT / f) for n, f in dirs.items() if n != name and rel):
-                continue
-            found.add(sub)
+    found = {".".join((name, *init.parent.relative_to(ROOT / folder).parts))
+             for name, folder in dirs.items() for init in (ROOT / folder).rglob("__init__.py")}
     assert found == listed
     assert not any(p.split(".")[1:2] in (["tests"], ["chaos_tests"], ["benchmarks"]) for p in listed)
+
+
+def test_one_folder_per_import_name():
+    """``timeslice.X`` lives in top-level ``X/``; the bare ``timeslice`` (the job client) in ``client/timeslice/``."""
+    dirs = dict(PROJECT["tool"]["setuptools"]["package-dir"])
+    assert dirs.pop("timeslice") == "client/timeslice"
+    assert dirs == {name: name.removeprefix("timeslice.") for name in dirs}
+    assert all("." not in name.removeprefix("timeslice.") for name in dirs)
 
 
 def test_the_namespace_is_typed_and_versioned():

@@ -51,7 +51,7 @@ class AsyncOrchestratorClient(Holds, Workers, Admin):
         """
         target: lockd address(es): "host:port", "h1:p,h2:p", a list, or a DNS name
             (default: $TIMESLICE_TARGET, else 127.0.0.1:50051).
-        job_id: this job's id (default: $TIMESLICE_JOB_ID, else a generated, logged one).
+        job_id: this job's id (default: $TIMESLICE_JOB_ID, else $SLURM_JOB_ID, else a generated, logged one).
         session_ttl: seconds lockd keeps the job's holds after its last keepalive (3..300).
         timeout: overall deadline, failover included, of every call that does not block
             by design (acquire has its own timeout; watch runs until stopped).

@@ -8,8 +8,11 @@ which adds its parsers (pass ``parents=[common]`` so that ``--target``/``--json`
 ``--timeout`` also work after the subcommand) and sets ``func=handler`` on
 each; ``handler(args) -> int`` returns the exit status. A module that is not
 there (``ModuleNotFoundError`` naming that very module) is skipped, so
-``cli_up`` (``timeslice up``) and ``cli_demo`` (``timeslice demo``) plug in by
-existing. Helpers for handlers: ``admin_client(args)`` and ``emit(args, data, text)``.
+``timeslice up`` and ``timeslice demo`` plug in from the local launcher
+(``timeslice.launcher.cli_up``, ``timeslice.launcher.cli_demo``, server-side:
+imported only when the parser is built, and they say so when the ``server``
+extra is missing). Helpers for handlers: ``admin_client(args)`` and
+``emit(args, data, text)``.
 
 Exit status: 0 ok, 1 an error from lockd or the client (message on stderr),
 2 bad usage, 130 interrupted.
@@ -30,8 +33,8 @@ from timeslice.common.version import __version__
 from timeslice.errors import TimesliceClientError
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
-COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_placement", "timeslice.cli_up",
-                               "timeslice.cli_demo"]
+COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_placement", "timeslice.launcher.cli_up",
+                              "timeslice.launcher.cli_demo", "timeslice.cli_slurm", "timeslice.launcher.cli_report"]
 CLI_JOB_ID = "timeslice-cli"   # the admin client never opens a session; this id is never used
 
 

@@ -39,7 +39,7 @@ import structlog
 
 from timeslice import channel as C
 
-log = structlog.get_logger("timeslice.cooperative")
+log = structlog.get_logger(__name__)
 
 OFFLOAD, DISCARD = "offload", "discard"
 POLICIES = (OFFLOAD, DISCARD)
@@ -53,8 +53,14 @@ class SwapMemory(Protocol):
     def device_id(self) -> str: ...                # e.g. "GPU-<uuid>", or "sim0" on the simulator
     def region_bytes(self) -> dict[str, int]: ...  # device bytes per tag while resident
     def host_bytes(self) -> int: ...               # host backup already allocated (retained)
-    def pause(self, tags: Sequence[str]) -> None: ...
-    def resume(self, tags: Sequence[str]) -> None: ...
+    # pause/resume may return the bytes they copied (a clean region copies none); None: the
+    # worker counts every offload region's size
+    def pause(self, tags: Sequence[str]) -> int | None: ...
+    def resume(self, tags: Sequence[str]) -> int | None: ...
+
+# Optional, where a memory has them: host_pending_bytes() (a host reservation in progress),
+# backup_stats() (copies, clean skips, wrong clean claims), set_state_listener(fn) (called when the
+# agent should hear this worker's state again), prepin().
 
 
 class CallbackMemory:
@@ -134,8 +140,7 @@ class CooperativeWorker:
         return {"type": "hello", "version": C.PROTOCOL_VERSION, "job": self.job_id,
                 "secret": self._secret() if callable(self._secret) else self._secret,
                 "device": self.memory.device_id(), "tags": dict(self.memory.tags),
-                "region_bytes": self.memory.region_bytes(), "host_bytes": self.memory.host_bytes(),
-                "paused": list(self.paused)}
+                "paused": list(self.paused), **self._sizes()}
 
     def connect(self) -> int:
         """Open the channel and introduce this process; returns the pid the agent sees."""
@@ -161,9 +166,20 @@ class CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
         if self._sock is None:
             self.connect()
+        listen = getattr(self.memory, "set_state_listener", None)
+        if listen is not None:
+            listen(self.announce)                      # a reservation, a region that grew: the agent hears it
         self._thread = threading.Thread(target=self._serve, name="timeslice-cooperative", daemon=True)
         self._thread.start()
         return self
+
+    def prepin(self) -> None:
+        """Reserve the memory's host backup now, telling the agent when it starts and when it is done,
+        so that its host admission counts the reservation from the start (``timeslice.pinned``)."""
+        prepin = getattr(self.memory, "prepin", None)
+        if prepin is not None:
+            prepin()
+        self.announce()
 
     def announce(self) -> None:
         """Tell the agent what changed on our side (e.g. the host backup allocated by prepin),
@@ -243,9 +259,25 @@ class CooperativeWorker:
         return {"type": "done", "id": rid, "ok": True, "bytes_moved": moved, "device_bytes": released,
                 "elapsed_ms": ms, "tags": acted, **self._state()}
 
+    def _sizes(self) -> dict:
+        m = self.memory
+        out = {"host_bytes": m.host_bytes(), "region_bytes": m.region_bytes()}
+        pending = getattr(m, "host_pending_bytes", None)
+        if pending is not None:
+            out["host_reserving"] = int(pending())
+        stats = getattr(m, "backup_stats", None)
+        if stats is not None:
+            out["backup"] = dict(stats())
+        return out
+
     def _state(self) -> dict:
-        return {"state": "paused" if self.paused else "running", "paused": list(self.paused),
-                "host_bytes": self.memory.host_bytes(), "region_bytes": self.memory.region_bytes()}
+        return {"state": "paused" if self.paused else "running", "paused": list(self.paused), **self._sizes()}
+
+    def _moved(self, got, tags: Sequence[str], sizes: Mapping[str, int]) -> int:
+        """What the memory says it copied, else every offload region's size."""
+        if isinstance(got, int):
+            return got
+        return sum(sizes.get(t, 0) for t in tags if self.memory.tags[t] == OFFLOAD)
 
     def _pause(self, tags: list[str] | None) -> tuple[int, int, list[str]]:
         order = list(self.memory.tags) if tags is None else tags
@@ -255,24 +287,23 @@ class CooperativeWorker:
         todo = [t for t in order if t not in self.paused]
         sizes = self.memory.region_bytes()
         done: list[str] = []
+        moved = 0
         try:
             for t in todo:                       # one tag at a time, so a failure knows what to undo
-                self.memory.pause([t])
+                moved += self._moved(self.memory.pause([t]), [t], sizes)
                 done.append(t)
         except Exception:
             if done:                             # all or nothing: give back what this call released
                 self.memory.resume(done)
             raise
         self.paused.extend(done)
-        moved = sum(sizes.get(t, 0) for t in done if self.memory.tags[t] == OFFLOAD)
         return moved, sum(sizes.get(t, 0) for t in done), done
 
     def _resume(self) -> tuple[int, int, list[str]]:
         todo = list(self.paused)
         if not todo:
             return 0, 0, []
-        self.memory.resume(todo)
+        got = self.memory.resume(todo)
         self.paused.clear()
         sizes = self.memory.region_bytes()
-        moved = sum(sizes.get(t, 0) for t in todo if self.memory.tags[t] == OFFLOAD)
-        return moved, sum(sizes.get(t, 0) for t in todo), todo
+        return self._moved(got, todo, sizes), sum(sizes.get(t, 0) for t in todo), todo

@@ -32,7 +32,7 @@ from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
 if TYPE_CHECKING:
     from timeslice.cooperative import CooperativeWorker
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 #: Returned by an attempt when the error proved an earlier attempt was applied.
 ALREADY_APPLIED = object()
@@ -49,7 +49,7 @@ class Session:
     #: monotonic, when the OpenSession attempt that opened it was sent: the lease was
     #: granted after this, so the session is alive until at least opened_at + ttl.
     #: (Not when the *call* began: an OpenSession may wait out an older session of
-    #: the same job id for a whole TTL first; see issue 17.)
+    #: the same job id for a whole TTL first: retry.py, OpenSession's ALREADY_EXISTS.)
     opened_at: float
 
 

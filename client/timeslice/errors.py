@@ -1,7 +1,7 @@
 """The client's exception tree, and the one table that maps a gRPC status to it.
 
 Every error the client raises on purpose is a ``TimesliceClientError`` (itself a
-``tscore.errors.TimesliceError``), so ``except TimesliceClientError`` catches
+``timeslice.common.errors.TimesliceError``), so ``except TimesliceClientError`` catches
 them all. Each carries the gRPC ``code`` name it came from (or ``None`` for
 errors made on the client side), the server's ``reason`` prefix when there is
 one (``not_holder``, ``stale_token``, ``not_queued``), and a message that ends

@@ -23,7 +23,7 @@ from timeslice import errors as E
 from timeslice.logs import get_logger
 from timeslice.model import Grant
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 
 class Grants:

@@ -24,6 +24,7 @@ import time
 import grpc
 
 from timeslice import errors as E
+from timeslice import tracing
 from timeslice import withdraw as W
 from timeslice.core import ALREADY_APPLIED
 from timeslice.hooks import release_framework_cache
@@ -36,7 +37,7 @@ from timeslice.scope import AcceleratorScope
 from timeslice.session import Sessions
 from timeslice.transport import MOVED
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 _POLL = 0.2          # s; how often a blocked acquire looks at session loss / failover / close
 
 
@@ -65,6 +66,20 @@ class Holds(Sessions):
         Calling it while holding the group returns the same grant at once.
         ``after_acquire(grant)`` runs before it returns; if it raises, the group is released.
         """
+        # One trace per handoff starts here when traces are on (timeslice/tracing.py; a no-op when off).
+        with tracing.span("timeslice.acquire", kind="client",
+                          attributes={"timeslice.job": self.job_id, "timeslice.group": group_id}) as span:
+            if span is not None:
+                from timeslice.config import node_name
+                tracing.set_attributes(span, {"timeslice.node": node_name()})
+            grant = await self._acquire(group_id, timeout, device_bytes_hint)
+            tracing.set_attributes(span, {"timeslice.token": grant.token, "timeslice.leader_epoch": grant.leader_epoch,
+                                          "timeslice.waited_ms": grant.waited_ms, "timeslice.restored": grant.restored,
+                                          "timeslice.elided": grant.elided,
+                                          "timeslice.bytes_moved": grant.bytes_moved})
+        return grant
+
+    async def _acquire(self, group_id: str, timeout: float | None, device_bytes_hint: int) -> Grant:
         await self._ensure_session()
         deadline = self._deadline(timeout)
         self._withdraw.discard(group_id)    # a new acquire of the group supersedes a withdrawal
@@ -102,7 +117,7 @@ class Holds(Sessions):
 
     async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
                                left: list):
-        call = stub.Acquire(req, timeout=t)
+        call = stub.Acquire(req, timeout=t, metadata=tracing.metadata())
         task = asyncio.ensure_future(call)
         gen0 = self._gen
         finished = False

@@ -15,7 +15,7 @@ import sys
 
 from timeslice.logs import get_logger
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 
 def release_framework_cache() -> bool:

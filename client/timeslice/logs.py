@@ -7,8 +7,9 @@ Events have stable names and keys (``session_opened``, ``acquired``,
 
 A library must not print into its host's stdout: unconfigured structlog
 writes to stdout, so until ``structlog.configure`` has been called the events
-go to the stdlib logger ``timeslice.client`` instead as ``event key=value ...``
-(silent below WARNING unless the application sets up logging).
+go to stdlib logging instead as ``event key=value ...``, one logger per module
+(``__name__``, all under ``timeslice``: configuring the ``timeslice`` logger
+reaches every one; silent below WARNING unless the application sets up logging).
 """
 from __future__ import annotations
 
@@ -51,5 +52,6 @@ class EventLog:
         self._emit("error", event, True, kw)
 
 
-def get_logger(name: str = "timeslice.client") -> EventLog:
+def get_logger(name: str) -> EventLog:
+    """The log of module ``name`` (pass ``__name__``)."""
     return EventLog(name)

@@ -32,7 +32,7 @@ from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call
 from timeslice.transport import CALLER, Transport
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 
 
 class Sessions(Transport):

@@ -43,7 +43,7 @@ from timeslice.retry import (
     retry_on_try_again,
 )
 
-log = get_logger("timeslice.client")
+log = get_logger(__name__)
 #: Returned by an attempt that left its replica (failover) and must be re-sent.
 MOVED = object()
 

@@ -18,7 +18,7 @@ import structlog
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.backends.errors import BackendError, BackendUnavailable
 
-log = structlog.get_logger("nodeagent.backends")
+log = structlog.get_logger(__name__)
 
 NAMES = ("cuda-driver", "cuda-cli", "sim")
 

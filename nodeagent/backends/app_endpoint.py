@@ -71,7 +71,7 @@ from timeslice.nodeagent.backends.swapper import (
     SwapTimeout,
 )
 
-log = structlog.get_logger("nodeagent.backends.app_endpoint")
+log = structlog.get_logger(__name__)
 
 VERIFY_POLL_S = 0.01          # how often the meter is read while waiting for memory to move
 STATE_TIMEOUT_S = 2.0         # state() is a quick look, not a swap

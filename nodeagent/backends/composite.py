@@ -45,7 +45,7 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
 from timeslice.nodeagent.backends.swapper import Swapper, SwapState
 
-log = structlog.get_logger("nodeagent.backends.composite")
+log = structlog.get_logger(__name__)
 
 DEFAULT_SWAP_DEADLINE_S = 120.0      # a 140 GB region at PCIe speed takes ~3 s; a first pinning ~60 s
 FREEZE_LOCK_TIMEOUT_MS = 2_000       # after a pause nothing of the job's should be in flight

@@ -84,7 +84,9 @@ class CooperativeSwapper(Swapper):
     def _report(self, reply: dict, t0: float) -> SwapReport:
         return SwapReport(bytes_moved=int(reply.get("bytes_moved", 0)), device_bytes=int(reply.get("device_bytes", 0)),
                           elapsed_ms=(time.monotonic() - t0) * 1000, tags=list(reply.get("tags", [])),
-                          detail={"worker_ms": reply.get("elapsed_ms", 0.0)})
+                          detail={"worker_ms": reply.get("elapsed_ms", 0.0),
+                                  # copies, clean pauses, wrong clean claims caught (timeslice.backup)
+                                  "backup": reply.get("backup") if isinstance(reply.get("backup"), dict) else {}})
 
     def pause(self, tags: Sequence[str] | None, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()

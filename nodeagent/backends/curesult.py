@@ -49,7 +49,7 @@ def name_of(code: int) -> str:
 def error_for(code: int, op: str, pid: int, detail: str = "") -> e.BackendError:
     """The typed error for a failed checkpoint call ``op`` on ``pid``.
 
-    The mapping follows what we measured on an H200 (DESIGN.md §6): NOT_READY is
+    The mapping follows what we measured on an H200: NOT_READY is
     a lock timeout; NOT_INITIALIZED means no CUDA in that process;
     OPERATING_SYSTEM on restore means the context is lost (on other calls it is
     what a pid that does not exist gives, and callers check for that first).

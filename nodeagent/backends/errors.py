@@ -1,4 +1,4 @@
-"""The node agent's backend error tree, rooted in ``tscore.errors.TimesliceError``.
+"""The node agent's backend error tree, rooted in ``timeslice.common.errors.TimesliceError``.
 
 Every failure of a checkpoint backend is one of these, so the agent loop can
 decide what to do from the *type* (retry later, report refusal, report the job
@@ -7,7 +7,7 @@ failure came from the CUDA driver (directly or through ``cuda-checkpoint``),
 the numeric ``CUresult`` and its name, because those are what an operator
 searches for.
 
-``code`` follows the gRPC status names, as in ``tscore.errors``.
+``code`` follows the gRPC status names, as in ``timeslice.common.errors``.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from timeslice.nodeagent.backends.ops import (
     _per_pid,
 )
 
-log = structlog.get_logger("nodeagent.backends.freezing")
+log = structlog.get_logger(__name__)
 
 _AT_REST = (ProcState.GONE, ProcState.NO_CUDA, ProcState.CHECKPOINTED)
 

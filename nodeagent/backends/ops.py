@@ -2,8 +2,8 @@
 
 This is what the agent loop calls for an intent. One job may have several
 processes on a node (one per GPU, typically); each is driven in its own thread
-because the copies are independent and the driver scales with them (DESIGN.md
-§6: two processes checkpoint ×2.0 faster together).
+because the copies are independent and the driver scales with them (README,
+"Node agent on an H200": two processes checkpoint 1.9x faster together than one).
 
 The rules, per process:
 
@@ -39,7 +39,7 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 
-log = structlog.get_logger("nodeagent.backends.ops")
+log = structlog.get_logger(__name__)
 
 DEFAULT_LOCK_TIMEOUT_MS = 10_000  # long enough for a training step's queued kernels to drain
 

@@ -14,7 +14,7 @@ For machines without a GPU. It is a simulator, it says so in its name
   driver we measured, a restore that fails for lack of device memory loses the
   context: later restores fail (``lose_context_on_failed_restore``);
 * copies are paced to a configurable bandwidth, default the H200 figures of
-  DESIGN.md §6 (env ``TIMESLICE_SIM_CHECKPOINT_GBPS`` / ``..._RESTORE_GBPS``;
+  the README's "Node agent on an H200" table (env ``TIMESLICE_SIM_CHECKPOINT_GBPS`` / ``..._RESTORE_GBPS``;
   0 = as fast as memory allows).
 """
 from __future__ import annotations
@@ -31,11 +31,11 @@ from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
 
-log = structlog.get_logger("nodeagent.backends.sim")
+log = structlog.get_logger(__name__)
 
 ENV_CKPT_GBPS = "TIMESLICE_SIM_CHECKPOINT_GBPS"
 ENV_RESTORE_GBPS = "TIMESLICE_SIM_RESTORE_GBPS"
-DEFAULT_CKPT_GBPS = 1.8     # one process, H200, measured (DESIGN.md §6)
+DEFAULT_CKPT_GBPS = 1.8     # one process, H200, measured (README: "Node agent on an H200")
 DEFAULT_RESTORE_GBPS = 4.4
 CHUNK = 8 << 20
 

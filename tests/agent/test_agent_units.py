@@ -30,7 +30,7 @@ def test_job_state_follows_the_processes():
     assert job_state({1: S.GONE}) == R.GONE
     assert job_state({1: S.RUNNING, 2: S.GONE}) == R.RUNNING
     assert job_state({1: S.RUNNING, 2: S.CHECKPOINTED}) == R.SNAPSHOTTED   # half out cannot run
-    assert job_state({1: S.LOCKED}) == R.FROZEN          # locked in place: runs nothing (#15 strict)
+    assert job_state({1: S.LOCKED}) == R.FROZEN          # locked in place: runs nothing (strict groups)
     assert job_state({1: S.CHECKPOINTED, 2: S.FAILED}) == R.LOST
     assert job_state({1: S.NO_CUDA}) == R.RUNNING
 

@@ -1,4 +1,4 @@
-"""Collective state decides which backend may touch a job (issue #13): a worker registered
+"""Collective state decides which backend may touch a job: a worker registered
 ``collective=True`` (CUDA IPC / NCCL peer-to-peer) is never driver-checkpointed. The agent
 refuses the snapshot with the reason before touching anything; a cooperative one is not refused
 here (its backend moves it)."""

@@ -29,10 +29,11 @@ FOOTPRINT = 1 * MiB + WEIGHTS + KV          # context + regions: two do not fit 
 
 
 class Job:
-    def __init__(self, target: str, job: str, sim_dir, sock: str, regions: str = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"):
+    def __init__(self, target: str, job: str, sim_dir, sock: str, regions: str = f"weights:{WEIGHTS}:offload,kv:{KV}:discard",
+                 env: dict[str, str] | None = None):
         self.p = subprocess.Popen([sys.executable, SCRIPT, target, job, NODE, str(sim_dir), sock, regions],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                  env={**os.environ, "TIMESLICE_NODE_NAME": NODE})
+                                  env={**os.environ, "TIMESLICE_NODE_NAME": NODE, **(env or {})})
         self.pid = self._read(60)["ready"]
 
     def _read(self, timeout: float) -> dict:
@@ -45,9 +46,12 @@ class Job:
                 return json.loads(line)
         raise AssertionError("no answer from the job process")
 
-    def __call__(self, cmd: str, timeout: float = 90) -> dict:
+    def send(self, cmd: str) -> None:
         self.p.stdin.write(cmd + "\n")
         self.p.stdin.flush()
+
+    def __call__(self, cmd: str, timeout: float = 90) -> dict:
+        self.send(cmd)
         return self._read(timeout)
 
     def kill(self) -> None:

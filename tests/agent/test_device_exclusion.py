@@ -1,4 +1,4 @@
-"""Exclusion enforced at the device (issue #15): a holder whose session lease expires while its
+"""Exclusion enforced at the device: a holder whose session lease expires while its
 process lives on the GPU (paused past its lease: a GC pause, SIGSTOP, a frozen VM) is frozen by the
 node agent *before* the leader grants past it, even when the next job fits beside it (an elided
 handoff, where nothing else would stop the stale holder's kernels). Its job registering it again

@@ -1,4 +1,4 @@
-"""Jobs over several GPUs and nodes, end to end without a GPU (issue #13).
+"""Jobs over several GPUs and nodes, end to end without a GPU.
 
 Real etcd, real lockd, two real node agents on one machine, each with its own
 SIMULATED device of 4 GPUs (separate sim dirs), and jobs of 4 worker processes
@@ -194,7 +194,7 @@ async def test_two_nodes_four_gpus_parallel_swaps_and_an_agent_killed_mid_swap(e
 
 async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_prefix, keys, client, cluster,
                                                                   tmp_path):
-    """#15 item 3: a job that registered a CPU-only pid (or registered before CUDA init) is
+    """A job that registered a CPU-only pid (or registered before CUDA init) is
     not resident; another job's Acquire without a size hint is granted, nothing is snapshotted."""
     cluster.agent("node-1")
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
@@ -242,7 +242,7 @@ async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_pre
 
 async def test_a_holder_is_never_parked_by_another_groups_grant_on_the_same_node(etcd, key_prefix, keys, client,
                                                                                  cluster, tmp_path):
-    """#15 item 4: PX holds gA (GPU 0) and computes; PY acquires gB (GPU 1 of the same node)
+    """PX holds gA (GPU 0) and computes; PY acquires gB (GPU 1 of the same node)
     without a size hint. PX is not snapshotted: its device calls never block while it holds."""
     cluster.agent("node-1")
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),

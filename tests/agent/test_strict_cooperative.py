@@ -1,4 +1,4 @@
-"""A cooperative worker frozen in place (a strict group's elided handoff, #15) can still be parked
+"""A cooperative worker frozen in place (a strict group's elided handoff) can still be parked
 when room is needed later: its pause is CUDA work of its own, so the agent lifts the lock first.
 The test process is the cooperative worker (SIMULATED device); intents are written as the leader
 writes them."""

@@ -1,4 +1,4 @@
-"""Strict groups (issue #15): on an elided handoff (the next job fits beside the yielded one) the
+"""Strict groups: on an elided handoff (the next job fits beside the yielded one) the
 yielded job is frozen at the device *before* the next grant, and thawed before its own next
 grant; its stray device calls wait meanwhile. A group without the policy is unchanged. A frozen
 job that leaves (closes its session, or dies) leaves nothing behind. Real etcd, lockd, agent and

@@ -1,4 +1,4 @@
-"""The CLI never surprises (issue #16): each surprise a newcomer met, as a test.
+"""The CLI never surprises: each surprise a newcomer met, as a test.
 
 One detached local cluster (``timeslice up --detach --json``) serves the module;
 the per-user state folder is the module's own (``TIMESLICE_USER_STATE_DIR``).
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from timeslice import OrchestratorClient, __version__, cli
-from timeslice.cli_up import summary
+from timeslice.launcher.cli_up import summary
 from timeslice.launcher.cluster import LocalCluster
 
 PY = sys.executable
@@ -142,3 +142,15 @@ def test_demo_json_is_one_object(env, up, tmp_path):
 def test_version_on_every_command(module, program):
     r = subprocess.run([PY, "-m", module, "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0 and r.stdout.split() == [program, __version__]
+
+
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_up_and_demo_without_the_server_extra_say_what_to_install(command, monkeypatch, capsys, tmp_path):
+    """A plain job-client install has no lockd dependencies: `up`/`demo` say so instead of failing later."""
+    from timeslice.launcher import cli_up
+    monkeypatch.setattr(cli_up, "SERVER_MODULES", (*cli_up.SERVER_MODULES, "timeslice_no_such_module"))
+    monkeypatch.setenv("TIMESLICE_USER_STATE_DIR", str(tmp_path))
+    assert cli.main([command, "--log-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"timeslice {command}:" in err and "timeslice_no_such_module" in err and "timeslice[server]" in err
+    assert list(tmp_path.iterdir()) == []          # nothing was started or written

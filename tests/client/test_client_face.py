@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -52,17 +53,41 @@ def test_session_loss_callback_from_the_keepalive_may_call_the_client(etcd, lock
     c.yield_(group)
 
 
-def test_ctrl_c_in_a_blocked_acquire_gives_up_the_place(lockd, admin, group, uid, clients):
+@pytest.fixture
+def ctrl_c_delivered():
+    """SIGINT handled by Python for this test, as in a terminal, whatever the test run inherited.
+
+    A process started in the background by a shell without job control (as CI runners and
+    ``nohup``/``&`` start the suite) inherits SIGINT *ignored*; Python then keeps it ignored and
+    ``_thread.interrupt_main()`` does nothing at all (its documented behaviour for SIG_IGN and
+    SIG_DFL), so the blocked acquire below was never interrupted and the test hung until
+    pytest-timeout (the CI failure of c35011c). A real Ctrl-C would be ignored by such a process
+    too; what this test checks is what the client does when one *is* delivered.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_in_a_blocked_acquire_gives_up_the_place(lockd, admin, group, uid, clients, ctrl_c_delivered):
     holder = clients(OrchestratorClient(lockd.targets, job_id=f"kh-{uid}"))
     waiter = clients(OrchestratorClient(lockd.targets, job_id=f"kw-{uid}"))
     holder.acquire(group)
+    trouble = []
 
     def interrupt_when_queued():
-        wait_for(lambda: admin.status(group).waiters, what="the waiter queued")
+        try:
+            wait_for(lambda: admin.status(group).waiters, what="the waiter queued")
+        except BaseException as e:        # any failure: reported by the main thread below
+            trouble.append(e)
         _thread.interrupt_main()                     # as Ctrl-C would, in the thread blocked in acquire
     threading.Thread(target=interrupt_when_queued, daemon=True).start()
+    # Bounded: an interrupt that never arrives fails the test (TimeoutError) instead of hanging it.
     with pytest.raises(KeyboardInterrupt):
-        waiter.acquire(group)
+        waiter.acquire(group, timeout=60)
+    assert not trouble, trouble
     wait_for(lambda: not admin.status(group).waiters, what="the cancelled acquire left the queue")
     assert not waiter.session_lost and waiter.held == {}
     holder.yield_(group)

@@ -1,4 +1,4 @@
-"""The client under restarts and stalls (issue 17): a job restarted under the same id
+"""The client under restarts and stalls: a job restarted under the same id
 gets no false session loss; a paused replica is left as fast as a dead one; an
 Acquire attempt caught by a replica stall leaves no ghost holder when it is
 processed late."""

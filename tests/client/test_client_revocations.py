@@ -1,4 +1,4 @@
-"""An admin force-deletes a group under its holder (issue 15): the holder learns of it from its
+"""An admin force-deletes a group under its holder: the holder learns of it from its
 keepalive (lockd lists the group in ``revoked_groups``), its grant is dropped, it is told
 (``on_grant_revoked`` + a ``grant_revoked`` log event), and a later yield or hold check raises
 ``GroupRevokedError``; the session and its other holds live on."""

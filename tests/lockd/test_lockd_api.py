@@ -1,5 +1,5 @@
 """lockd with 3 real replicas against real etcd: order, re-acquire, cancellation,
-lease expiry, followers, leader failover, fencing, and bad input (issue 3 §6)."""
+lease expiry, followers, leader failover, fencing, and bad input."""
 import asyncio
 import time
 

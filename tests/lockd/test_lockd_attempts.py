@@ -1,5 +1,5 @@
 """Acquire attempts are ordered by the client's attempt_seq, not by when a replica
-processes them (issue 17 §2): a stale attempt delivered late never takes over a
+processes them: a stale attempt delivered late never takes over a
 newer one, and never re-enqueues a job that has yielded since (a ghost holder)."""
 import asyncio
 

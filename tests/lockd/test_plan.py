@@ -210,7 +210,7 @@ def test_index_knows_which_groups_serve_a_node_as_specs_come_and_go():
     assert idx.groups_on_node("n2") == []
 
 
-# --- per GPU (issue #13; #15 items 3 and 4) ---------------------------------------------------
+# --- per GPU ----------------------------------------------------------------------------------
 
 def agent4(free, job_gpus=None, job_bytes=None, total=80 * GB):
     """An agent on a node with len(free) GPUs (uuid gpu<k>), as it reports per job and per GPU."""
@@ -261,7 +261,7 @@ def test_four_processes_one_per_gpu_need_room_on_each_of_their_gpus():
 
 
 def test_groups_sharing_a_node_but_not_gpus_never_evict_each_other():
-    # #15 item 4: PX holds gA (GPU 0) and runs there; PY acquires gB (GPU 1, same node), no hint.
+    # PX holds gA (GPU 0) and runs there; PY acquires gB (GPU 1, same node), no hint.
     jobs = {"PX": JobState(session=kv("s", b"{}"), workers=worker_on("PX", 1, gpus=[0])),
             "PY": JobState(session=kv("s", b"{}"), workers=worker_on("PY", 2, gpus=[1]))}
     ns = NodeState(agent=agent4([40 * GB, 80 * GB], {"PX": {"gpu0": 40 * GB}, "PY": {"gpu1": 0}}))
@@ -284,12 +284,12 @@ def test_a_holder_is_never_snapshotted_on_its_groups_devices_the_head_waits():
 
 
 def test_a_worker_without_device_context_is_not_resident_and_never_blocks():
-    # #15 item 3: A registered a CPU-only pid (or registered before CUDA init): the agent looked
+    # A registered a CPU-only pid (or registered before CUDA init): the agent looked
     # at it and lists it with no device. Nothing to snapshot; B is granted at once.
     ns = NodeState(agent=agent4([80 * GB], {"A": {}}, {"A": 0}))
     assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0) == [
         P.WriteGrant("B", 9, 109, restored=False, elided=False, bytes_moved=0)]
-    # Even after a snapshot intent was answered "ok, running" (the hang seen in #15).
+    # Even after a snapshot intent was answered "ok, running" (a hang seen before this rule).
     ns.intents["A"] = intent("A", R.SNAPSHOT, 9, mod=20)
     ns.statuses["A"] = status("A", R.RUNNING, R.OK, intent_rev=20, token=9)
     assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0) == [

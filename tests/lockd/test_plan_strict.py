@@ -1,4 +1,4 @@
-"""Strict groups in the planner (issue #15): on an elided handoff the jobs left on the group's GPUs
+"""Strict groups in the planner: on an elided handoff the jobs left on the group's GPUs
 are frozen before the grant, and a frozen job is thawed before its own next grant. Sans-IO."""
 from tests.lockd.test_plan import GB, agent4, group_gpus, intent, kv, status, worker_on
 from timeslice.common import records as R

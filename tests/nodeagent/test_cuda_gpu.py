@@ -1,4 +1,4 @@
-"""The driver-API backend on a real GPU (issue 4 §6): PyTorch workers off the GPU and back, intact.
+"""The driver-API backend on a real GPU: PyTorch workers off the GPU and back, intact.
 
 Needs an NVIDIA GPU with driver r570+, NVML and torch; skipped otherwise. The
 test process itself never initialises a CUDA context (only ``cuInit``), so

@@ -1,4 +1,4 @@
-"""Freeze and thaw a job in place (strict groups, #15) on the SIMULATED device: nothing copied,
+"""Freeze and thaw a job in place (strict groups) on the SIMULATED device: nothing copied,
 every device operation of a frozen process waits, a thaw lets it run on intact bytes; and the
 job's state as the agent reports it."""
 from __future__ import annotations

@@ -80,7 +80,7 @@ def main() -> int:
             torch.cuda.empty_cache()
             say(f"VERIFY {'OK' if got == expected else 'BAD'} {got}")
         elif cmd == "hold":
-            # One long kernel: the lock must wait for queued work (DESIGN.md §6).
+            # One long kernel: the lock must wait for queued work (Backend.lock).
             torch.cuda._sleep(int(float(args[0]) * 2_000_000))  # ~2 GHz: cycles per ms
             say("HOLDING")
             torch.cuda.synchronize(dev)

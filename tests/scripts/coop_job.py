@@ -8,13 +8,18 @@ Then one command per line on stdin, one JSON line per answer on stdout:
     verify <tag>             -> {"ok", "match"}  the region's checksum against what it must be (inside a hold!)
     write <tag> <hex>        -> {"ok"}           change the region's first bytes (inside a hold)
     touch <tag>              -> {"ok": false, "error"} for a released region (a stray call outside a hold)
-    swaps                    -> {"ok", "swaps", "paused", "host_bytes"}
+    swaps                    -> {"ok", "swaps", "paused", "host_bytes", "backup", "reservations"}
+    cooperate                -> {"ok", "host_bytes", "reservations"}  before any hold: the channel, the
+                                registration and the pinned pool (the regions go on the device at the
+                                first grant); blocks while $TIMESLICE_SIM_PIN_GATE is closed
+    clean <tag> / dirty <tag> -> {"ok"}          mark_clean / mark_dirty
     quit                     -> {"ok"} and exit 0
-It prints {"ready": pid} at start. Like a real job, it puts its memory on the device inside its
-first hold, and registers as a cooperative worker then.
+It prints {"ready": pid} at start. Without ``cooperate``, like a job whose sizes are known only once
+its model is loaded, it puts its memory on the device inside its first hold and registers then.
 """
 import json
 import sys
+import time
 
 from timeslice.nodeagent.sim.coop import SimCooperativeMemory
 from timeslice import OrchestratorClient
@@ -41,7 +46,21 @@ def main(target, job, node, sim_dir, sock, regions):
                 if mem is None:
                     mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=0)
                     worker = client.cooperate(mem, node=node, socket_path=sock)
-                say(ok=True, token=g.token, restored=g.restored, bytes_moved=g.bytes_moved, elided=g.elided)
+                elif not mem.allocated():
+                    mem.allocate()                     # the model goes on the device in the first hold
+                say(ok=True, token=g.token, restored=g.restored, bytes_moved=g.bytes_moved, elided=g.elided,
+                    at=time.monotonic())
+            elif cmd == "cooperate":
+                mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=0, resident=False)
+                worker = client.cooperate(mem, node=node, socket_path=sock)
+                say(ok=True, host_bytes=mem.host_bytes(), reservations=mem.host_pool.reservations,
+                    at=time.monotonic())
+            elif cmd == "clean":
+                mem.mark_clean(args[0])
+                say(ok=True)
+            elif cmd == "dirty":
+                mem.mark_dirty(args[0])
+                say(ok=True)
             elif cmd == "yield":
                 r = client.yield_(args[0])
                 say(ok=True, deferred=bool(getattr(r, "deferred_snapshot", False)))
@@ -54,7 +73,8 @@ def main(target, job, node, sim_dir, sock, regions):
                 mem.checksum(args[0], timeout_s=float(args[1]) if len(args) > 1 else 2.0)
                 say(ok=True)
             elif cmd == "swaps":
-                say(ok=True, swaps=worker.swaps, paused=worker.paused, host_bytes=mem.host_bytes())
+                say(ok=True, swaps=worker.swaps, paused=worker.paused, host_bytes=mem.host_bytes(),
+                    backup=mem.backup_stats(), reservations=mem.host_pool.reservations)
             elif cmd == "quit":
                 say(ok=True)
                 break

@@ -1,4 +1,4 @@
-"""Attacks on the node agent's direct API (issue 15 §1, §5), replayed against a real agent.
+"""Attacks on the node agent's direct API, replayed against a real agent.
 
 Each test asserts the refusal, that the victim's process still runs and
 answers, and that nothing changed in etcd.

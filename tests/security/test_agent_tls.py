@@ -1,4 +1,4 @@
-"""The agent's direct API over mutual TLS (issue 15 §1: "no TLS option"), against a real agent process."""
+"""The agent's direct API over mutual TLS, against a real agent process."""
 from __future__ import annotations
 
 import shutil

@@ -1,4 +1,4 @@
-"""Admin calls and group deletion (issue 15 §7), replayed against real lockd processes."""
+"""Admin calls and group deletion, replayed against real lockd processes."""
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,4 @@
-"""Pid ownership, bounded inputs and status codes by meaning (issue 15 §2, §5, §6), against real processes."""
+"""Pid ownership, bounded inputs and status codes by meaning, against real processes."""
 from __future__ import annotations
 
 import asyncio

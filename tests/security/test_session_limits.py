@@ -1,4 +1,4 @@
-"""Live sessions are bounded (issue #15, "sessions per client"): per caller and in total, each past
+"""Live sessions are bounded: per caller and in total, each past
 the limit refused with RESOURCE_EXHAUSTED naming it, nothing written to etcd; closing one frees a
 place. A real lockd on real etcd; two callers are two loopback addresses (127.0.0.1, and 127.0.0.2 through a
 relay)."""

@@ -13,7 +13,7 @@ from timeslice.common.errors import TimesliceError
 
 #: The only errors that may say UNAVAILABLE: each goes away by itself (retry elsewhere or later).
 TRANSIENT = {
-    "EtcdError",          # base class only: map_error never returns it bare (see tscore/etcd/errmap.py)
+    "EtcdError",          # base class only: map_error never returns it bare (see common/etcd/errmap.py)
     "EtcdUnavailable",    # no etcd member answered in time
     "OutcomeUnknown",     # the reply of a write was lost
     "ElectionError", "NotLeader",   # leadership moves; the next replica answers
@@ -48,7 +48,7 @@ def test_every_server_error_has_a_status_by_meaning():
             assert cls.__name__ in TRANSIENT, f"{cls.__module__}.{cls.__name__} says UNAVAILABLE but is not transient"
         seen[cls.__name__] = cls.code
     assert len(seen) > 25, sorted(seen)           # the walk found the servers' errors
-    # The ones issue 15 named: a vanished lease, an oversized request, a full etcd.
+    # Among them: a vanished lease, an oversized request, a full etcd.
     assert (seen["EtcdLeaseGone"], seen["EtcdRequestTooLarge"], seen["EtcdNoSpace"]) == \
         ("ABORTED", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED")
     assert (seen["NotOwner"], seen["LimitExceeded"], seen["GroupRevoked"]) == \

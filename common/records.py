@@ -1,0 +1,262 @@
+"""The JSON values stored under each key (see keys.py), shared by every component.
+
+One dataclass per kind of value; ``dump()`` gives compact, sorted JSON and
+``load()`` ignores unknown fields, so a newer writer never breaks an older
+reader during a rolling upgrade.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound="Record")
+
+# Where a job's context is on a node (status.state), written by the agent.
+RUNNING = "running"            # on the device (restored, or never moved)
+SNAPSHOTTING = "snapshotting"  # an op is in progress
+SNAPSHOTTED = "snapshotted"    # in host memory; the process is alive and paused
+RESTORING = "restoring"
+GONE = "gone"                  # the job's processes no longer exist
+LOST = "lost"                  # a restore failed in a way the driver cannot undo
+FROZEN = "frozen"              # on the device, every process locked: it runs nothing (strict groups, orphans)
+TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN})
+
+# How the op an intent asked for ended (status.outcome); "" while in progress.
+OK = "ok"
+FAILED = "failed"              # tried and failed; error says why; state says where the context is
+REFUSED = "refused"            # not attempted (stale token, no room): nothing changed
+PROCESS_GONE = "gone"          # nothing to do: the processes are gone (not an error of the group)
+
+SNAPSHOT = "snapshot"
+RESTORE = "restore"
+FREEZE = "freeze"              # lock the job's processes in place (strict groups: an elided handoff)
+THAW = "thaw"                  # unlock them again (the frozen job acquires again)
+OPS = frozenset({SNAPSHOT, RESTORE, FREEZE, THAW})
+
+# How the agent moves a worker's memory (WorkerValue.swap; see lockd.proto WorkerRequest.swap).
+SWAP_CHECKPOINT = "checkpoint"
+SWAP_COOPERATIVE = "cooperative"
+SWAP_VLLM = "vllm"
+SWAP_SGLANG = "sglang"
+SWAP_KINDS = frozenset({SWAP_CHECKPOINT, SWAP_COOPERATIVE, SWAP_VLLM, SWAP_SGLANG})
+TAG_OFFLOAD = "offload"        # kept in host memory, restored bit-exact
+TAG_DISCARD = "discard"        # released on pause, recreated empty on resume
+TAG_POLICIES = frozenset({TAG_OFFLOAD, TAG_DISCARD})
+ISOLATION_NONE = ""            # a parked cooperative worker keeps its (small) CUDA context on the device
+ISOLATION_FULL = "full"        # after the cooperative pause, the CUDA checkpoint takes what is left
+# Everything "full" does, and on an elided handoff (the next job fits beside the yielded one) the
+# yielded jobs' processes on the group's GPUs are frozen (process lock) before the grant, and
+# thawed when their job acquires again. A ladder, one field: "" < "full" < "strict".
+ISOLATION_STRICT = "strict"
+ISOLATIONS = frozenset({ISOLATION_NONE, ISOLATION_FULL, ISOLATION_STRICT})
+
+
+def checkpoints_rest(isolation: str) -> bool:
+    """True if a cooperative pause is followed by the CUDA checkpoint of what is left."""
+    return isolation in (ISOLATION_FULL, ISOLATION_STRICT)
+
+
+def freezes_elided(isolation: str) -> bool:
+    """True if the jobs left resident by an elided handoff are frozen before the grant."""
+    return isolation == ISOLATION_STRICT
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _field_names(cls: type) -> frozenset[str]:
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
+
+
+class Record:
+    """Base of the stored values; every subclass is a dataclass."""
+
+    def dump(self) -> bytes:
+        data = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+        return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def load(cls: type[T], raw: bytes | str) -> T:
+        data: dict[str, Any] = json.loads(raw)
+        names = _field_names(cls)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass
+class GroupSpec(Record):
+    nodes: list[dict] = field(default_factory=list)   # [{"node": str, "gpus": [int]}]
+    created_ms: int = 0
+    isolation: str = ISOLATION_NONE
+
+    def node_names(self) -> list[str]:
+        return [n["node"] for n in self.nodes]
+
+
+@dataclass
+class RevokedValue(Record):
+    """A group deleted under a queued job (see Keys.revoked)."""
+
+    group: str
+    token: int
+    deleted_ms: int = 0
+    held: bool = False                # the job was the group's head (it held or was about to)
+
+
+@dataclass
+class QueueValue(Record):
+    job: str
+    session: int = 0                  # lease id, hex in logs
+    device_bytes_hint: int = 0
+    enqueued_ms: int = 0
+    replica: str = ""
+    attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
+    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
+    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (profiles)
+
+
+@dataclass
+class GrantValue(Record):
+    job: str
+    token: int
+    leader_epoch: int
+    restored: bool = False
+    elided: bool = False
+    bytes_moved: int = 0
+    granted_ms: int = 0
+
+
+@dataclass
+class FailureValue(Record):
+    token: int
+    reason: str
+    node: str = ""
+    failed_ms: int = 0
+
+
+@dataclass
+class SessionValue(Record):
+    lease: int
+    secret_sha256: str
+    opened_ms: int = 0
+    replica: str = ""
+    peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+
+
+@dataclass
+class WorkerValue(Record):
+    pid: int
+    node: str
+    device_bytes: int = 0
+    registered_ms: int = 0
+    swap: str = SWAP_CHECKPOINT
+    gpus: list[int] = field(default_factory=list)     # GPU indexes on the node; [] = unknown
+    endpoint: str = ""                                 # vllm/sglang base URL
+    tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)
+    collective: bool = False                           # CUDA IPC / NCCL p2p: never checkpoint
+
+
+@dataclass
+class AgentValue(Record):
+    node: str
+    backend: str
+    version: str = ""
+    gpus: list[dict] = field(default_factory=list)   # [{index, uuid, total_bytes, free_bytes}]
+    device_total_bytes: int = 0
+    device_free_bytes: int = 0
+    host_free_bytes: int = 0
+    job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
+    updated_ms: int = 0
+    endpoint: str = ""
+    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at:
+    # where each has a device context ({} = none: CPU-only, or registered before CUDA init).
+    job_gpus: dict = field(default_factory=dict)
+
+
+@dataclass
+class IntentValue(Record):
+    op: str                      # snapshot | restore
+    job: str
+    group: str
+    token: int                   # the fencing token of the grant this swap serves
+    leader_epoch: int
+    issued_ms: int = 0
+    isolation: str = ISOLATION_NONE   # the group's policy (cooperative workers: also checkpoint the rest)
+    need_bytes: int = 0          # snapshot: device bytes the incoming job needs on this node (0: release all)
+
+
+@dataclass
+class StatusValue(Record):
+    state: str
+    job: str
+    op: str = ""
+    outcome: str = ""
+    group: str = ""
+    intent_revision: int = 0     # mod_revision of the intent this answers (0: agent's own report)
+    token: int = 0
+    bytes: int = 0               # bytes moved by the op
+    device_bytes: int = 0        # the job's footprint on this node's devices (snapshot size)
+    elapsed_ms: float = 0.0
+    error: str = ""
+    pids: list[int] = field(default_factory=list)
+    updated_ms: int = 0
+    gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)
+
+
+@dataclass
+class ProfileValue(Record):
+    """A job's phases in one group, as the leader saw them (Keys.profile; lockd/profiles.py).
+
+    Each list keeps the last N samples, oldest first, in milliseconds (bytes for
+    ``swap_bytes``). hold: grant to yield as the leader saw them; busy: the same holds
+    as the job measured them (Acquire returned to Yield called); gap: yield to the
+    next Acquire (its CPU phase); wait: Acquire to grant (queueing and swaps).
+    snapshot / restore: the agents' reported op times for this job's swaps.
+    """
+
+    job: str
+    group: str
+    hold_ms: list[int] = field(default_factory=list)
+    gap_ms: list[int] = field(default_factory=list)
+    wait_ms: list[int] = field(default_factory=list)
+    snapshot_ms: list[int] = field(default_factory=list)
+    restore_ms: list[int] = field(default_factory=list)
+    swap_bytes: list[int] = field(default_factory=list)
+    busy_ms: list[int] = field(default_factory=list)   # the job's own measure of its holds (its GPU phases)
+    gpu_bytes: dict = field(default_factory=dict)      # "<node>/<device id>" -> peak bytes seen there
+    device_bytes: int = 0                              # peak footprint on one node (hint or report)
+    host_bytes: int = 0                                # peak bytes one snapshot put in host memory
+    grants: int = 0
+    elided: int = 0                                    # grants where nothing moved though another job was resident
+    restored: int = 0                                  # grants that restored this job
+    first_ms: int = 0
+    updated_ms: int = 0
+    last_release_ms: int = 0                           # end of the last hold: the next gap starts there
+
+
+@dataclass
+class HoldRecord(Record):
+    """One finished hold of a group, as the leader saw it (lockd/history.py; read by `timeslice report`)."""
+
+    group: str
+    job: str
+    token: int
+    leader_epoch: int = 0
+    enqueued_ms: int = 0          # the queue entry's: the wait is granted_ms - enqueued_ms
+    granted_ms: int = 0
+    released_ms: int = 0          # yield, handoff, session loss or deletion, as the leader saw it
+    restored: bool = False
+    elided: bool = False
+    bytes_moved: int = 0
+    # The agents' answers to this grant's swap intents:
+    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
+    swaps: list[dict] = field(default_factory=list)
