@@ -78,7 +78,7 @@ class Bench:
         self.logs = log_dir or self.tmp.name
         SimDevice(self.sim, self.host, capacity_bytes=CAP, gpus=gpus)
         self.env = {"TIMESLICE_SIM_HOST_DIR": self.host}
-        self.stack = C.Stack(etcd_size=1, replicas=1, lockd_args=["--profile-flush-s", "0.5"]).start()
+        self.stack = C.Stack(etcd_size=1, replicas=1).start()
         self.agent = AgentProcess(self.stack.etcd.endpoints_str, self.stack.prefix, NODE, self.logs,
                                   sim_dir=self.sim, env=self.env, state_dir=f"{self.tmp.name}/agent-state",
                                   extra=["--sim-checkpoint-gbps", str(snapshot_gbps),

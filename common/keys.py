@@ -21,9 +21,6 @@ The README documents each key with an etcdctl example.
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
     <p>nodes/<node>/intents/<job>               {op, token, leader_epoch, group}, written by the leader
     <p>nodes/<node>/status/<job>                {state, intent_revision, token, bytes, elapsed_ms, error}, by the agent
-    <p>profiles/<group>/<job>                   {hold_ms, gap_ms, wait_ms, snapshot_ms, restore_ms, gpu_bytes, ...}:
-                                                the job's last phases in the group, written by the leader
-                                                (lockd/profiles.py); not leased: kept for `timeslice advise`
     <p>history/<group>/<token, 20 digits>       one finished hold {job, granted_ms, released_ms, swaps...},
                                                 by the leader; bounded (lockd/history.py), durable
 """
@@ -149,12 +146,6 @@ class Keys:
     def status(self, node: str, job: str) -> bytes:
         return self.statuses(node) + check_id("job", job).encode()
 
-    # --- profiles ---------------------------------------------------------------
-    def profiles(self) -> bytes:
-        return self._k("profiles") + b"/"
-
-    def profile(self, group: str, job: str) -> bytes:
-        return self._k("profiles", check_id("group", group), check_id("job", job))
     # --- history of finished holds (lockd/history.py) ---------------------------
     def history(self) -> bytes:
         return self._k("history", "")

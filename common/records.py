@@ -121,7 +121,7 @@ class QueueValue(Record):
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
     trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
-    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (profiles)
+    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
 
 
 @dataclass
@@ -213,37 +213,6 @@ class StatusValue(Record):
 
 
 @dataclass
-class ProfileValue(Record):
-    """A job's phases in one group, as the leader saw them (Keys.profile; lockd/profiles.py).
-
-    Each list keeps the last N samples, oldest first, in milliseconds (bytes for
-    ``swap_bytes``). hold: grant to yield as the leader saw them; busy: the same holds
-    as the job measured them (Acquire returned to Yield called); gap: yield to the
-    next Acquire (its CPU phase); wait: Acquire to grant (queueing and swaps).
-    snapshot / restore: the agents' reported op times for this job's swaps.
-    """
-
-    job: str
-    group: str
-    hold_ms: list[int] = field(default_factory=list)
-    gap_ms: list[int] = field(default_factory=list)
-    wait_ms: list[int] = field(default_factory=list)
-    snapshot_ms: list[int] = field(default_factory=list)
-    restore_ms: list[int] = field(default_factory=list)
-    swap_bytes: list[int] = field(default_factory=list)
-    busy_ms: list[int] = field(default_factory=list)   # the job's own measure of its holds (its GPU phases)
-    gpu_bytes: dict = field(default_factory=dict)      # "<node>/<device id>" -> peak bytes seen there
-    device_bytes: int = 0                              # peak footprint on one node (hint or report)
-    host_bytes: int = 0                                # peak bytes one snapshot put in host memory
-    grants: int = 0
-    elided: int = 0                                    # grants where nothing moved though another job was resident
-    restored: int = 0                                  # grants that restored this job
-    first_ms: int = 0
-    updated_ms: int = 0
-    last_release_ms: int = 0                           # end of the last hold: the next gap starts there
-
-
-@dataclass
 class HoldRecord(Record):
     """One finished hold of a group, as the leader saw it (lockd/history.py; read by `timeslice report`)."""
 
@@ -257,6 +226,9 @@ class HoldRecord(Record):
     restored: bool = False
     elided: bool = False
     bytes_moved: int = 0
+    hint_bytes: int = 0           # the queue entry's device_bytes_hint
+    prev_busy_ms: int = 0         # the job's own measure of its previous hold of the group (last_hold_ms)
+    gpu_bytes: dict = field(default_factory=dict)   # "<node>/<device id>" -> the job's bytes there at release
     # The agents' answers to this grant's swap intents:
     # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
     swaps: list[dict] = field(default_factory=list)

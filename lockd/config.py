@@ -41,9 +41,7 @@ class LockdConfig:
     insecure_no_admin_auth: bool = False       # admin calls open to anyone: throw-away test setups only
     max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
     log_level: str = "info"
-    profile_phases: int = 64                   # samples kept per distribution of a job's profile
-    max_profiles: int = 1024                   # (group, job) profiles kept in etcd; least recently updated goes
-    profile_flush_s: float = 2.0               # the leader writes changed profiles this often
+    profile_phases: int = 64                   # samples per distribution of a job's profile (lockd/profiles.py)
 
     def __post_init__(self) -> None:
         Keys(self.prefix)                           # raises on a malformed prefix
@@ -60,10 +58,6 @@ class LockdConfig:
             raise ConfigError("--swap-timeout must be > 0")
         if not 1 <= self.profile_phases <= 1024:
             raise ConfigError("--profile-phases must be in [1, 1024]")
-        if not 1 <= self.max_profiles <= 100_000:
-            raise ConfigError("--max-profiles must be in [1, 100000]")
-        if not 0 < self.profile_flush_s <= 3600:
-            raise ConfigError("--profile-flush-s must be in (0, 3600]")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,10 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                   "proxy's); beyond: RESOURCE_EXHAUSTED 'limit max_sessions_per_peer'")
     env_flag(p, "--log-level", default="info")
     env_flag(p, "--profile-phases", type=int, default=64,
-             help="phases kept per job and group in its profile (hold, gap, wait, swap samples)")
-    env_flag(p, "--max-profiles", type=int, default=1024,
-             help="most (group, job) profiles kept in etcd; the least recently updated goes first")
-    env_flag(p, "--profile-flush-s", type=float, default=2.0, help="how often the leader writes profiles, s")
+             help="newest phases per job and group that a profile shows (hold, gap, wait, swap samples)")
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:
@@ -119,5 +110,4 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
                       device_margin_bytes=int(a.device_margin_bytes)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
-        log_level=a.log_level, profile_phases=int(a.profile_phases), max_profiles=int(a.max_profiles),
-        profile_flush_s=float(a.profile_flush_s), **kw)
+        log_level=a.log_level, profile_phases=int(a.profile_phases), **kw)

@@ -24,7 +24,6 @@ from timeslice.common.keys import Keys
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.plan import Policy
-from timeslice.lockd.profile_recorder import ProfileRecorder
 from timeslice.lockd.scheduler import Scheduler
 
 log = structlog.get_logger(__name__)
@@ -34,10 +33,8 @@ class LeaderLoop:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, reflector: Reflector,
                  replica: str, timing: ElectionTiming, policy: Policy, metrics: Metrics,
                  on_started_leading: Callable[[Leadership], None] | None = None,
-                 on_stopped_leading: Callable[[str], None] | None = None,
-                 recorder: ProfileRecorder | None = None):
+                 on_stopped_leading: Callable[[str], None] | None = None):
         self.client, self.keys, self.index, self.reflector = client, keys, index, reflector
-        self.recorder = recorder
         self.replica, self.timing, self.policy, self.metrics = replica, timing, policy, metrics
         self.on_started_leading, self.on_stopped_leading = on_started_leading, on_stopped_leading
         self.leadership: Leadership | None = None
@@ -84,18 +81,11 @@ class LeaderLoop:
             run = asyncio.create_task(sched.run())
             deposed = asyncio.create_task(wait_deposed(lead))
             fenced = asyncio.create_task(sched.deposed.wait())
-            tasks = {run, deposed, fenced}
-            if self.recorder is not None:
-                # Profiles: from what etcd holds now; its writes are fenced like the scheduler's.
-                tasks.add(asyncio.create_task(self.recorder.run(lead, list(self.reflector.kvs.values()))))
             try:
-                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                failed = [str(t.exception()) for t in done if t not in (run, deposed, fenced)
-                          and not t.cancelled() and t.exception() is not None]
-                reason = (deposed.result() if deposed in done
-                          else sched.deposed_reason or (failed[0] if failed else "scheduler stopped"))
+                done, _ = await asyncio.wait({run, deposed, fenced}, return_when=asyncio.FIRST_COMPLETED)
+                reason = deposed.result() if deposed in done else (sched.deposed_reason or "scheduler stopped")
             finally:
-                for t in tasks:
+                for t in (run, deposed, fenced):
                     t.cancel()
                 self.scheduler = None
                 self.leadership = None

@@ -60,28 +60,26 @@ class QueueDepth:
 class JobFractions:
     """``timeslice_job_busy_ratio{group,job}`` and ``timeslice_job_wait_ratio{group,job}``.
 
-    Set by the leader's profile recorder (lockd/profile_recorder.py) at each flush:
-    of a job's recent cycle (hold + gap + wait), the share it held the group and the
-    share it waited. Exported only for jobs with a live session (``live_jobs``), so
-    departed jobs leave no series behind.
+    Read at scrape time from the jobs' profiles (lockd/profiles.py) by the leader: of a
+    job's recent cycle (hold + gap + wait), the share it held the group and the share it
+    waited. ``source()`` names only jobs with a live session, so departed jobs leave no
+    series behind; other replicas export none (one series per job in the cluster).
     """
 
     def __init__(self, registry: CollectorRegistry):
-        self.values: dict[tuple[str, str], tuple[float, float]] = {}   # (group, job) -> (busy, wait)
-        self.live_jobs: Callable[[], Iterable[str]] | None = None
+        # (group, job) -> (busy, wait) of the live jobs; {} while not leading
+        self.source: Callable[[], dict[tuple[str, str], tuple[float, float]]] = dict
         registry.register(self)
 
     def collect(self):
-        live = set(self.live_jobs()) if self.live_jobs is not None else None
         busy = GaugeMetricFamily("timeslice_job_busy_ratio",
                                  "Leader: share of a job's recent cycle it held the group", labels=["group", "job"])
         wait = GaugeMetricFamily("timeslice_job_wait_ratio",
                                  "Leader: share of a job's recent cycle it waited for the group (swaps included)",
                                  labels=["group", "job"])
-        for (g, j), (b, w) in sorted(self.values.items()):
-            if live is None or j in live:
-                busy.add_metric([g, j], b)
-                wait.add_metric([g, j], w)
+        for (g, j), (b, w) in sorted(self.source().items()):
+            busy.add_metric([g, j], b)
+            wait.add_metric([g, j], w)
         yield busy
         yield wait
 

@@ -1,181 +1,131 @@
 """Job profiles from the lock's own history: hold, gap and wait times, footprints, swap costs; sans-IO.
 
-The leader sees every phase of every job: an Acquire creates the job's queue
-entry, the grant names it, its Yield (or its session's end) deletes the entry.
-So, per (group, job):
+The leader already keeps a bounded record of every finished hold in etcd
+(lockd/history.py, ``history/<group>/<token>``: the grant, the queue entry's
+enqueue time, the release, and the agents' answers to that grant's swap
+intents). A profile is read off those records, per (group, job), so it lives
+where a new leader finds it and costs no write of its own:
 
-* **wait**: entry created (``QueueValue.enqueued_ms``) to grant (``GrantValue.granted_ms``),
-  queueing and swaps included;
-* **hold**: grant to the entry's deletion — the job's GPU phase;
-* **gap**: that deletion to the job's next entry in the group — its CPU phase.
-  An Acquire given up before its grant (timeout, cancel) ends no hold and
-  measures no gap (the next gap would include the abandoned wait).
+* **hold**: grant to release, as the leader saw them;
+* **busy**: the same hold as the job measured it (its Acquire returning to its
+  Yield call; the job sends it with its next Acquire, ``last_hold_ms``, and the
+  next record carries it): the GPU phase without the lock's round trips;
+* **wait**: enqueue to grant (queueing and swaps);
+* **gap**: release to the job's next enqueue in the group (its CPU phase);
+* **snapshot** / **restore**: the agents' answers naming the job (a snapshot is
+  answered under the grant of the job that needed the room);
+* **footprint**: the largest bytes per ``<node>/<device>`` seen at a release
+  (the agents' reports then), in those answers and in the agents' live reports
+  (``AgentValue.job_gpus``); the queue hint else.
 
-The agents add what a swap cost (each answered intent's ``elapsed_ms`` and
-bytes, by op) and where the job's memory is (``AgentValue.job_gpus``: bytes per
-device; the peak is kept). Every list is bounded (the last ``phases``
-samples) and so is the number of profiles (``max_profiles``; the least
-recently updated goes first), so what the leader keeps in etcd is bounded.
-
-``ProfileBook`` only interprets; ``profile_recorder.py`` feeds it from the
-watch stream and writes the dirty profiles to etcd.
+Only the newest ``phases`` samples of each list are kept.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 
 from timeslice.common import records as R
 
-DEFAULT_PHASES = 64          # samples kept per distribution
-DEFAULT_MAX_PROFILES = 1024  # (group, job) profiles kept in all
+DEFAULT_PHASES = 64
 
 
 @dataclass
-class _Open:
-    """A queue entry seen and not yet deleted."""
+class Profile:
+    job: str
+    group: str
+    hold_ms: list[int] = field(default_factory=list)
+    gap_ms: list[int] = field(default_factory=list)
+    wait_ms: list[int] = field(default_factory=list)
+    snapshot_ms: list[int] = field(default_factory=list)
+    restore_ms: list[int] = field(default_factory=list)
+    swap_bytes: list[int] = field(default_factory=list)
+    busy_ms: list[int] = field(default_factory=list)
+    gpu_bytes: dict[str, int] = field(default_factory=dict)
+    device_bytes: int = 0
+    host_bytes: int = 0
+    grants: int = 0
+    elided: int = 0
+    restored: int = 0
+    first_ms: int = 0
+    updated_ms: int = 0
 
-    token: int
-    enqueued_ms: int
-    granted_ms: int = 0
+    def trim(self, n: int) -> Profile:
+        for name in ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms"):
+            del getattr(self, name)[:-n]
+        return self
 
 
-def _push(xs: list[int], v: float, n: int) -> None:
-    xs.append(max(0, round(v)))
-    del xs[:-n]
-
-
-def fractions(p: R.ProfileValue) -> tuple[float, float]:
-    """(busy, wait) fraction of the job's recent cycle: hold / (hold + gap + wait), wait / (same)."""
+def fractions(p: Profile) -> tuple[float, float]:
+    """(busy, wait) share of the job's recent cycle: hold / (hold + gap + wait), wait / (same)."""
     hold, gap, wait = (sum(xs) / len(xs) if xs else 0.0 for xs in (p.hold_ms, p.gap_ms, p.wait_ms))
     cycle = hold + gap + wait
     return (hold / cycle, wait / cycle) if cycle > 0 else (0.0, 0.0)
 
 
-class ProfileBook:
-    def __init__(self, phases: int = DEFAULT_PHASES, max_profiles: int = DEFAULT_MAX_PROFILES):
-        if phases < 1 or max_profiles < 1:
-            raise ValueError("phases and max_profiles must be >= 1")
-        self.phases, self.max_profiles = phases, max_profiles
-        self.profiles: dict[tuple[str, str], R.ProfileValue] = {}
-        self._open: dict[tuple[str, str], _Open] = {}
-        self._dirty: set[tuple[str, str]] = set()
-        self._evicted: set[tuple[str, str]] = set()
+def _ms(v: float) -> int:
+    return max(0, round(v))
 
-    # -- state ------------------------------------------------------------------------
-    def load(self, values: list[R.ProfileValue]) -> None:
-        """Start from what etcd holds (a new leader): the stored profiles, nothing open."""
-        self.profiles = {(v.group, v.job): v for v in values}
-        self._open.clear()
-        self._dirty.clear()
-        self._evicted.clear()
-        self._bound(0)
 
-    def reopen(self, group: str, job: str, token: int, enqueued_ms: int, granted_ms: int) -> None:
-        """An entry that exists now (found at start or after a resync): track it from here."""
-        self._open[(group, job)] = _Open(token, enqueued_ms, granted_ms)
+def build(records: Iterable[R.HoldRecord], agents: Mapping[str, R.AgentValue] | None = None,
+          nodes_of: Mapping[str, list[str]] | None = None, phases: int = DEFAULT_PHASES) -> list[Profile]:
+    """The profiles of every (group, job) in ``records``; ``agents``: node -> its live report,
+    ``nodes_of``: group -> its nodes (live footprints are read from those agents)."""
+    by: dict[tuple[str, str], list[R.HoldRecord]] = {}
+    for rec in records:
+        by.setdefault((rec.group, rec.job), []).append(rec)
+    out: dict[tuple[str, str], Profile] = {}
+    for (group, job), recs in by.items():
+        recs.sort(key=lambda r: r.token)
+        p = out[(group, job)] = Profile(job, group, first_ms=recs[0].granted_ms, updated_ms=recs[-1].released_ms)
+        prev: R.HoldRecord | None = None
+        for r in recs:
+            hold = r.released_ms - r.granted_ms
+            p.hold_ms.append(_ms(hold))
+            if r.enqueued_ms:
+                p.wait_ms.append(_ms(r.granted_ms - r.enqueued_ms))
+            if prev is not None and r.enqueued_ms >= prev.released_ms:
+                p.gap_ms.append(_ms(r.enqueued_ms - prev.released_ms))
+                if 0 < r.prev_busy_ms <= prev.released_ms - prev.granted_ms:
+                    p.busy_ms.append(r.prev_busy_ms)      # the job's own measure of that previous hold
+            p.grants += 1
+            p.elided += int(r.elided)
+            p.restored += int(r.restored)
+            p.device_bytes = max(p.device_bytes, r.hint_bytes)
+            per_node: dict[str, dict] = {}
+            for k, b in r.gpu_bytes.items():
+                node, _, dev = str(k).partition("/")
+                per_node.setdefault(node, {})[dev] = b
+            for node, per_dev in per_node.items():
+                _peaks(p, node, per_dev)
+            prev = r
+    for rec in sorted((r for rs in by.values() for r in rs), key=lambda r: r.token):
+        for a in rec.swaps:
+            moved = out.get((rec.group, str(a.get("job", ""))))
+            op = a.get("op")
+            if moved is None or op not in (R.SNAPSHOT, R.RESTORE):
+                continue                                  # a job of another group made room here
+            (moved.snapshot_ms if op == R.SNAPSHOT else moved.restore_ms).append(_ms(float(a.get("elapsed_ms", 0))))
+            nbytes = int(a.get("bytes", 0))
+            moved.swap_bytes.append(nbytes)
+            if op == R.SNAPSHOT:
+                moved.host_bytes = max(moved.host_bytes, nbytes)
+            _peaks(moved, str(a.get("node", "")), a.get("gpu_bytes") or {})
+    for (group, job), prof in out.items():
+        for node in (nodes_of or {}).get(group, []):
+            av = (agents or {}).get(node)
+            live = av.job_gpus.get(job) if av is not None and isinstance(av.job_gpus, dict) else None
+            if isinstance(live, dict):
+                _peaks(prof, node, live)
+        prof.trim(phases)
+    return [out[k] for k in sorted(out)]
 
-    def _get(self, group: str, job: str, now_ms: int) -> R.ProfileValue:
-        key = (group, job)
-        p = self.profiles.get(key)
-        if p is None:
-            p = self.profiles[key] = R.ProfileValue(job=job, group=group, first_ms=now_ms, updated_ms=now_ms)
-            self._evicted.discard(key)
-            self._bound(now_ms)
-        p.updated_ms = max(p.updated_ms, now_ms)
-        self._dirty.add(key)
-        return p
 
-    def _bound(self, now_ms: int) -> None:
-        while len(self.profiles) > self.max_profiles:
-            key = min(self.profiles, key=lambda k: self.profiles[k].updated_ms)
-            del self.profiles[key]
-            self._dirty.discard(key)
-            self._evicted.add(key)
-
-    # -- the lock's events ----------------------------------------------------------------
-    def enqueued(self, group: str, job: str, token: int, enqueued_ms: int, hint_bytes: int = 0,
-                 last_hold_ms: int = 0) -> None:
-        """The job's queue entry was created (an Acquire arrived); ``last_hold_ms``: the job's own
-        measure of its previous hold, its GPU phase without the lock's round trips."""
-        key = (group, job)
-        o = self._open.get(key)
-        if o is not None and o.token == token:
-            return                                   # a re-sent Acquire rewrote the same entry
-        self._open[key] = _Open(token, enqueued_ms)
-        p = self._get(group, job, enqueued_ms)
-        if p.last_release_ms and enqueued_ms >= p.last_release_ms:
-            _push(p.gap_ms, enqueued_ms - p.last_release_ms, self.phases)
-            if 0 < last_hold_ms <= (p.hold_ms[-1] if p.hold_ms else 0):
-                _push(p.busy_ms, last_hold_ms, self.phases)
-        p.last_release_ms = 0
-        p.device_bytes = max(p.device_bytes, hint_bytes)
-
-    def granted(self, group: str, job: str, token: int, granted_ms: int, restored: bool, elided: bool) -> None:
-        o = self._open.get((group, job))
-        if o is None or o.token != token or o.granted_ms:
-            return                                   # unknown entry, or this grant was counted
-        o.granted_ms = granted_ms
-        p = self._get(group, job, granted_ms)
-        _push(p.wait_ms, granted_ms - o.enqueued_ms, self.phases)
-        p.grants += 1
-        p.restored += int(restored)
-        p.elided += int(elided)
-
-    def left(self, group: str, job: str, token: int | None, now_ms: int) -> None:
-        """The job's queue entry was deleted: a yield (or its session ended) if it was granted.
-
-        ``token``: the entry's, when known (a watch's delete event does not carry it)."""
-        o = self._open.get((group, job))
-        if o is None or (token is not None and o.token != token):
-            return
-        del self._open[(group, job)]
-        p = self._get(group, job, now_ms)
-        if o.granted_ms:
-            _push(p.hold_ms, now_ms - o.granted_ms, self.phases)
-            p.last_release_ms = now_ms
-        else:
-            p.last_release_ms = 0                    # an abandoned wait: no gap to measure
-
-    def swapped(self, group: str, job: str, op: str, elapsed_ms: float, nbytes: int, device_bytes: int,
-                now_ms: int) -> None:
-        """An agent answered a swap intent for the job (one per node)."""
-        if op not in (R.SNAPSHOT, R.RESTORE) or not group:
-            return
-        p = self._get(group, job, now_ms)
-        _push(p.snapshot_ms if op == R.SNAPSHOT else p.restore_ms, elapsed_ms, self.phases)
-        _push(p.swap_bytes, nbytes, self.phases)
-        if op == R.SNAPSHOT:
-            p.host_bytes = max(p.host_bytes, nbytes)
-        p.device_bytes = max(p.device_bytes, device_bytes)
-
-    def footprint(self, groups: list[str], job: str, node: str, per_device: dict, now_ms: int) -> None:
-        """An agent reported the job's bytes per device on ``node`` (``groups``: those on the node)."""
-        total = sum(int(b) for b in per_device.values() if isinstance(b, int | float))
-        for g in groups:
-            p = self.profiles.get((g, job))
-            if p is None:
-                continue                             # the job never queued in this group
-            changed = False
-            for dev, b in per_device.items():
-                k = f"{node}/{dev}"
-                if isinstance(b, int | float) and int(b) > p.gpu_bytes.get(k, 0):
-                    p.gpu_bytes[k] = int(b)
-                    changed = True
-            if total > p.device_bytes:
-                p.device_bytes, changed = total, True
-            if changed:
-                self._get(g, job, now_ms)
-
-    # -- for the writer ----------------------------------------------------------------------
-    def take_dirty(self) -> tuple[list[R.ProfileValue], list[tuple[str, str]]]:
-        """(profiles changed since the last take, (group, job) evicted since); both cleared."""
-        dirty = [self.profiles[k] for k in sorted(self._dirty) if k in self.profiles]
-        gone = sorted(self._evicted)
-        self._dirty.clear()
-        self._evicted.clear()
-        return dirty, gone
-
-    def put_back(self, dirty: list[R.ProfileValue], gone: list[tuple[str, str]]) -> None:
-        """A write failed: mark them again for the next attempt."""
-        self._dirty.update((p.group, p.job) for p in dirty if (p.group, p.job) in self.profiles)
-        self._evicted.update(k for k in gone if k not in self.profiles)
+def _peaks(p: Profile, node: str, per_dev: Mapping) -> None:
+    total = 0
+    for dev, b in list(per_dev.items())[:64]:
+        if isinstance(b, int | float) and b > 0:
+            k = f"{node}/{dev}"
+            p.gpu_bytes[k] = max(p.gpu_bytes.get(k, 0), int(b))
+            total += int(b)
+    p.device_bytes = max(p.device_bytes, total)

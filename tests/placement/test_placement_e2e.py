@@ -75,7 +75,7 @@ def test_profile_and_advise_on_a_live_cluster(cluster, tmp_path, capsys):
                 _, err = p.communicate(timeout=60)
                 assert p.returncode == 0, err[-2000:]
 
-        deadline = time.monotonic() + 20             # the leader writes profiles every 2 s
+        deadline = time.monotonic() + 20             # the leader writes its history of holds every second
         while True:
             doc = json.loads(run_cli(capsys, "profile", "--json", *t))
             got = {p["job"]: p for p in doc["profiles"]}
