@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                    help="most jobs in one group")
     a.add_argument("--overhead-ms", type=float, default=None,
                    help="control-plane cost of a grant or swap step (default: calibrated on today's waits)")
+    a.add_argument("--assume-gbps", type=float, default=10.0, metavar="GB/S",
+                   help="host<->device copy rate assumed for swaps when no job's swap was recorded")
     a.add_argument("--seed", type=int, default=0, help="seed of the simulation's draws")
     a.add_argument("--apply", action="store_true",
                    help="create the proposed groups (admin token), named --name-prefix N")
@@ -97,6 +99,7 @@ def cmd_advise(args) -> int:
     ps = _load(args.from_file) if args.from_file else _fetch(args)
     try:
         opts = Options(max_slowdown=args.max_slowdown, max_group_size=args.max_group_size, seed=args.seed,
+                       gbps=args.assume_gbps,
                        overhead_s=None if args.overhead_ms is None else args.overhead_ms / 1000)
     except ValueError as e:
         print(f"timeslice: error: {e}", file=sys.stderr)
@@ -150,6 +153,8 @@ def advice_text(adv: Advice, names: dict[tuple[str, ...], str], bound: float, cr
         out.append(_row(pl.gpu_set, pl, "" if pl.feasible else f"   ! {pl.why}"))
     if adv.skipped:
         out.append(f"not planned (too few phases recorded): {', '.join(adv.skipped)}")
+    if adv.estimated:
+        out.append(f"never swapped, swap time estimated ({adv.rate}): {', '.join(adv.estimated)}")
     out.append(f"(simulated with the jobs' recorded phases; control-plane cost {adv.overhead_s * 1000:.1f} ms "
                "per grant or swap step)")
     if created:

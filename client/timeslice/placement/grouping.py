@@ -96,10 +96,13 @@ class Advice:
     today: Plan
     overhead_s: float
     skipped: list[str] = field(default_factory=list)     # jobs without enough phases to plan with
+    estimated: list[str] = field(default_factory=list)   # jobs never swapped: their swap time is estimated
+    rate: str = ""                                       # how: "observed" (other jobs' swaps) or "assumed"
 
     def to_dict(self) -> dict:
         return {"proposal": self.proposal.to_dict(), "today": self.today.to_dict(),
                 "overhead_s": round(self.overhead_s, 5), "skipped": self.skipped,
+                "swap_estimated": {"jobs": self.estimated, "rate": self.rate},
                 "gain": round(self.proposal.duty - self.today.duty, 4)}
 
 
@@ -142,6 +145,8 @@ class Advisor:
         self.sets = {g.group: g for g in ps.groups}
         rates = observed_rates(list(self.profiles.values()))
         self.jobs = {n: sim_job(p, opts.gbps, rates) for n, p in self.profiles.items()}
+        self.estimated = sorted(n for n, p in self.profiles.items() if not (p.snapshot_ms and p.restore_ms))
+        self.rate = "observed" if all(rates) else f"assumed {opts.gbps:g} GB/s"
         self.overhead_s = opts.overhead_s if opts.overhead_s is not None else DEFAULT_HANDOFF_S
         self._cache: dict[tuple[str, ...], Placement] = {}
 
@@ -261,7 +266,7 @@ class Advisor:
         groups = self._fit_sets(self._improve(self._greedy(names, feasible), feasible), feasible)
         plan = Plan(sorted((replace(feasible[g]) for g in groups), key=lambda p: p.jobs))
         self._assign(plan)
-        return Advice(plan, today_plan, self.overhead_s, self.skipped)
+        return Advice(plan, today_plan, self.overhead_s, self.skipped, self.estimated, self.rate)
 
     @staticmethod
     def _greedy(names: list[str], feasible: dict[tuple[str, ...], Placement]) -> list[tuple[str, ...]]:
