@@ -22,7 +22,11 @@ RESTORING = "restoring"
 GONE = "gone"                  # the job's processes no longer exist
 LOST = "lost"                  # a restore failed in a way the driver cannot undo
 FROZEN = "frozen"              # on the device, every process locked: it runs nothing (strict groups, orphans)
-TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN})
+# The agent cannot tell where the job's memory is: a cooperative worker with no open channel to it
+# (not reconnected after an agent restart, past --reconnect-grace-s). Planned as resident; never granted
+# before the agent has seen its memory back.
+UNKNOWN = "unknown"
+TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN, UNKNOWN})
 
 # How the op an intent asked for ended (status.outcome); "" while in progress.
 OK = "ok"
@@ -150,6 +154,17 @@ class SessionValue(Record):
     opened_ms: int = 0
     replica: str = ""
     peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+    slot: int = -1                    # its slot of --max-sessions (lockd/slots.py); -1: none (older lockd)
+    peer_slot: int = -1               # its slot of --max-sessions-per-peer among the peer's
+
+
+@dataclass
+class SlotValue(Record):
+    """Who holds a slot of a count limit (``slots/<space>/<n>``, lockd/slots.py): for etcdctl readers."""
+
+    job: str
+    node: str = ""                    # a worker's slot: its node and pid
+    pid: int = 0
 
 
 @dataclass
@@ -163,6 +178,7 @@ class WorkerValue(Record):
     endpoint: str = ""                                 # vllm/sglang base URL
     tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)
     collective: bool = False                           # CUDA IPC / NCCL p2p: never checkpoint
+    slot: int = -1                                     # its slot of the job's max_workers_per_job; -1: none
 
 
 @dataclass
@@ -174,12 +190,18 @@ class AgentValue(Record):
     device_total_bytes: int = 0
     device_free_bytes: int = 0
     host_free_bytes: int = 0
-    job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
+    # job -> bytes on this node's devices, for every job with memory there: running or frozen, paused
+    # in part (a cooperative worker that released some regions and keeps others), or of unknown state
+    job_device_bytes: dict = field(default_factory=dict)
     updated_ms: int = 0
     endpoint: str = ""
-    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at:
-    # where each has a device context ({} = none: CPU-only, or registered before CUDA init).
+    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at, and the
+    # jobs above with memory left on a device: where each has a device context ({} = none: CPU-only,
+    # or registered before CUDA init).
     job_gpus: dict = field(default_factory=dict)
+    # Jobs with a process whose memory state the agent cannot read now (a cooperative worker with no
+    # open channel to it: e.g. not reconnected yet after an agent restart).
+    job_unknown: list = field(default_factory=list)
 
 
 @dataclass

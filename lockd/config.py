@@ -22,6 +22,7 @@ from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config
 from timeslice.common.serving import parse_bool as _bool
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
+from timeslice.lockd.workers import MAX_WORKERS_PER_JOB
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class LockdConfig:
     admin_token_file: str | None = None        # None: $TIMESLICE_ADMIN_TOKEN, else admin calls are refused
     insecure_no_admin_auth: bool = False       # admin calls open to anyone: throw-away test setups only
     max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
+    max_workers_per_job: int = MAX_WORKERS_PER_JOB   # registered processes of one job (RegisterWorker beyond: ditto)
     log_level: str = "info"
     profile_phases: int = 64                   # samples per distribution of a job's profile (lockd/profiles.py)
 
@@ -54,6 +56,8 @@ class LockdConfig:
         load_admin_token(self.admin_token_file)     # a bad token file fails start-up, not the first call
         if self.max_groups < 1:
             raise ConfigError("--max-groups must be >= 1")
+        if self.max_workers_per_job < 1:
+            raise ConfigError("--max-workers-per-job must be >= 1")
         if self.policy.swap_timeout_ms <= 0:
             raise ConfigError("--swap-timeout must be > 0")
         if not 1 <= self.profile_phases <= 1024:
@@ -83,6 +87,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--insecure-no-admin-auth", type=_bool, default=False, nargs="?", const=True,
              help="let anyone make admin calls (test setups only; never in production)")
     env_flag(p, "--max-groups", type=int, default=4096, help="most groups the system holds")
+    env_flag(p, "--max-workers-per-job", type=int, default=MAX_WORKERS_PER_JOB,
+             help="most worker processes one job may register (all nodes together); RegisterWorker beyond: "
+                  "RESOURCE_EXHAUSTED 'limit max_workers_per_job'")
     env_flag(p, "--max-sessions", type=int, default=MAX_SESSIONS,
              help="most live job sessions in the system (each is an etcd lease); OpenSession beyond: "
                   "RESOURCE_EXHAUSTED 'limit max_sessions'")
@@ -110,4 +117,5 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
                       device_margin_bytes=int(a.device_margin_bytes)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
+        max_workers_per_job=int(a.max_workers_per_job),
         log_level=a.log_level, profile_phases=int(a.profile_phases), **kw)

@@ -29,10 +29,10 @@ log = structlog.get_logger(__name__)
 
 
 class Replica:
-    def __init__(self, config: LockdConfig, metrics: Metrics | None = None):
+    def __init__(self, config: LockdConfig, metrics: Metrics | None = None, client: EtcdClient | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.client = EtcdClient(config.etcd)
+        self.client = client or EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
         # Deleted groups' queue_depth series go at the next scrape.
@@ -45,7 +45,7 @@ class Replica:
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
-        self.workers = Workers(self.client, self.keys, self.index)
+        self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
         # Job profiles, read off the history of holds in the mirror (lockd/profiles.py).
         self.profile_view = ProfileService(self.keys, self.index, self.reflector, self.groups, config.profile_phases)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,

@@ -34,7 +34,7 @@ class LockdServicer(pbg.LockdServicer):
 
     @rpc
     async def CloseSession(self, req, context):
-        return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret))
+        return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret, req.lost))
 
     @rpc
     async def KeepAlive(self, req, context):

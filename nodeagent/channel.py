@@ -14,8 +14,9 @@ go out on it with an id and a deadline, answers come back as ``done`` frames.
 What a worker last said about itself (paused tags, sizes, host backup) is
 remembered after its connection drops, so a parked worker is never forgotten
 while it reconnects (e.g. after an agent restart, its hello says what it has
-paused). Everything read from a peer is bounded: frame size, hello fields,
-connections in total, requests in flight.
+paused); when each channel went is kept too (``lost_at``), for the bounded wait
+of ``nodeagent.reconnects``. Everything read from a peer is bounded: frame
+size, hello fields, connections in total, requests in flight.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import itertools
 import os
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,16 +142,21 @@ class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
-                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_connect: Callable[[WorkerInfo], None] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
-        self.on_disconnect = on_disconnect
+        self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
+        self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
+        self._hello = asyncio.Event()                # set (and replaced) at every accepted hello
         self._server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.started_at = time.monotonic()           # reset by start(): from then on workers reconnect
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.started_at = time.monotonic()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.path.unlink()               # a previous agent's socket: nobody listens on it any more
@@ -197,6 +204,7 @@ class ChannelServer:
     def forget(self, pid: int) -> None:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
+        self._lost.pop(pid, None)
         c = self._conns.pop(pid, None)
         if c is not None:
             c.close()
@@ -212,6 +220,23 @@ class ChannelServer:
         while it runs the part already faulted is counted twice (refusing early, never
         admitting what does not fit)."""
         return sum(i.host_reserving for i in self._infos.values())
+
+    def cooperative_pids(self) -> dict[int, str]:
+        """pid -> job of the live processes that said hello as cooperative workers (with regions to
+        move; a process that only attests has none), connected or not."""
+        return {p: i.job for p, i in list(self._infos.items())
+                if i.tags and procfs.same_process(p, i.start_time)}
+
+    def lost_at(self, pid: int) -> float | None:
+        """When ``pid``'s channel went (monotonic), if it had one and it is closed now."""
+        return self._lost.get(pid)
+
+    async def next_hello(self, timeout: float) -> None:
+        """Return at the next accepted hello, or after ``timeout`` s."""
+        try:
+            await asyncio.wait_for(self._hello.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     async def _on_conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -244,10 +269,15 @@ class ChannelServer:
             old.close()
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
+        self._lost.pop(pid, None)
         writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
         await writer.drain()
         log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
                  host_bytes=info.host_bytes)
+        said, self._hello = self._hello, asyncio.Event()
+        said.set()                                  # ops waiting for this worker go on (nodeagent.reconnects)
+        if self.on_connect is not None:
+            self.on_connect(info)
         try:
             while True:
                 msg = await _read(reader)
@@ -265,6 +295,7 @@ class ChannelServer:
             if self._conns.get(pid) is conn:
                 del self._conns[pid]
                 info.connected = False
+                self._lost[pid] = time.monotonic()
             conn.fail_all("the worker closed its channel")
             conn.close()
         log.info("channel_worker_disconnected", pid=pid, job=job, reason=why, paused=info.paused)

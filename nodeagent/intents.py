@@ -12,9 +12,12 @@ Per intent, in this order:
   2. no live process of the job on this node → gone (not an error);
   3. already in the target state (snapshotted for a snapshot, running for a
      restore, frozen for a freeze, unlocked for a thaw) → ok, nothing redone;
-  4. a snapshot the job's backend may not take (``checkpoint_refusal``: a
+  4. a cooperative worker of the job that has no channel to this agent and did
+     not come back within the grace (``nodeagent.reconnects``) → failed, with
+     the reason, nothing touched (its memory can be neither moved nor seen back);
+  5. a snapshot the job's backend may not take (``checkpoint_refusal``: a
      collective worker swapped by the driver checkpoint) → refused, nothing touched;
-  5. otherwise run the backend op.
+  6. otherwise run the backend op.
 """
 from __future__ import annotations
 
@@ -111,8 +114,9 @@ def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
 
 
 def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0,
-           refusal: str = "") -> Decision:
-    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``)."""
+           refusal: str = "", away: str = "") -> Decision:
+    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``); ``away``:
+    why some of its cooperative workers cannot be reached (``Reconnects.wait_all``)."""
     if intent.error:
         return Decision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
@@ -121,6 +125,8 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
         return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
+    if away:
+        return Decision(REPORT, R.FAILED, away)
     if refusal and intent.op == R.SNAPSHOT:
         return Decision(REFUSE, R.REFUSED, refusal)
     return Decision(RUN)

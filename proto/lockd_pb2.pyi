@@ -27,12 +27,14 @@ class OpenSessionReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class SessionRef(_message.Message):
-    __slots__ = ("job_id", "session_secret")
+    __slots__ = ("job_id", "session_secret", "lost")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    lost: bool
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class CloseSessionReply(_message.Message):
     __slots__ = ("closed",)

@@ -91,9 +91,13 @@ class AsyncOrchestratorClient(Holds, Workers, Admin):
         s = self._session
         if s is not None and self._lost is None:
             await self._close_session(s, timeout)
+        elif self._lost is not None:
+            await self._await_ending(timeout)        # a session it declared lost: ended at lockd if it can
         with self._mu:
             self._closed = True
             self._grants.clear()
+        if self._ending is not None:
+            self._ending.cancel()
         for call, task in self._dangling:
             call.cancel()
             task.cancel()

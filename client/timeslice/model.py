@@ -116,7 +116,7 @@ class GrantInfo(_Dict):
 @dataclass(frozen=True)
 class JobState(_Dict):
     job_id: str
-    state: str                 # running | snapshotting | snapshotted | restoring | failed | gone | refused
+    state: str                 # running | snapshotting | snapshotted | restoring | frozen | unknown | gone | lost
     bytes: int = 0
     elapsed_ms: float = 0.0
     error: str = ""

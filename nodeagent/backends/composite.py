@@ -7,9 +7,11 @@ pid where its registration says (``WorkerValue.swap``):
 
 * no swapper (``checkpoint``): the node's checkpoint backend, unchanged;
 * a swapper (``cooperative``, ``vllm``, ``sglang``): the worker moves its own
-  memory. Its states map onto the machine: paused -> CHECKPOINTED, running ->
+  memory. Its states map onto the machine: paused -> CHECKPOINTED (PARTIAL
+  while a selective pause left some of its regions on the device), running ->
   RUNNING; ``lock`` is a no-op (the worker needs its context to copy);
-  ``checkpoint`` asks it to pause, ``restore`` to resume.
+  ``checkpoint`` asks it to pause (a PARTIAL one: what is still resident),
+  ``restore`` to resume.
 
 Around a cooperative pause the checkpoint backend still has a role:
 
@@ -105,9 +107,12 @@ class CompositeBackend(Backend):
             regions = {}
             for p in pids:
                 sw = self.resolve(p)
-                if (sw is not None and hasattr(sw, "tags") and hasattr(sw, "region_bytes")
-                        and sw.state() is SwapState.RUNNING):
-                    regions[p] = (sw.tags(), sw.region_bytes())
+                resident = getattr(sw, "resident_regions", None)
+                if sw is not None and hasattr(sw, "tags") and resident is not None and \
+                        sw.state() in (SwapState.RUNNING, SwapState.PAUSED):
+                    left = resident()            # paused in part: only what is still there can go
+                    if left:
+                        regions[p] = ({t: pol for t, pol in sw.tags().items() if t in left}, left)
             ctx.tags = choose_tags(regions, 0 if R.checkpoints_rest(isolation) else need_bytes)
         with self._mu:
             for p in pids:
@@ -134,7 +139,8 @@ class CompositeBackend(Backend):
         if b in (ProcState.CHECKPOINTED, ProcState.FAILED):
             return b                                    # full isolation's checkpoint (or its loss)
         if s is SwapState.PAUSED:
-            return ProcState.CHECKPOINTED
+            left = getattr(sw, "releasable_bytes", None)
+            return ProcState.PARTIAL if left is not None and left() > 0 else ProcState.CHECKPOINTED
         if s is SwapState.RUNNING:
             return ProcState.LOCKED if b is ProcState.LOCKED else ProcState.RUNNING
         return ProcState.UNKNOWN                         # registered, but it never spoke to this agent

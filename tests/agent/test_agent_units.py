@@ -33,6 +33,31 @@ def test_job_state_follows_the_processes():
     assert job_state({1: S.LOCKED}) == R.FROZEN          # locked in place: runs nothing (strict groups)
     assert job_state({1: S.CHECKPOINTED, 2: S.FAILED}) == R.LOST
     assert job_state({1: S.NO_CUDA}) == R.RUNNING
+    assert job_state({1: S.PARTIAL}) == R.SNAPSHOTTED          # regions released: restore before it runs
+    # A process whose state cannot be read (a cooperative worker not reconnected since the agent
+    # started) is never taken for running: it may have released regions.
+    assert job_state({1: S.UNKNOWN}) == R.UNKNOWN
+    assert job_state({1: S.RUNNING, 2: S.UNKNOWN}) == R.UNKNOWN
+
+
+def test_a_partly_paused_job_is_parked_with_memory_left_on_the_device():
+    pic = Picture({1: S.PARTIAL}, {1: 7}, {1: {"sim0": 7}}, {1: {"sim0": 13}})
+    assert (pic.state, pic.partial, pic.resident_bytes, pic.resident_devices) == (R.SNAPSHOTTED, True, 13,
+                                                                                  {"sim0": 13})
+    assert (pic.device_bytes, pic.gpu_bytes) == (7, {"sim0": 7})     # the status: what a restore needs
+    assert pic.needs(R.SNAPSHOT) and pic.needs(R.RESTORE)             # a further pause frees more
+    whole = Picture({1: S.CHECKPOINTED}, {1: 20}, {1: {"sim0": 20}})
+    assert not whole.partial and not whole.needs(R.SNAPSHOT)
+    unknown = Picture({1: S.UNKNOWN}, left={1: {"sim0": 20}})
+    assert (unknown.state, unknown.resident_devices) == (R.UNKNOWN, {"sim0": 20})
+
+
+def test_an_unreachable_cooperative_worker_fails_the_op_with_the_reason_unless_nothing_is_to_do():
+    why = "pid 1 of job 'j' is a cooperative worker that ... (--reconnect-grace-s)"
+    d = I.decide(intent("restore"), Picture({1: S.UNKNOWN}), away=why)
+    assert (d.kind, d.outcome, d.reason) == (I.REPORT, R.FAILED, why)
+    d = I.decide(intent("snapshot"), Picture({1: S.CHECKPOINTED}, {1: 5}), away=why)
+    assert d.outcome == R.OK                                           # paused already: nothing to move
 
 
 def test_decisions():
@@ -113,6 +138,7 @@ def test_config_from_flags_and_environment(monkeypatch):
     monkeypatch.setenv("TIMESLICE_BACKEND", "cuda-checkpoint")
     cfg = C.from_args(_parse(["--prefix", "/x/", "--listen", "127.0.0.1:0"]))
     assert (cfg.node, cfg.lock_timeout_ms, cfg.backend_name, cfg.prefix) == ("gpu-7", 250, "cuda-cli", "/x/")
+    assert cfg.reconnect_grace_s == 20.0
     assert cfg.endpoint(5000) == "127.0.0.1:5000"
     monkeypatch.setenv("TIMESLICE_NODE", "gpu-8")                       # the flag's own variable wins
     assert C.from_args(_parse([])).node == "gpu-8"
@@ -125,6 +151,7 @@ def test_config_from_flags_and_environment(monkeypatch):
     ["--backend", "gpu"], ["--prefix", "nope"], ["--lock-timeout-ms", "0"], ["--listen", "nohost"],
     ["--host-reserve-bytes", "-1"], ["--refresh-interval", "30"], ["--agent-lease-ttl", "1"],
     ["--sim-capacity-bytes", "0"], ["--log-level", "loud"], ["--sim-restore-gbps", "-2"],
+    ["--reconnect-grace-s", "0"], ["--reconnect-grace-s", "601"],
     ["--app-drain-s", "-1"], ["--app-drain-s", "200", "--swap-deadline-s", "100"],
 ])
 def test_invalid_settings_fail_at_start(argv):
