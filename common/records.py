@@ -125,6 +125,7 @@ class QueueValue(Record):
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
     trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
+    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
 
 
 @dataclass
@@ -248,6 +249,9 @@ class HoldRecord(Record):
     restored: bool = False
     elided: bool = False
     bytes_moved: int = 0
+    hint_bytes: int = 0           # the queue entry's device_bytes_hint
+    prev_busy_ms: int = 0         # the job's own measure of its previous hold of the group (last_hold_ms)
+    gpu_bytes: dict = field(default_factory=dict)   # "<node>/<device id>" -> the job's bytes there at release
     # The agents' answers to this grant's swap intents:
     # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
     swaps: list[dict] = field(default_factory=list)

@@ -43,6 +43,7 @@ class LockdConfig:
     max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
     max_workers_per_job: int = MAX_WORKERS_PER_JOB   # registered processes of one job (RegisterWorker beyond: ditto)
     log_level: str = "info"
+    profile_phases: int = 64                   # samples per distribution of a job's profile (lockd/profiles.py)
 
     def __post_init__(self) -> None:
         Keys(self.prefix)                           # raises on a malformed prefix
@@ -59,6 +60,8 @@ class LockdConfig:
             raise ConfigError("--max-workers-per-job must be >= 1")
         if self.policy.swap_timeout_ms <= 0:
             raise ConfigError("--swap-timeout must be > 0")
+        if not 1 <= self.profile_phases <= 1024:
+            raise ConfigError("--profile-phases must be in [1, 1024]")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,7 +98,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                   "it presents one, else its IP address (port ignored; behind a proxy all clients share the "
                   "proxy's); beyond: RESOURCE_EXHAUSTED 'limit max_sessions_per_peer'")
     env_flag(p, "--log-level", default="info")
-
+    env_flag(p, "--profile-phases", type=int, default=64,
+             help="newest phases per job and group that a profile shows (hold, gap, wait, swap samples)")
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:
@@ -114,4 +118,4 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
         max_workers_per_job=int(a.max_workers_per_job),
-        log_level=a.log_level, **kw)
+        log_level=a.log_level, profile_phases=int(a.profile_phases), **kw)

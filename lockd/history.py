@@ -82,7 +82,7 @@ class HistoryBook:
         for group in list(self.open):
             g = grants.get(group)
             if g is None or g.token != self.open[group].token:
-                self._close(group, now_ms)
+                self._close(group, now_ms, kvs.get)
         for group, g in grants.items():
             if group not in self.open:
                 self._open(group, g, kvs.get, now_ms)
@@ -97,7 +97,7 @@ class HistoryBook:
 
     def _on_grant(self, group: str, ev: WatchEvent, lookup, now_ms: int) -> None:
         if not ev.is_put:
-            self._close(group, now_ms)                # yield, session loss, group deletion
+            self._close(group, now_ms, lookup)        # yield, session loss, group deletion
             return
         g = self._load(R.GrantValue, ev.kv)
         if g is None:
@@ -106,7 +106,7 @@ class HistoryBook:
         if cur is not None and cur.token == g.token:
             return                                    # the same grant re-put
         if cur is not None:                           # a direct handoff: the next grant replaced it
-            self._close(group, g.granted_ms or now_ms)
+            self._close(group, g.granted_ms or now_ms, lookup)
         self._open(group, g, lookup, now_ms)
 
     def _on_answer(self, node: str, ev: WatchEvent) -> None:
@@ -133,13 +133,16 @@ class HistoryBook:
         self.open[group] = R.HoldRecord(group, g.job, g.token, g.leader_epoch,
                                         enqueued_ms=entry.enqueued_ms if entry else 0,
                                         granted_ms=g.granted_ms or now_ms, restored=g.restored,
-                                        elided=g.elided, bytes_moved=g.bytes_moved)
+                                        elided=g.elided, bytes_moved=g.bytes_moved,
+                                        hint_bytes=entry.device_bytes_hint if entry else 0,
+                                        prev_busy_ms=entry.last_hold_ms if entry else 0)
 
-    def _close(self, group: str, released_ms: int) -> None:
+    def _close(self, group: str, released_ms: int, lookup) -> None:
         rec = self.open.pop(group, None)
         if rec is None:
             return
         rec.released_ms = max(released_ms, rec.granted_ms)
+        rec.gpu_bytes = self._footprint(group, rec.job, lookup)
         rec.swaps = self.swaps.pop(rec.token, [])
         self.pending.append(rec)
         if len(self.pending) > MAX_PENDING:
@@ -179,6 +182,18 @@ class HistoryBook:
             oldest = min((t[0], g) for g, t in self.stored.items() if t)
             self.stored[oldest[1]].pop(0)
             out.append(self.keys.history_entry(oldest[1], oldest[0]))
+        return out
+
+    def _footprint(self, group: str, job: str, lookup) -> dict:
+        """The job's bytes per device on the group's nodes, as their agents report them now."""
+        spec = self._load(R.GroupSpec, lookup(self.keys.spec(group)))
+        out: dict[str, int] = {}
+        for node in (spec.node_names() if spec is not None else []):
+            agent = self._load(R.AgentValue, lookup(self.keys.agent(node)))
+            per = agent.job_gpus.get(job) if agent is not None and isinstance(agent.job_gpus, dict) else None
+            for dev, b in (list(per.items())[:MAX_SWAPS] if isinstance(per, dict) else []):
+                if isinstance(b, int) and b > 0:
+                    out[f"{node}/{dev}"] = b
         return out
 
     # -- helpers ------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ from timeslice.lockd.index import StateIndex
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.waiters import Waiters
 
+MAX_HOLD_MS = 30 * 24 * 3600 * 1000   # a hold the job reports (profiles): a month at most
+
 #: Looks at the group's spec an Acquire makes while the group is deleted and created again under it.
 MAX_SPEC_TRIES = 3
 
@@ -87,15 +89,18 @@ class Locks:
         await self._spec_rev(group)
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
-                      seq: int = 0) -> Granted:
+                      seq: int = 0, last_hold_ms: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
+        if not 0 <= last_hold_ms <= MAX_HOLD_MS:
+            raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
         spec_rev = await self._spec_rev(group)
         attempt = secrets.token_hex(8)
         # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent()).dump()
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
+                             last_hold_ms=last_hold_ms).dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:

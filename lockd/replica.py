@@ -19,6 +19,7 @@ from timeslice.lockd.index import StateIndex
 from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.profile_service import ProfileService
 from timeslice.lockd.sessions import Sessions
 from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
@@ -45,8 +46,13 @@ class Replica:
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
         self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
+        # Job profiles, read off the history of holds in the mirror (lockd/profiles.py).
+        self.profile_view = ProfileService(self.keys, self.index, self.reflector, self.groups, config.profile_phases)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
+        # The leader exports each live job's busy and wait shares, from the same profiles.
+        self.metrics.job_fractions.source = lambda: (self.profile_view.fractions()
+                                                     if self.leader.leadership is not None else {})
         # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
         self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
         # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).

@@ -52,7 +52,7 @@ class LockdServicer(pbg.LockdServicer):
         try:
             with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
                 got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                                 seq=req.attempt_seq)
+                                                 seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
                 traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
@@ -114,6 +114,10 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     async def ListJobs(self, req, context):
         return pb.ListJobsReply(jobs=self.r.workers.job_list())
+
+    @rpc
+    async def GetProfiles(self, req, context):
+        return self.r.profile_view.get(req.job_id, req.group_id)
 
     async def WatchGroup(self, req, context):
         changed = asyncio.Event()

@@ -92,7 +92,8 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects)
+        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
+                                 cfg.app_drain_s or None, cfg.app_drain_expired)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
                                  self.renew_session)
         self.endpoint = ""

@@ -35,8 +35,10 @@ from timeslice.nodeagent.reconnects import Reconnects
 
 class Swappers:
     def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend],
-                 reconnects: Reconnects | None = None):
+                 reconnects: Reconnects | None = None, drain_s: float | None = None,
+                 on_drain_timeout: str = "refuse"):
         self.jobs, self.channel, self._base, self.reconnects = jobs, channel, base, reconnects
+        self._drain = {"drain_s": drain_s, "on_drain_timeout": on_drain_timeout}   # app servers' drain
         self._made: dict[int, tuple[str, str, Swapper]] = {}          # pid -> (job, kind, swapper)
         self._fresh: dict[int, tuple[int, str, R.WorkerValue]] = {}   # pid -> (mod_revision, job, registration)
 
@@ -81,7 +83,7 @@ class Swappers:
         else:
             from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
             assert reg is not None                        # only a registration names an app endpoint
-            sw = make_app_swapper(reg[1], self._base())
+            sw = make_app_swapper(reg[1], self._base(), **self._drain)
         self._made[pid] = (job, kind, sw)
         return sw
 

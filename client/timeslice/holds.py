@@ -52,6 +52,10 @@ class _Hold:
 class Holds(Sessions):
     def _init_holds(self) -> None:
         self._dangling: list[tuple[grpc.aio.Call, asyncio.Future]] = []
+        # Per group: when our Acquire returned, and how long the last hold lasted as we saw it
+        # (Acquire returned -> Yield called); sent with the next Acquire for lockd's profiles.
+        self._granted_at: dict[str, tuple[int, float]] = {}
+        self._last_hold_ms: dict[str, int] = {}
 
     # == acquire ======================================================================
     async def acquire(self, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0) -> Grant:
@@ -85,8 +89,9 @@ class Holds(Sessions):
         def attempt(stub, idx, req, t):
             return self._acquire_attempt(stub, idx, req, t, left)
 
+        last_hold = self._last_hold_ms.get(group_id, 0)
         try:
-            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint, last_hold),
                                        deadline=deadline, cap=0, attempt=attempt, st=st)
         except E.TimesliceClientError as e:
             if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
@@ -97,6 +102,9 @@ class Holds(Sessions):
             self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grants.add(grant)
+        self._last_hold_ms.pop(group_id, None)
+        if self._granted_at.get(group_id, (0, 0.0))[0] != grant.token:     # a re-acquire keeps its start
+            self._granted_at[group_id] = (grant.token, time.monotonic())
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
                  waited_ms=round(grant.waited_ms, 3), restored=grant.restored)
         if self.after_acquire is not None:
@@ -183,6 +191,9 @@ class Holds(Sessions):
         admin revoked by deleting its group raises ``GroupRevokedError``.
         """
         self._check_usable(Call.YIELD)
+        since = self._granted_at.pop(group_id, None)
+        if since is not None:
+            self._last_hold_ms[group_id] = max(1, round((time.monotonic() - since[1]) * 1000))
         tok, held = self._grants.token_for(group_id, token)
         if held is not None and self.before_yield is not None:
             await self._user(self.before_yield, held, name="before_yield")

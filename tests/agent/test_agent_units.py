@@ -175,6 +175,8 @@ def test_config_from_flags_and_environment(monkeypatch):
     monkeypatch.setenv("TIMESLICE_NODE", "gpu-8")                       # the flag's own variable wins
     assert C.from_args(_parse([])).node == "gpu-8"
     assert C.from_args(_parse(["--node", "gpu-9"])).node == "gpu-9"  # and the flag wins over both
+    drain = C.from_args(_parse(["--app-drain-s", "5", "--app-drain-expired", "abort"]))
+    assert (drain.app_drain_s, drain.app_drain_expired) == (5.0, "abort")
 
 
 @pytest.mark.parametrize("argv", [
@@ -182,6 +184,7 @@ def test_config_from_flags_and_environment(monkeypatch):
     ["--host-reserve-bytes", "-1"], ["--refresh-interval", "30"], ["--agent-lease-ttl", "1"],
     ["--sim-capacity-bytes", "0"], ["--log-level", "loud"], ["--sim-restore-gbps", "-2"],
     ["--reconnect-grace-s", "0"], ["--reconnect-grace-s", "601"],
+    ["--app-drain-s", "-1"], ["--app-drain-s", "200", "--swap-deadline-s", "100"],
 ])
 def test_invalid_settings_fail_at_start(argv):
     with pytest.raises(ConfigError):

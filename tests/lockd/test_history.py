@@ -99,3 +99,17 @@ def test_answers_for_a_grant_that_never_came_are_bounded():
     for t in range(H.MAX_TOKENS_WITH_SWAPS + 10):
         book.observe([put(K.status("n", "j"), answer("j", R.SNAPSHOT, t + 1, t + 1))], lambda _k: None, 0)
     assert len(book.swaps) == H.MAX_TOKENS_WITH_SWAPS and min(book.swaps) == 11
+
+
+def test_a_record_keeps_what_profiles_need_the_hint_the_jobs_own_hold_and_its_footprint():
+    book = H.HistoryBook(K)
+    state = {K.queue_entry("g", "a"): kv(K.queue_entry("g", "a"), R.QueueValue(
+                 "a", device_bytes_hint=64, enqueued_ms=900, last_hold_ms=180).dump()),
+             K.spec("g"): kv(K.spec("g"), R.GroupSpec(nodes=[{"node": "n1", "gpus": []}]).dump()),
+             K.agent("n1"): kv(K.agent("n1"), R.AgentValue("n1", "sim", job_gpus={"a": {"sim0": 50}}).dump())}
+    book.reseed({}, 7, 1000)
+    book.observe([put(K.grant("g"), grant("a", 10, 1000))], state.get, 1000)
+    book.observe([gone(K.grant("g"))], state.get, 1200)
+    (_, raw), = book.take()[0]
+    r = R.HoldRecord.load(raw)
+    assert (r.hint_bytes, r.prev_busy_ms, r.gpu_bytes) == (64, 180, {"n1/sim0": 50})
