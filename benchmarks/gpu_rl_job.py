@@ -6,6 +6,15 @@ any lock. The job keeps ``--mem-gb`` of "weights" resident on the GPU, filled
 from a seed, and verifies their checksum at the start of every GPU phase — so
 a snapshot/restore that corrupted or lost device memory is caught. Every phase
 is written as a JSON line (monotonic time, token, restored/elided/bytes).
+
+Cooperative (``--swap cooperative``): with ``--backup pool`` (or ``auto`` where it
+works) the job declares its weights' size and cooperates *before* its first
+acquire, so its pinned backup is reserved outside every hold (``ev: pinned``);
+with ``--backup tms`` it cooperates inside its first hold, as torch-memory-saver's
+own backup needs device work, and that pinning is recorded as not-GPU time of
+that phase (``gpu_spans``). ``--clean-weights`` promises the weights are not
+written after loading (a sampler between weight syncs): the pause after the
+first copies them out, later pauses do not.
 """
 from __future__ import annotations
 
@@ -49,6 +58,10 @@ def main() -> int:
     p.add_argument("--hint-bytes", type=int, default=0, help="peak device footprint, for swap elision")
     p.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
                    help="cooperative: weights in a torch-memory-saver region the job pauses itself")
+    p.add_argument("--backup", choices=["auto", "pool", "tms"], default="auto",
+                   help="cooperative: our pinned pool (copied by us) or torch-memory-saver's own backup")
+    p.add_argument("--clean-weights", action="store_true",
+                   help="cooperative: mark the weights clean once loaded (copied out at the first pause only)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = open(a.out, "a", buffering=1)
@@ -56,6 +69,8 @@ def main() -> int:
     def rec(**kw):
         kw.update(job=a.job, t=time.monotonic(), pid=os.getpid())
         out.write(json.dumps(kw) + "\n")
+
+    rec(ev="start")                                  # the job's wall clock starts here (torch imported)
 
     dev = torch.device("cuda")
     chunk = 256 * 1024 * 1024 // 4                     # 256 MiB of float32 per tensor
@@ -67,31 +82,44 @@ def main() -> int:
         client = OrchestratorClient(target=a.target, job_id=a.job, release_cache=bool(a.release_cache))
 
     memory = None
+    n_chunks = max(1, int(a.mem_gb * 4))
+    early = False                                    # cooperate before the first acquire (pool backup)
     if a.swap == "cooperative":
         from timeslice.torch_memory import TorchMemory
-        memory = TorchMemory({"weights": "offload"})
+        memory = TorchMemory({"weights": "offload"}, backup=a.backup,
+                             host_bytes={"weights": n_chunks * chunk * 4})
+        early = memory.backup == "pool"
+        if early and client is not None:
+            t0 = time.monotonic()
+            client.cooperate(memory)                 # channel, registration, pinned pool: outside every hold
+            rec(ev="pinned", start=t0, end=time.monotonic(), host_bytes=memory.host_bytes(),
+                method=memory.host_pool.method, backup=memory.backup)
+    pin_inside: list[float] = []                     # [start, end] of pinning inside a hold (tms backup)
 
     def load_weights() -> None:
         # Like a real job, the model goes onto the GPU inside the first GPU phase
-        # (while holding the group), and the process is registered once it owns
-        # device memory, so the agent knows what to snapshot.
+        # (while holding the group). A job that cooperated already (pool backup)
+        # tells the agent its region's size as the region grows; the others
+        # register now that they own device memory, so the agent knows what to move.
         nonlocal expected
         gen = torch.Generator(device=dev).manual_seed(sum(map(ord, a.job)))
-        n = max(1, int(a.mem_gb * 4))
         if memory is not None:
             with memory.region("weights"):
-                weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n))
+                weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n_chunks))
+            if a.clean_weights:
+                memory.mark_clean("weights")     # not written from here on: later pauses copy nothing
         else:
-            weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n))
+            weights.extend(torch.randn(chunk, device=dev, generator=gen) for _ in range(n_chunks))
         expected = checksum(weights)
         torch.cuda.synchronize()
         t0 = time.monotonic()
-        if client is not None and memory is not None:
-            client.cooperate(memory)            # channel + registration; pins the host backup now (we hold)
-        elif client is not None:
+        if client is not None and memory is not None and not early:
+            client.cooperate(memory)            # channel + registration; tms pins its backup now (we hold)
+            pin_inside[:] = [t0, time.monotonic()]
+        elif client is not None and memory is None:
             client.register_worker(device_bytes=torch.cuda.memory_reserved())
         rec(ev="ready", weights_bytes=sum(w.numel() * 4 for w in weights), checksum=expected,
-            register_s=time.monotonic() - t0, swap=a.swap)
+            register_s=time.monotonic() - t0, swap=a.swap, backup=getattr(memory, "backup", ""))
 
     side = int((a.scratch_gb * 2**30 / 2 / 2) ** 0.5) // 64 * 64   # two bf16 square matrices
 
@@ -114,7 +142,11 @@ def main() -> int:
                 # its last yield it may be parked, and a parked process must not touch the device.
                 final["checksum_ok"] = checksum(weights) == expected
             t1 = time.monotonic()
-            rec(ev="phase", phase=name, gpu=True, t_req=t_req, start=t0, end=t1, matmuls=n, checksum_ok=ok,
+            # GPU time excludes pinning done inside the hold (tms backup's first phase): it is host work.
+            spans = [[t0, pin_inside[0]], [pin_inside[1], t1]] if pin_inside and t0 <= pin_inside[0] else [[t0, t1]]
+            pin_inside.clear()
+            rec(ev="phase", phase=name, gpu=True, t_req=t_req, start=t0, end=t1, gpu_spans=spans, matmuls=n,
+                checksum_ok=ok,
                 token=getattr(grant, "token", 0), restored=getattr(grant, "restored", False),
                 elided=getattr(grant, "elided", False), bytes_moved=getattr(grant, "bytes_moved", 0),
                 waited_ms=getattr(grant, "waited_ms", 0.0), reserved=torch.cuda.memory_reserved())
@@ -130,7 +162,8 @@ def main() -> int:
         time.sleep(a.reward_s)                        # rewards: CPU only, GPU untouched
         rec(ev="phase", phase="rewards", gpu=False, start=t0, end=time.monotonic())
         gpu_phase("train", a.train_s, last=i == a.iters - 1)
-    rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=final.get("checksum_ok", False))
+    rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=final.get("checksum_ok", False),
+        backup_stats=memory.backup_stats() if memory is not None else {})
     if client is not None:
         client.close()
     if memory is not None:

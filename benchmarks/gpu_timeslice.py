@@ -12,12 +12,18 @@ and time-sliced, in three regimes:
                  torch-memory-saver region with a retained pinned backup, and the agent
                  asks each job to pause/resume itself (freeze on) instead of checkpointing it
 
-Measures GPU duty cycle (phase timestamps, and NVML utilisation samples), wall
-time, swaps, elided swaps, bytes moved, time spent swapping; checks the
-weights' checksum after every restore and the token history (no overlap,
-tokens increasing). Writes JSON and a timeline PNG.
+Figures, headline first: the NVML duty cycle (share of time a kernel ran, sampled every
+50 ms: what DCGM reports) and the end-to-end wall time of the pair against the same
+two jobs one after the other (``wall_s``: from the first job process's start, torch
+imported, to its last GPU phase's end, so start-up and pinning count; ``e2e_wall_s``:
+from launching the first job to the last one's exit). Beside them the phase-based
+duty (GPU phases over that wall; pinning inside a hold and waiting for a grant are
+not GPU time), swaps, elided swaps, bytes moved, round trips; checks the weights'
+checksum after every restore and the token history (no overlap, tokens increasing).
+Writes JSON and a timeline PNG.
 
     python -m benchmarks.gpu_timeslice --out benchmarks/results
+    python -m benchmarks.gpu_timeslice --profile 40g_long --clean-weights --out $OUT
 """
 from __future__ import annotations
 
@@ -68,9 +74,20 @@ class NvmlSampler(threading.Thread):
         return self.nvml.nvmlDeviceGetMemoryInfo(self.h).free
 
 
+# Named settings (explicit flags still win). 40g_long: the regime of gpu_timeslice_40g_long.json (two
+# 40 GiB jobs, 6 s phases, 3 iterations) whose first pins made the pair slower than one after the other.
+PROFILES = {
+    "40g_long": {"iters": 3, "mem_gb": 40.0, "gen_s": 6.0, "reward_s": 8.0, "train_s": 6.0,
+                 "regimes": "nofit-coop", "job_timeout": 280.0, "name": "gpu_timeslice_40g_long"},
+    "4g_coop": {"iters": 3, "mem_gb": 4.0, "gen_s": 1.5, "reward_s": 3.0, "train_s": 1.5,
+                "regimes": "nofit-coop", "job_timeout": 60.0, "name": "gpu_timeslice_4g_coop"},
+}
+
+
 def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0, swap="checkpoint"):
+    extra = ["--backup", a.backup] + (["--clean-weights"] if a.clean_weights and swap == "cooperative" else [])
     return [sys.executable, os.path.join(HERE, "gpu_rl_job.py"), "--job", job, "--mode", mode, "--out", out,
-            "--swap", swap,
+            "--swap", swap, *extra,
             "--target", target, "--iters", str(a.iters), "--gen-s", str(a.gen_s), "--reward-s", str(a.reward_s),
             "--train-s", str(a.train_s), "--mem-gb", str(a.mem_gb), "--scratch-gb", str(a.scratch_gb),
             "--release-cache", str(release_cache), "--hint-bytes", str(hint)]
@@ -103,10 +120,15 @@ def analyse(events, sampler, label):
                 "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0, "swaps_restored": 0, "elided": 0,
                 "bytes_moved": 0}
     gpu = [e for e in phases if e["gpu"]]
-    t0 = min(e.get("t_req", e["start"]) for e in phases)
+    starts = [e["t"] for e in events if e["ev"] == "start"]
+    first_req = min(e.get("t_req", e["start"]) for e in phases)
+    t0 = min(starts) if starts else first_req      # the job's start-up and pinning count
     t1 = max(e["end"] for e in phases)
     wall = t1 - t0
-    busy = union_length([(e["start"], e["end"]) for e in gpu])
+
+    def spans(e):                                   # GPU time of a phase: pinning inside it is not
+        return [tuple(x) for x in e.get("gpu_spans") or [(e["start"], e["end"])]]
+    busy = union_length([x for e in gpu for x in spans(e)])
     violations = []
     by_start = sorted(gpu, key=lambda e: e["start"])
     for x, y in zip(by_start, by_start[1:]):
@@ -129,8 +151,15 @@ def analyse(events, sampler, label):
     # many iterations approaches.
     firsts = [min(e["end"] for e in gpu if e["job"] == j) for j in {e["job"] for e in gpu}]
     s0 = max(firsts) if firsts else t1
-    steady_busy = union_length([(max(e["start"], s0), e["end"]) for e in gpu if e["end"] > s0])
+    steady_busy = union_length([(max(a, s0), b) for e in gpu for a, b in spans(e) if b > s0])
+    pinned = {e["job"]: round(e["end"] - e["start"], 3) for e in events if e["ev"] == "pinned"}
+    inside = round(sum(e["end"] - e["start"] - sum(b - a for a, b in spans(e)) for e in gpu), 3)
+    done = {e["job"]: e.get("backup_stats", {}) for e in events if e["ev"] == "done"}
     return {
+        "pin_s": pinned, "pin_methods": {e["job"]: e.get("method") for e in events if e["ev"] == "pinned"},
+        "pinning_inside_holds_s": inside, "backup_stats": {j: v for j, v in done.items() if v},
+        "phases_wall_s": round(t1 - first_req, 2), "duty_cycle_nvml_phases_window":
+            round(sampler.mean_util(first_req, t1), 3),
         "duty_cycle_steady": round(steady_busy / (t1 - s0), 3) if t1 > s0 else 0,
         "steady_window_s": round(t1 - s0, 2),
         "label": label, "wall_s": round(wall, 2), "gpu_busy_s": round(busy, 2),
@@ -149,9 +178,12 @@ def analyse(events, sampler, label):
 
 def run_standalone(a, sampler, workdir):
     out = os.path.join(workdir, "standalone.jsonl")
+    t0 = time.monotonic()
     for job in ("job-a", "job-b"):
         subprocess.run(job_cmd(job, "standalone", out, a), check=True)
-    return analyse(load(out), sampler, "standalone (one after the other)")
+    res = analyse(load(out), sampler, "standalone (one after the other)")
+    res["e2e_wall_s"] = round(time.monotonic() - t0, 2)
+    return res
 
 
 def agent_ops(agent: AgentProcess):
@@ -217,15 +249,17 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
             env = {**os.environ, "TIMESLICE_NODE_NAME": NODE, "TIMESLICE_AGENT_SOCKET": agent.socket}
             swap = "cooperative" if "coop" in regime else "checkpoint"
             procs = []
+            t_launch = time.monotonic()
             for j in ("job-a", "job-b"):
                 errf = open(os.path.join(logdir, f"{j}.stderr"), "wb")
                 procs.append(subprocess.Popen(job_cmd(j, "sliced", out, a, ",".join(lockd.targets), release_cache,
                                                       peak, swap), env=env, stdout=errf, stderr=subprocess.STDOUT))
             rcs = wait_jobs(procs, a.job_timeout)
+            e2e = round(time.monotonic() - t_launch, 2)
             events = load(out)
             res = analyse(events, sampler, f"time-sliced, {regime}")
             ready = [e for e in events if e["ev"] == "ready"]
-            res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache),
+            res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache), e2e_wall_s=e2e,
                        peak_bytes_hint=peak, swap=swap,
                        register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready})
             if any(rcs):
@@ -279,15 +313,36 @@ def plot(results, path):
             if e.get("restored"):
                 ax.plot(e["start"] - r["t0"], y + 0.4, "v", color="red", markersize=6)
         ax.set_yticks([0, 1], ["job-b", "job-a"])
-        ax.set_title(f"{r['label']}: duty cycle {r['duty_cycle_phases']:.0%} (NVML {r['duty_cycle_nvml']:.0%})",
-                     fontsize=9)
+        ax.set_title(f"{r['label']}: NVML duty {r['duty_cycle_nvml']:.0%} (phases {r['duty_cycle_phases']:.0%}), "
+                     f"wall {r['wall_s']:.0f} s", fontsize=9)
     axes[-1, 0].set_xlabel("seconds (blue: generate, orange: train, grey: rewards on CPU, red: restored)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
+def compare(results) -> list[dict]:
+    """Each time-sliced run against the one-after-the-other run: the pair's wall time as a fraction."""
+    base = next((r for r in results if r["label"].startswith("standalone") and r.get("wall_s")), None)
+    out = []
+    for r in results:
+        if base is None or r is base or not r.get("wall_s"):
+            continue
+        row = {"label": r["label"], "wall_vs_one_after_the_other": round(r["wall_s"] / base["wall_s"], 3),
+               "nvml_duty": r["duty_cycle_nvml"], "nvml_duty_one_after_the_other": base["duty_cycle_nvml"]}
+        if r.get("e2e_wall_s") and base.get("e2e_wall_s"):
+            row["e2e_wall_vs_one_after_the_other"] = round(r["e2e_wall_s"] / base["e2e_wall_s"], 3)
+        out.append(row)
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                   help="named settings (explicit flags override them)")
+    p.add_argument("--backup", choices=["auto", "pool", "tms"], default="auto",
+                   help="cooperative jobs' host backup (gpu_rl_job.py --backup)")
+    p.add_argument("--clean-weights", action="store_true",
+                   help="cooperative jobs mark their weights clean once loaded: only the first pause copies them")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--iters", type=int, default=4)
     p.add_argument("--gen-s", type=float, default=1.5)
@@ -303,6 +358,9 @@ def main():
     p.add_argument("--repeat", type=int, default=1, help="run the regimes this many times back to back")
     p.add_argument("--name", default="gpu_timeslice", help="file name stem of the results")
     a = p.parse_args()
+    if a.profile:
+        p.set_defaults(**PROFILES[a.profile])
+        a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="gpu-ts-")
     sampler = NvmlSampler()
@@ -326,18 +384,23 @@ def main():
                             "timeline": [], "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0,
                             "swaps_restored": 0, "elided": 0, "bytes_moved": 0})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
+        doc["comparison"] = compare(results)
         save()
     sampler.stop.set()
     png = os.path.join(a.out, f"{a.name}_timeline.png")
     plot(results, png)
-    print(f"{'run':38} {'wall s':>7} {'duty':>6} {'steady':>6} {'nvml':>6} {'restores':>8} {'elided':>6} {'GB moved':>8} "
-          f"{'op s':>6} {'trip s':>7} {'viol':>4}")
+    print(f"{'run':38} {'nvml':>6} {'wall s':>7} {'e2e s':>7} {'phases':>6} {'steady':>6} {'restores':>8} "
+          f"{'elided':>6} {'GB moved':>8} {'op s':>6} {'trip s':>7} {'viol':>4}")
     for r in results:
-        print(f"{r['label']:38} {r['wall_s']:7.1f} {r['duty_cycle_phases']:6.0%} {r.get('duty_cycle_steady', 0):6.0%} "
-              f"{r['duty_cycle_nvml']:6.0%} "
+        print(f"{r['label']:38} {r['duty_cycle_nvml']:6.0%} {r['wall_s']:7.1f} {r.get('e2e_wall_s', 0):7.1f} "
+              f"{r['duty_cycle_phases']:6.0%} {r.get('duty_cycle_steady', 0):6.0%} "
               f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / GB:8.1f} "
               f"{r.get('op_seconds', 0):6.1f} {r.get('round_trip_steady_median_s', 0):7.3f} "
               f"{len(r['violations']):4d}")
+    for c in doc.get("comparison", []):
+        print(f"{c['label']}: wall x{c['wall_vs_one_after_the_other']} of one after the other"
+              f" (end to end x{c.get('e2e_wall_vs_one_after_the_other', '?')}), NVML duty {c['nvml_duty']:.0%}"
+              f" vs {c['nvml_duty_one_after_the_other']:.0%}")
     print(f"ideal duty cycle {ideal:.0%}; timeline: {png}")
     return 1 if any(r["violations"] for r in results) else 0
 

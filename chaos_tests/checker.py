@@ -33,6 +33,15 @@ session-loss ``session_lost`` events (claims.py): every grant is returned to a
 cross-group With an observer's ``group_spec`` and ``parked``/``unparked`` events
             (crossgroup.py): a job holding any group is never snapshotted,
             frozen or being moved on that group's devices.
+device,     With jobs on a simulated device (swaprules.py): every grant's section
+memory-back, checks the job's device bytes; no job is granted while its memory is
+parked-orphan not back (a cooperative region released, a checkpointed process not
+            restored), from the jobs' own reports; no job stays parked on a node
+            without a live session past ``orphan_bound_s`` (after the last fault
+            active meanwhile healed).
+recovery,   With the test's ``fault``/``heal`` events (faultrules.py): each group
+quorum,     asked for is granted again within ``recovery_bound_s`` of a heal; no new
+status      grant while etcd has no majority; no call fails with INTERNAL.
 
 Fence rejections are figures, not violations.
 """
@@ -43,6 +52,8 @@ from dataclasses import dataclass, field
 
 from chaos_tests.claims import check_claims
 from chaos_tests.crossgroup import check_cross_group
+from chaos_tests.faultrules import check_faults
+from chaos_tests.swaprules import check_swaps
 
 _OPEN = math.inf
 
@@ -61,6 +72,8 @@ class Report:
     fenced_sections: int = 0
     max_grant_gap_s: float = 0.0
     max_wait_s: float = 0.0
+    # (fault, s from its heal to the next grant in any group, ... in the slowest group asked for), None: never
+    recoveries: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -110,17 +123,22 @@ class _JobState:
     section: _Section | None = None
 
 
-def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0) -> Report:
+def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0,
+          orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0) -> Report:
     """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
-    ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py)."""
+    ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py);
+    ``orphan_bound_s``: how long a job may stay parked without a session (swaprules.py);
+    ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py)."""
     events = sorted(history_events, key=lambda e: e["t"])
     report = Report()
     if not events:
         return report
-    t0 = events[0]["t"]
+    # Times are printed from the scenario's start (its ``start`` event: where its figures count
+    # from), else from the first event.
+    t0 = next((e["t"] for e in events if e["ev"] == "start"), events[0]["t"])
 
     def at(t: float) -> str:
-        return f"+{(t - t0) / 1e9:.3f}s"
+        return f"{(t - t0) / 1e9:+.3f}s"
 
     groups: dict[str, _Group] = {}
     states: dict[tuple, _JobState] = {}
@@ -140,6 +158,8 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
         _check_group(group, g, report, at, _expected_for(expected_order, group))
     check_claims(events, report, at, ghost_bound_s)
     check_cross_group(events, report, at)
+    check_swaps(events, report, at, orphan_bound_s)
+    check_faults(events, report, at, recovery_bound_s)
     report.groups = len(active)
     report.jobs = len({job for (_, job), _ in states.items() if job is not None})
     return report

@@ -31,7 +31,10 @@ SIMULATED device (``timeslice.nodeagent.sim``, see device.py): it allocates an a
 registers itself with lockd as the job's worker on ``--node``, and inside every
 critical section checks that its device bytes are exactly what it left there
 (the node agent may have snapshotted and restored them in between), recording
-a ``data_check``, then changes them.
+a ``data_check``, then changes them. With ``--coop-regions`` it is a *cooperative*
+worker instead (coopdevice.py): its tagged regions are paused and resumed by the
+job itself when the agent asks, over its channel (``--agent-socket``). Either
+way, each section starts with a ``memory`` report: is the job's memory back?
 
 On SIGTERM, or after ``--duration`` seconds, it finishes its current turn,
 records a ``data_check`` per group (the resource kept every operation it
@@ -50,6 +53,7 @@ import time
 
 import grpc
 
+from chaos_tests.coopdevice import SimCoopWorkerDevice
 from chaos_tests.device import SimWorkerDevice
 from chaos_tests.history import FencedResource, HistoryRecorder
 from timeslice.testing.rawjob import GiveUp, RawJob, SessionLost
@@ -58,18 +62,31 @@ from timeslice.testing.rawjob import GiveUp, RawJob, SessionLost
 class AttemptFailed(Exception):
     """The attempt ended with an explicit error other than session loss."""
 
+    code = ""
+
 
 def log(msg: str) -> None:
     print(f"{time.monotonic():.3f} {msg}", file=sys.stderr, flush=True)
 
 
 def failure(method: str, e: BaseException) -> Exception:
-    """What a failed call means for the history: ``SessionLost``, or ``AttemptFailed`` with the reason."""
+    """What a failed call means for the history: ``SessionLost``, or ``AttemptFailed`` with the reason
+    (and its gRPC ``code``, for the checker's status rule)."""
     if isinstance(e, SessionLost):
         return e
     if isinstance(e, grpc.aio.AioRpcError):
-        return AttemptFailed(f"{method}: {e.code().name}: {e.details()}")
+        err = AttemptFailed(f"{method}: {e.code().name}: {e.details()}")
+        err.code = e.code().name
+        return err
+    if isinstance(e.__cause__, grpc.aio.AioRpcError):
+        err = AttemptFailed(f"{method}: {e} (last: {e.__cause__.code().name}: {e.__cause__.details()})")
+        err.code = e.__cause__.code().name
+        return err
     return AttemptFailed(f"{method}: {e}")
+
+
+def code_of(e: BaseException) -> str:
+    return getattr(e, "code", "") if isinstance(getattr(e, "code", ""), str) else ""
 
 
 class Client:
@@ -86,7 +103,8 @@ class Client:
         self.accepted = {g: 0 for g in self.groups}
         self.stop = threading.Event()     # set by SIGTERM
         self._keepalive: asyncio.Task | None = None
-        self.device: SimWorkerDevice | None = None    # with --sim-bytes: the job's simulated GPU
+        # with --sim-bytes / --coop-regions: the job's worker on the simulated GPU
+        self.device: SimWorkerDevice | SimCoopWorkerDevice | None = None
 
     # -- the session ----------------------------------------------------------------------
     async def open_session(self) -> None:
@@ -126,10 +144,11 @@ class Client:
         group = self.rng.choice(self.groups)
         self.rec.acquire_req(group)
         try:
-            rep = await self.job.acquire(group, timeout=self.a.acquire_timeout, hint=self.a.sim_bytes)
+            rep = await self.job.acquire(group, timeout=self.a.acquire_timeout,
+                                         hint=self.device.footprint if self.device else 0)
         except (grpc.aio.AioRpcError, GiveUp) as err:
             e = failure("Acquire", err)
-            self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__)
+            self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, code=code_of(e))
             # A fresh session: whatever lockd still keeps of this attempt goes with the old one.
             await self.renew_session()
             return
@@ -145,6 +164,9 @@ class Client:
         self.accepted[group] += 1
         self.rec.cs_start(group, token)
         if self.device is not None:
+            report = self.device.memory_report()      # before anything may wait for the device
+            if report is not None:
+                self.rec.record("memory", group=group, token=token, **report)
             await self.device.touch(group, token)
         await asyncio.sleep(self.rng.uniform(*self.a.cs_ms) / 1000)
         if fence.apply(self.rec, group, token):
@@ -153,7 +175,7 @@ class Client:
         try:
             await self.yield_(group, token)
         except (SessionLost, AttemptFailed) as e:
-            self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, token=token)
+            self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, token=token, code=code_of(e))
             await self.renew_session()        # whatever lockd still holds for us goes with the old session
             return
         self.rec.yielded(group, token)
@@ -170,7 +192,9 @@ class Client:
         return asyncio.run(self._run())
 
     async def _run(self) -> int:
-        if self.a.sim_bytes:
+        if self.a.coop_regions:
+            self.device = SimCoopWorkerDevice(self.a, self.job, self.rec)
+        elif self.a.sim_bytes:
             self.device = SimWorkerDevice(self.a, self.job, self.rec)
         await self.open_session()
         print(f"CLIENT_READY {self.a.job} {os.getpid()}", flush=True)
@@ -182,6 +206,8 @@ class Client:
             await asyncio.sleep(self.rng.uniform(*self.a.think_ms) / 1000)
         for g in self.groups:
             self.fences[g].verify(self.rec, g, self.accepted[g])
+        if self.device is not None:
+            self.device.close()                 # the channel first, as the client library does
         await self.close_session()
         self.rec.close()
         await self.job.close()
@@ -210,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think-ms", type=_range, default=(0.0, 20.0), help="pause between turns lo,hi ms")
     p.add_argument("--sim-bytes", type=int, default=0, help="hold this many bytes on the simulated device")
     p.add_argument("--sim-dir", default=None, help="simulated device directory")
+    p.add_argument("--coop-regions", default="", help="be a cooperative worker with these regions on the "
+                   "simulated device: tag:bytes:offload|discard,... (see coopdevice.py)")
+    p.add_argument("--agent-socket", default=None, help="the node agent's channel socket (cooperative worker)")
     p.add_argument("--node", default="node-a", help="node the simulated worker runs on")
     p.add_argument("--device-timeout", type=float, default=5.0,
                    help="a section whose device stays unusable this long fails its data check, s")

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 from chaos_tests.history import HistoryRecorder
 from timeslice.testing.procs import signal_tree
 
+#: The events that mark where a client is in its turn.
+_TURN = ("acquire_req", "granted", "cs_start", "cs_end", "yield", "error")
+
 
 @dataclass
 class ClientProc:
@@ -28,6 +31,7 @@ class ClientProc:
     killed: bool = False
     crashed: int | None = None        # exit status of a client that died on its own (not rc 0)
     paused_at: list[float] = field(default_factory=list)
+    kind: object = None               # the world's ClientKind it was made from (scenario.py)
 
     @property
     def pid(self) -> int:
@@ -58,12 +62,35 @@ class ClientsView:
                 continue
         return None
 
+    def last_of(self, c: ClientProc, evs: tuple[str, ...]) -> dict | None:
+        """The newest event of one of these kinds in the tail of a client's history."""
+        path = os.path.join(self.history_dir, f"client-{c.job}-{c.pid}.jsonl")
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                start = max(0, f.tell() - 16384)
+                f.seek(start)
+                lines = f.read().split(b"\n")[1 if start else 0:]
+        except FileNotFoundError:
+            return None
+        for ln in reversed(lines):
+            try:
+                e = json.loads(ln)
+            except ValueError:
+                continue
+            if e.get("ev") in evs:
+                return e
+        return None
+
     def live_clients(self) -> list[ClientProc]:
         return [c for c in self.clients if not c.killed and c.proc.poll() is None]
 
     def holders(self) -> list[ClientProc]:
         """Clients inside a critical section right now (as their histories say)."""
-        return [c for c in self.live_clients() if (e := self.last_event(c)) and e["ev"] in ("cs_start",)]
+        # A section's own reports (memory, data_check, ...) may follow its cs_start; its closing
+        # fenced operation (fence_ok / fence_reject) means it is on its way out.
+        return [c for c in self.live_clients()
+                if (e := self.last_of(c, (*_TURN, "fence_ok", "fence_reject"))) and e["ev"] == "cs_start"]
 
     def wait_for_holder(self, timeout: float = 10.0) -> ClientProc:
         """A client inside its critical section (seeded choice among those seen there)."""
@@ -80,7 +107,7 @@ class ClientsView:
         """A client blocked in an acquire right now, and its ``acquire_req`` event (seeded choice)."""
         deadline = time.monotonic() + timeout
         while True:
-            waiting = [(c, e) for c in self.live_clients() if (e := self.last_event(c)) and e["ev"] == "acquire_req"]
+            waiting = [(c, e) for c in self.live_clients() if (e := self.last_of(c, _TURN)) and e["ev"] == "acquire_req"]
             if waiting:
                 return self.rng.choice(sorted(waiting, key=lambda x: x[0].job))
             if time.monotonic() > deadline:

@@ -2,10 +2,12 @@
 
 The client process registers itself on the node's simulated device
 (``timeslice.nodeagent.sim``); with its first grant it allocates and fills an arena and
-registers as the job's worker with lockd; in every later critical section it
-checks that its device bytes are exactly what it left there (the node agent
-may have snapshotted and restored them in between), recording a
-``data_check``, then changes them. Device calls block (while the context is
+registers as the job's worker with lockd (``device_fill``); at the start of every
+later critical section it reports whether its memory is back (``memory``: the
+process running on the device, its arena whole), then checks that its device
+bytes are exactly what it left there (the node agent may have snapshotted and
+restored them in between), recording a ``data_check``, then changes them.
+``coopdevice.py`` is the same for a cooperative worker. Device calls block (while the context is
 away), so they run in a thread: the job's keepalive goes on meanwhile.
 """
 from __future__ import annotations
@@ -25,6 +27,8 @@ from timeslice.testing.rawjob import GiveUp, RawJob
 
 
 class SimWorkerDevice:
+    backend = "checkpoint"
+
     def __init__(self, a: argparse.Namespace, job: RawJob, rec: HistoryRecorder):
         from timeslice.nodeagent.sim.client import SimDeviceClient
 
@@ -32,6 +36,34 @@ class SimWorkerDevice:
         self.dev = SimDeviceClient.open(a.sim_dir)    # the arena comes with the first grant
         self.expected_sha = ""
         self.lost = False
+
+    @property
+    def footprint(self) -> int:
+        """Device bytes this job needs (its Acquire's hint)."""
+        return self.a.sim_bytes
+
+    def memory_report(self) -> dict | None:
+        """Is our memory back, right at the grant? (None before the first fill.) Never blocks.
+
+        Back: the arena whole and the process not checkpointed. A process still locked (frozen
+        after a lost session, thawed a moment after it re-registered) has its memory on the
+        device; if it stays locked, the section's data check says so after ``--device-timeout``."""
+        from timeslice.nodeagent.sim.device import CHECKPOINTED
+
+        if not self.expected_sha or self.lost:
+            return None
+        doc = self.dev.dev.read_state(self.dev.pid)
+        state = doc["state"] if doc else "unregistered"
+        try:
+            size = os.path.getsize(self.dev.dev.arena(self.dev.pid))
+        except FileNotFoundError:
+            size = 0
+        back = state not in (CHECKPOINTED, "unregistered") and size >= self.a.sim_bytes
+        return {"back": back, "backend": self.backend,
+                "detail": f"process {state} on the simulated device, arena {size} of {self.a.sim_bytes} bytes"}
+
+    def close(self) -> None:
+        pass
 
     def _short(self) -> float:
         return 2 * len(self.job.targets) * self.a.rpc_timeout
@@ -66,6 +98,7 @@ class SimWorkerDevice:
         the GPU while loading: the leader decides later swaps from that report.
         """
         await asyncio.to_thread(self._fill)
+        self.rec.record("device_fill", group=group, backend=self.backend, bytes=self.a.sim_bytes)
         await self.register()
         deadline = time.monotonic() + self.a.device_timeout
         while time.monotonic() < deadline:

@@ -43,6 +43,12 @@ def print_figures(world, report: Report, events: list[dict]) -> None:
         "server_grants_observed": sum(1 for e in events if e["ev"] == "grant_put"),
         "fence_rejections": report.fence_rejections, "fenced_sections": report.fenced_sections,
         "data_checks": sum(1 for e in events if e["ev"] == "data_check"),
+        "memory_reports": sum(1 for e in events if e["ev"] == "memory"),
+        "cooperative_pauses": sum(1 for e in events if e["ev"] == "coop_paused"),
+        "cooperative_resumes": sum(1 for e in events if e["ev"] == "coop_resumed"),
+        "grants_with_restore": sum(1 for e in events if e["ev"] == "granted" and e.get("restored")),
+        "slowest_group_recovery_after_heal_s": (None if any(r is None for *_, r in report.recoveries) else
+                                                max((r for *_, r in report.recoveries), default=None)),
         "violations": len(report.violations),
         "client_crashes": len(world.crashes),
     }
@@ -50,18 +56,22 @@ def print_figures(world, report: Report, events: list[dict]) -> None:
     width = max(len(k) for k in figures)
     lines += [f"  {k:<{width}}  {json.dumps(v)}" for k, v in figures.items()]
     lines.append("  faults:")
-    for f, r in zip(world.faults, rec):
+    after_heal = [(a, b) for _, a, b in report.recoveries]
+    after_heal += [(None, None)] * (len(world.faults) - len(after_heal))
+    for f, r, h in zip(world.faults, rec, after_heal):
         lines.append(f"    +{f.t0 - world.t_start:6.2f}s  {f.what}"
                      + (f" (for {f.t1 - f.t0:.2f}s)" if f.t1 else "")
-                     + f"  first grant after injection: {r}s" + (f"  {f.detail}" if f.detail else ""))
+                     + f"  first grant after injection: {r}s, after heal: {h[0]}s (slowest group {h[1]}s)"
+                     + (f"  {f.detail}" if f.detail else ""))
     for v in report.violations[:50]:
         lines.append(f"  VIOLATION {v}")
     for c in world.crashes:
         lines.append(f"  CRASH {c}")
     lines.append("  json: " + json.dumps({**figures, "fault_list": [
         {"what": f.what, "at_s": round(f.t0 - world.t_start, 2),
-         "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r}
-        for f, r in zip(world.faults, rec)], "violation_list": report.violations[:50]}))
+         "for_s": round(f.t1 - f.t0, 2) if f.t1 else None, "next_grant_s": r, "next_grant_after_heal_s": h[0],
+         "slowest_group_after_heal_s": h[1]}
+        for f, r, h in zip(world.faults, rec, after_heal)], "violation_list": report.violations[:50]}))
     text = "\n".join(lines)
     print(text, flush=True)
     with open(os.path.join(world.dir, "figures.txt"), "w") as f:

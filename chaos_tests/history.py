@@ -120,22 +120,40 @@ def load_history(directory: str) -> list[dict]:
 class FencedResource:
     """A shared "GPU": operations carry a fencing token; older tokens are refused.
 
-    State (a JSON file, read and rewritten under an exclusive ``flock``): the
-    highest token seen per group and the number of accepted operations per
-    (group, job), which lets a client check that none of its work was lost.
+    State (a JSON file): the highest token seen per group and the number of
+    accepted operations per (group, job), which lets a client check that none of
+    its work was lost. Read and replaced under an exclusive ``flock`` of a lock
+    file beside it; the new state is written to a file of its own and renamed
+    over the old one, so a client SIGKILLed in the middle of an operation (chaos
+    scenarios kill holders) leaves the previous state whole, never an empty file.
     """
 
     def __init__(self, path: str):
         self.path = path
-        open(path, "a").close()
+        self._lock_path = path + ".lock"
+        open(self._lock_path, "a").close()
+
+    def _load(self) -> dict:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return json.loads(f.read() or "{}")
+        except FileNotFoundError:
+            return {}
+
+    def _save(self, state: dict) -> None:
+        data = json.dumps(state)
+        tmp = f"{self.path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(data)
+        os.replace(tmp, self.path)
 
     def apply(self, recorder: HistoryRecorder, group: str, token: int,
               job: str | None = None) -> bool:
         """One operation on behalf of ``job``'s grant ``token``: True if accepted."""
         job = job or recorder.job
-        with open(self.path, "r+", encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-            state = json.loads(f.read() or "{}")
+        with open(self._lock_path, encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+            state = self._load()
             highest = state.setdefault("highest", {}).get(group, 0)
             if token < highest:
                 recorder.record("fence_reject", group=group, job=job, token=token,
@@ -144,19 +162,16 @@ class FencedResource:
             state["highest"][group] = token
             ops = state.setdefault("ops", {})
             ops[f"{group}/{job}"] = ops.get(f"{group}/{job}", 0) + 1
-            f.seek(0)
-            f.truncate()
-            f.write(json.dumps(state))
-            f.flush()
+            self._save(state)
             recorder.record("fence_ok", group=group, job=job, token=token,
                             ops=ops[f"{group}/{job}"])
             return True
 
     def ops(self, group: str, job: str) -> int:
         """Accepted operations of ``job`` in ``group`` so far."""
-        with open(self.path, encoding="utf-8") as f:
-            fcntl.flock(f, fcntl.LOCK_SH)
-            state = json.loads(f.read() or "{}")
+        with open(self._lock_path, encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)
+            state = self._load()
         return state.get("ops", {}).get(f"{group}/{job}", 0)
 
     def verify(self, recorder: HistoryRecorder, group: str, expected_ops: int,

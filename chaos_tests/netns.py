@@ -1,4 +1,4 @@
-"""A network namespace for one lockd replica, so that iptables can cut it off from etcd.
+"""A network namespace for one lockd replica or node agent, so that iptables can cut it off from etcd.
 
     ns = Netns.create()                      # root, `ip netns`, iptables; else NetnsUnavailable(reason)
     bridges = [Relay(ep, listen_host=ns.host_ip) for ep in etcd.endpoints]
@@ -22,6 +22,7 @@ import secrets
 import shutil
 import subprocess
 
+from timeslice.testing.agent import AgentProcess
 from timeslice.testing.lockd import LockdProcess
 
 
@@ -101,3 +102,19 @@ class NetnsLockdProcess(LockdProcess):
         self.ns = ns
         self.host = ns.ns_ip
         self.wrapper = ns.exec_argv([])
+
+
+class NetnsAgentProcess(AgentProcess):
+    """A node agent run inside ``ns`` (``ip netns exec`` execs it: same pid, same signals).
+
+    It reaches etcd through relays on the host end of the veth (pass their endpoints);
+    its cooperative workers still reach it: the channel is a Unix socket on the file
+    system, which network namespaces do not separate, and the simulated device is files.
+    """
+
+    def __init__(self, endpoints: str, prefix: str, node: str, logdir: str, *, ns: Netns, **kw):
+        super().__init__(endpoints, prefix, node, logdir, **kw)
+        self.ns = ns
+
+    def command(self) -> list[str]:
+        return self.ns.exec_argv(super().command())

@@ -10,6 +10,11 @@ on the whole prefix, so its events come in etcd's revision order, and records:
     parked      job, node, gpus, state   the agent's status of the job entered a parked state
                                       (gpus: indexes, from the agent key's device list)
     unparked    job, node             ... and left it (or was deleted)
+    session_put job                   the job's session key was written (a session opened)
+    session_end job                   ... and deleted (closed, or its lease ran out)
+
+The test reads what is true now from ``states`` ((node, job) -> the agent's status state)
+and ``sessions`` (jobs with a session key), e.g. to inject a fault while a job is restoring.
 
 Times are when the watch delivered the event, a few ms after etcd applied it; the
 checker's bound is seconds, so this does not matter. The watch starts from the
@@ -36,6 +41,8 @@ class GrantObserver:
         self._thread = threading.Thread(target=self._main, daemon=True, name="grant-observer")
         self._gpus: dict[str, dict[str, int]] = {}       # node -> device id -> GPU index (agent key)
         self._parked: set[tuple[str, str]] = set()       # (node, job) parked now
+        self.states: dict[tuple[str, str], str] = {}     # (node, job) -> status state now
+        self.sessions: set[str] = set()                  # jobs with a session key now
 
     def start(self) -> GrantObserver:
         self._thread.start()
@@ -48,6 +55,16 @@ class GrantObserver:
             self._loop.call_soon_threadsafe(self._task.cancel)
         self._thread.join(10)
         self.rec.close()
+
+    def orphans(self) -> list[tuple[str, str]]:
+        """(node, job) parked now whose job has no session key: what the checker's
+        ``[parked-orphan]`` rule judges, for a scenario that waits for the agents to settle."""
+        sessions = set(self.sessions)
+        return sorted(k for k in set(self._parked) if k[1] not in sessions)
+
+    def in_state(self, states: set[str], jobs: set[str] | None = None) -> list[tuple[str, str]]:
+        """(node, job) whose agent status is in one of ``states`` now (of ``jobs``, if given)."""
+        return sorted(k for k, s in dict(self.states).items() if s in states and (jobs is None or k[1] in jobs))
 
     def _main(self) -> None:
         asyncio.run(self._run())
@@ -87,8 +104,19 @@ class GrantObserver:
             self.rec.record("group_spec", group=parts[1], job=None, nodes=v.get("nodes", []))
         elif len(parts) == 3 and parts[0] == "nodes" and parts[2] == "agent" and put:
             self._gpus[parts[1]] = {str(g.get("uuid")): g.get("index") for g in v.get("gpus", [])}
+        elif len(parts) == 3 and parts[0] == "jobs" and parts[2] == "session":
+            if put and parts[1] not in self.sessions:
+                self.sessions.add(parts[1])
+                self.rec.record("session_put", job=parts[1])
+            elif not put:
+                self.sessions.discard(parts[1])
+                self.rec.record("session_end", job=parts[1])
         elif len(parts) == 4 and parts[0] == "nodes" and parts[2] == "status":
             node, job = parts[1], parts[3]
+            if put:
+                self.states[(node, job)] = str(v.get("state"))
+            else:
+                self.states.pop((node, job), None)
             parked = put and v.get("state") in PARKED
             if parked:
                 index = self._gpus.get(node, {})

@@ -12,7 +12,13 @@ Timings are deliberately short (leader lease 2 s, client sessions 3 s) so that
 each scenario sees many grants and several faults within its time bound.
 
 The test process is also a history writer: ``abandoned`` for clients it
-SIGKILLs, and ``fault`` events (ignored by the checker, kept for humans).
+SIGKILLs, ``fault`` and ``heal`` events (with a ``fault_id``: the checker's
+recovery, quorum and parked-orphan rules measure from them), and ``settled``
+once the agents had their chance to clean up at the end.
+
+``kinds`` mixes clients of several sorts in one world (``ClientKind``: their
+own arguments, groups and environment), e.g. checkpointed and cooperative jobs
+on a simulated node beside plain jobs on a group without devices.
 """
 from __future__ import annotations
 
@@ -52,18 +58,31 @@ def scenario_seed(default: int) -> int:
 
 
 @dataclass
+class ClientKind:
+    """``count`` clients with these extra arguments, on ``groups`` (default: every group of the world)."""
+
+    count: int
+    args: list[str] = field(default_factory=list)
+    groups: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class Fault:
     what: str
     t0: float              # monotonic s, fault injected
     t1: float | None = None   # fault healed (None: instantaneous)
     detail: dict = field(default_factory=dict)
+    fault_id: int = 0
 
 
 class World(ClientsView):
     def __init__(self, etcd, prefix: str, workdir, reaper, *, seed: int, name: str,
                  groups: int = 2, clients: int = 6, lockd_flags: list[str] | None = None,
-                 client_args: list[str] | None = None, group_nodes: list[str] | None = None,
-                 client_env: dict[str, str] | None = None, library: bool = False):
+                 client_args: list[str] | None = None, group_nodes: list[str] | dict[str, list[str]] | None = None,
+                 client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
+                 kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
+                 recovery_bound_s: float = 30.0):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -73,14 +92,18 @@ class World(ClientsView):
         for d in (self.history_dir, self.fence_dir, self.log_dir):
             os.makedirs(d, exist_ok=True)
         self.groups = [f"g{i}" for i in range(groups)]
-        self.group_nodes = group_nodes or []
+        self.group_nodes = group_nodes or []      # every group's nodes, or {group: nodes}
         self.n_clients = clients
+        self.kinds = kinds or [ClientKind(clients)]
+        self.orphan_bound_s, self.recovery_bound_s = orphan_bound_s, recovery_bound_s
         self.client_args = client_args or []
         self.client_env = client_env or {}
         # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
         # observer records the server's grants for the checker's ghost rule (claims.py).
         self.library = library
         self.ghost_bound_s = 2 * SESSION_TTL + 2 if library else 10.0
+        # observe=True: the observer runs with raw clients too (the agents' statuses, sessions).
+        self.observe = library or observe
         self.observer = None
         self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
@@ -112,14 +135,16 @@ class World(ClientsView):
         for i in order or range(len(self.lockd.replicas)):
             self.lockd.replicas[i].start()
         self.create_groups()
-        if self.library:
+        if self.observe:
             from chaos_tests.observer import GrantObserver
 
             self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir).start()
-        for _ in range(self.n_clients):
-            self.spawn_client(duration)
+        for kind in self.kinds:
+            for _ in range(kind.count):
+                self.spawn_client(duration, kind=kind)
         self.wait_clients_ready()
         self.t_start = time.monotonic()
+        self.rec.record("start", name=self.name, seed=self.seed)
         self.duration = duration
         self._monitor = threading.Thread(target=self._watch_clients, daemon=True, name="chaos-monitor")
         self._monitor.start()
@@ -151,7 +176,8 @@ class World(ClientsView):
 
     def create_groups(self) -> None:
         for g in self.groups:
-            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in self.group_nodes])
+            nodes = self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
+            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes])
             self.call_any("CreateGroup", req)
 
     def call_any(self, method: str, req, timeout: float = 20.0):
@@ -169,22 +195,26 @@ class World(ClientsView):
                 raise last
             time.sleep(0.2)
 
-    def spawn_client(self, duration: float, extra: list[str] | None = None, job: str | None = None) -> ClientProc:
-        """A new client process; ``job``: reuse a job id (a restarted job), else a new one."""
+    def spawn_client(self, duration: float, extra: list[str] | None = None, job: str | None = None,
+                     kind: ClientKind | None = None) -> ClientProc:
+        """A new client process; ``job``: reuse a job id (a restarted job), else a new one;
+        ``kind``: its sort (default: the world's first)."""
+        kind = kind or self.kinds[0]
         if job is None:
             job = f"c{self._next_job}"
         self._next_job += 1
         log_path = os.path.join(self.log_dir, f"client-{job}-{self._next_job}.log")
         argv = [sys.executable, "-m", "chaos_tests.client_proc", "--targets", ",".join(self.targets),
-                "--job", job, "--groups", ",".join(self.groups), "--history", self.history_dir,
+                "--job", job, "--groups", ",".join(kind.groups or self.groups), "--history", self.history_dir,
                 "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
-                "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *(extra or [])]
+                "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *kind.args,
+                *(extra or [])]
         if self.library:
             argv += ["--library", "--etcd", self.etcd.endpoints_str, "--error-pause", str(self.ghost_bound_s + 2)]
         with open(log_path, "ab") as log:
             proc = self.reaper.spawn(argv, stdout=log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env})
-        c = ClientProc(job, proc, log_path)
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.client_env, **kind.env})
+        c = ClientProc(job, proc, log_path, kind=kind)
         self.clients.append(c)
         return c
 
@@ -214,16 +244,18 @@ class World(ClientsView):
     def sleep(self, lo: float, hi: float | None = None) -> None:
         time.sleep(self.rng.uniform(lo, hi if hi is not None else lo))
 
-    def fault(self, what: str, **detail) -> Fault:
-        f = Fault(what, time.monotonic(), detail=detail)
+    def fault(self, what: str, no_quorum: bool = False, **detail) -> Fault:
+        """Note a fault injected now; ``no_quorum``: it takes an etcd majority away (until healed)."""
+        f = Fault(what, time.monotonic(), detail=detail, fault_id=len(self.faults))
         self.faults.append(f)
-        self.rec.record("fault", what=what, **detail)
+        self.rec.record("fault", what=what, fault_id=f.fault_id, **({"no_quorum": True} if no_quorum else {}),
+                        **detail)
         print(f"[{self.name}] +{self.elapsed():6.2f}s fault: {what} {detail or ''}", flush=True)
         return f
 
     def healed(self, f: Fault, what: str = "") -> None:
         f.t1 = time.monotonic()
-        self.rec.record("heal", what=what or f.what)
+        self.rec.record("heal", what=what or f.what, fault_id=f.fault_id)
         print(f"[{self.name}] +{self.elapsed():6.2f}s healed: {what or f.what} "
               f"after {f.t1 - f.t0:.2f}s", flush=True)
 
@@ -272,13 +304,31 @@ class World(ClientsView):
             self._monitor.join()
         if self.observer is not None:
             time.sleep(0.5)               # the last grant deletions reach the observer
+            self.settle()
             self.observer.stop()
         self.rec.close()
         events = load_history(self.history_dir)
         self.all_events = events
-        report = check(events, ghost_bound_s=self.ghost_bound_s)
+        report = check(events, ghost_bound_s=self.ghost_bound_s, orphan_bound_s=self.orphan_bound_s,
+                       recovery_bound_s=self.recovery_bound_s)
         self.print_figures(report, events)
         return report
+
+    def settle(self) -> None:
+        """Give the agents up to the orphan bound (and a little) to clean up after the jobs that
+        left, so that the checker's ``[parked-orphan]`` rule can judge the end; then ``settled``."""
+        deadline = time.monotonic() + self.orphan_bound_s + 2
+        left = self.observer.orphans()
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = self.observer.orphans()
+        self.rec.record("settled", orphans=[list(k) for k in left])
+        if left:
+            print(f"[{self.name}] still parked without a session at the end: {left}", flush=True)
+
+    def respawn(self, c: ClientProc, duration: float) -> ClientProc:
+        """A new process of the same sort as ``c`` (a new job id), e.g. after killing it."""
+        return self.spawn_client(duration, kind=c.kind)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self._monitor_stop.set()

@@ -117,9 +117,10 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
             w.pause_client(c)
             f = w.fault("SIGSTOP client holding a group", job=c.job, pause_s=round(pause, 2))
             time.sleep(pause)
+            woke = time.monotonic()           # before SIGCONT: the client may act before healed() notes it
             w.resume_client(c)
             w.healed(f, f"SIGCONT {c.job}")
-            paused.append((c, f.t1))
+            paused.append((c, woke))
     report = w.finish()
     verdict(w, report)
     for c, resumed in paused:

@@ -20,6 +20,7 @@ NODEAGENT_METRICS_PORT = 9465
 # Environment variables (documented in the README).
 ENV_TARGET = "TIMESLICE_TARGET"           # client: lockd address(es), comma-separated
 ENV_JOB_ID = "TIMESLICE_JOB_ID"           # client: this job's id
+ENV_SLURM_JOB_ID = "SLURM_JOB_ID"         # client: the job id when TIMESLICE_JOB_ID is unset (set by Slurm)
 ENV_ETCD_ENDPOINTS = "TIMESLICE_ETCD_ENDPOINTS"
 ENV_PREFIX = "TIMESLICE_PREFIX"
 ENV_NODE_NAME = "TIMESLICE_NODE_NAME"     # nodeagent + client worker registration

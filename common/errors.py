@@ -73,6 +73,11 @@ class LockError(TimesliceError):
     code = "FAILED_PRECONDITION"
 
 
+class GuardFailed(LockError):
+    """A transaction's outer guard did not hold: what it guarded (e.g. the group's spec) changed
+    since the caller looked. Nothing was written; the caller looks again."""
+
+
 class NotHolder(LockError):
     """The caller does not hold the lock (or holds it with another token)."""
 

@@ -18,6 +18,9 @@ The README documents each key with an etcdctl example.
     <p>jobs/<job>/revoked/<group>               {group, token, deleted_ms}: an admin deleted the group while
                                                 the job was queued or held it; leased to the job's session,
                                                 read (and removed) by the job's next Yield of that group
+    <p>slots/<space>/<n>                        {job, ...}: one of the ``limit`` numbered places of a counted
+                                                thing (a session, a session of one caller, a worker of one
+                                                job), created with it, leased like it (lockd/slots.py)
     <p>nodes/<node>/agent                       agent liveness + capabilities, leased to the agent
     <p>nodes/<node>/intents/<job>               {op, token, leader_epoch, group}, written by the leader
     <p>nodes/<node>/status/<job>                {state, intent_revision, token, bytes, elapsed_ms, error}, by the agent
@@ -25,6 +28,8 @@ The README documents each key with an etcdctl example.
                                                 the node-local channel; by the agent, leased to the agent
     <p>nodes/<node>/protected                   {pids: {pid: why}}: init, the agent, etcd, lockd on the node; by
                                                 the agent, leased to the agent; lockd refuses to register them
+    <p>history/<group>/<token, 20 digits>       one finished hold {job, granted_ms, released_ms, swaps...},
+                                                by the leader; bounded (lockd/history.py), durable
 """
 from __future__ import annotations
 
@@ -126,6 +131,16 @@ class Keys:
     def revoked(self, job: str, group: str) -> bytes:
         return self.revocations(job) + check_id("group", group).encode()
 
+    # --- count limits (lockd/slots.py) ---------------------------------------------
+    def slots(self, space: str) -> bytes:
+        """Prefix of one limit's slots; ``space`` is ``sessions``, ``peers/<digest>`` or ``workers/<job>``."""
+        return self._k("slots", space) + b"/"
+
+    def slot(self, space: str, n: int) -> bytes:
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"slot must be a non-negative integer, got {n!r}")
+        return self.slots(space) + str(n).encode()
+
     # --- nodes ----------------------------------------------------------------
     def nodes(self) -> bytes:
         return self._k("nodes") + b"/"
@@ -156,6 +171,17 @@ class Keys:
 
     def protected(self, node: str) -> bytes:
         return self.node(node) + b"protected"
+
+    # --- history of finished holds (lockd/history.py) ---------------------------
+    def history(self) -> bytes:
+        return self._k("history", "")
+
+    def history_group(self, group: str) -> bytes:
+        return self.history() + check_id("group", group).encode() + b"/"
+
+    def history_entry(self, group: str, token: int) -> bytes:
+        # Zero-padded: etcd orders keys as bytes, so a group's records sort by token (= time).
+        return self.history_group(group) + f"{int(token):020d}".encode()
 
     # --- parsing --------------------------------------------------------------
     def parse(self, key: bytes) -> tuple[str, ...]:

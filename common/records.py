@@ -22,7 +22,11 @@ RESTORING = "restoring"
 GONE = "gone"                  # the job's processes no longer exist
 LOST = "lost"                  # a restore failed in a way the driver cannot undo
 FROZEN = "frozen"              # on the device, every process locked: it runs nothing (strict groups, orphans)
-TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN})
+# The agent cannot tell where the job's memory is: a cooperative worker with no open channel to it
+# (not reconnected after an agent restart, past --reconnect-grace-s). Planned as resident; never granted
+# before the agent has seen its memory back.
+UNKNOWN = "unknown"
+TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN, UNKNOWN})
 
 # How the op an intent asked for ended (status.outcome); "" while in progress.
 OK = "ok"
@@ -122,6 +126,8 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
+    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
+    last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
 
 
 @dataclass
@@ -150,7 +156,18 @@ class SessionValue(Record):
     opened_ms: int = 0
     replica: str = ""
     peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
-    tenant: str = ""                  # the tenant its opener's credential named ("": none, or the admin)
+    slot: int = -1                    # its slot of --max-sessions (lockd/slots.py); -1: none (older lockd)
+    peer_slot: int = -1               # its slot of --max-sessions-per-peer among the peer's
+    tenant: str = ""                  # the tenant its opener's credential named (lockd/tenancy.py; "*": the admin)
+
+
+@dataclass
+class SlotValue(Record):
+    """Who holds a slot of a count limit (``slots/<space>/<n>``, lockd/slots.py): for etcdctl readers."""
+
+    job: str
+    node: str = ""                    # a worker's slot: its node and pid
+    pid: int = 0
 
 
 @dataclass
@@ -164,6 +181,7 @@ class WorkerValue(Record):
     endpoint: str = ""                                 # vllm/sglang base URL
     tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)
     collective: bool = False                           # CUDA IPC / NCCL p2p: never checkpoint
+    slot: int = -1                                     # its slot of the job's max_workers_per_job; -1: none
 
 
 @dataclass
@@ -197,12 +215,18 @@ class AgentValue(Record):
     device_total_bytes: int = 0
     device_free_bytes: int = 0
     host_free_bytes: int = 0
-    job_device_bytes: dict = field(default_factory=dict)   # job -> bytes on this node's devices
+    # job -> bytes on this node's devices, for every job with memory there: running or frozen, paused
+    # in part (a cooperative worker that released some regions and keeps others), or of unknown state
+    job_device_bytes: dict = field(default_factory=dict)
     updated_ms: int = 0
     endpoint: str = ""
-    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at:
-    # where each has a device context ({} = none: CPU-only, or registered before CUDA init).
+    # job -> {device id (gpus[].uuid): bytes} for every running job the agent has looked at, and the
+    # jobs above with memory left on a device: where each has a device context ({} = none: CPU-only,
+    # or registered before CUDA init).
     job_gpus: dict = field(default_factory=dict)
+    # Jobs with a process whose memory state the agent cannot read now (a cooperative worker with no
+    # open channel to it: e.g. not reconnected yet after an agent restart).
+    job_unknown: list = field(default_factory=list)
 
 
 @dataclass
@@ -233,3 +257,26 @@ class StatusValue(Record):
     pids: list[int] = field(default_factory=list)
     updated_ms: int = 0
     gpu_bytes: dict = field(default_factory=dict)  # device id -> footprint there (snapshot's while snapshotted)
+    residue_bytes: int = 0       # snapshotted cooperatively: what the job still holds on the devices here
+
+
+@dataclass
+class HoldRecord(Record):
+    """One finished hold of a group, as the leader saw it (lockd/history.py; read by `timeslice report`)."""
+
+    group: str
+    job: str
+    token: int
+    leader_epoch: int = 0
+    enqueued_ms: int = 0          # the queue entry's: the wait is granted_ms - enqueued_ms
+    granted_ms: int = 0
+    released_ms: int = 0          # yield, handoff, session loss or deletion, as the leader saw it
+    restored: bool = False
+    elided: bool = False
+    bytes_moved: int = 0
+    hint_bytes: int = 0           # the queue entry's device_bytes_hint
+    prev_busy_ms: int = 0         # the job's own measure of its previous hold of the group (last_hold_ms)
+    gpu_bytes: dict = field(default_factory=dict)   # "<node>/<device id>" -> the job's bytes there at release
+    # The agents' answers to this grant's swap intents:
+    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
+    swaps: list[dict] = field(default_factory=list)

@@ -26,9 +26,12 @@ attempt, a mirror that lags) costs one more.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from timeslice.common.errors import EtcdUnavailable, LockError
+from aetcd import rpc
+
+from timeslice.common.errors import EtcdUnavailable, GuardFailed, LockError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
@@ -61,8 +64,11 @@ class AttemptFence:
     def __init__(self, client: EtcdClient, keys: Keys, reflector: Reflector):
         self.client, self.keys, self.reflector = client, keys, reflector
 
-    async def claim(self, group: str, job: str, lease: int, seq: int, value: bytes) -> Claim:
-        """Create or take over ``job``'s entry in ``group`` as attempt ``seq``; raises if stale."""
+    async def claim(self, group: str, job: str, lease: int, seq: int, value: bytes,
+                    guard: Sequence[rpc.Compare] = ()) -> Claim:
+        """Create or take over ``job``'s entry in ``group`` as attempt ``seq``; raises if stale.
+        ``guard``: compares the claim runs inside (the group's spec, see locks.py); ``GuardFailed``
+        if they do not hold."""
         fkey, qkey = self.keys.attempt(group, job), self.keys.queue_entry(group, job)
         # First guess: the fence as this replica's mirror shows it (only the job's own
         # attempts write it), and no entry (a fresh Acquire; a re-send costs a retry).
@@ -77,11 +83,18 @@ class AttemptFence:
                 raise LockError(f"job {job!r} is queued on {group!r} under an older session")
             fence = json.dumps({"seq": seq}).encode()
             # One CAS: the fence and the entry move together, or neither does.
-            resp = await self.client.txn(
-                [ops.mod_rev(fkey, "==", m), ops.create_rev(qkey, "==", c)],
-                [ops.put(fkey, fence, lease), ops.put(qkey, value, lease)],
-                [ops.get(fkey), ops.get(qkey)])
-            rev = resp.header.revision
+            cas = ([ops.mod_rev(fkey, "==", m), ops.create_rev(qkey, "==", c)],
+                   [ops.put(fkey, fence, lease), ops.put(qkey, value, lease)],
+                   [ops.get(fkey), ops.get(qkey)])
+            if guard:
+                # Nested in the guard, still one round trip: no entry is written unless it holds.
+                outer = await self.client.txn(list(guard), [ops.nested(*cas)])
+                if not outer.succeeded:
+                    raise GuardFailed(f"Acquire of {job!r} on {group!r}: the group changed under it")
+                resp, rev = outer.responses[0].response_txn, outer.header.revision
+            else:
+                resp = await self.client.txn(*cas)
+                rev = resp.header.revision
             if resp.succeeded:
                 return Claim(c or rev, rev, created=c == 0)
             fkvs = resp.responses[0].response_range.kvs

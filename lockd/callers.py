@@ -9,7 +9,7 @@ tenant's credential too. Without a credential a caller is known only by its addr
 * ``identity`` is what per-caller limits count under (open WatchGroup streams):
   ``admin``, ``tenant:<name>``, else the peer identity;
 * with ``--require-read-auth`` (and always when tenants are configured), the reads
-  (ListGroups, GetGroupStatus, WatchGroup, ListJobs) need a credential:
+  (ListGroups, GetGroupStatus, WatchGroup, ListJobs, GetProfiles) need a credential:
   UNAUTHENTICATED without one;
 * where credentials are needed, a token this server does not know is refused
   (UNAUTHENTICATED), never taken for "no credential"; where they are optional, it
@@ -28,7 +28,7 @@ from timeslice.lockd.errors import Unauthenticated
 from timeslice.lockd.tenants import TenantBook
 from timeslice.lockd.watches import MAX_WATCHES, MAX_WATCHES_PER_CALLER, Watches
 
-READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs"})
+READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs", "GetProfiles"})
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CallerConfig:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--require-read-auth", type=parse_bool, default=False, nargs="?", const=True,
-             help="ListGroups/GetGroupStatus/WatchGroup/ListJobs need the admin token or a tenant's "
+             help="ListGroups/GetGroupStatus/WatchGroup/ListJobs/GetProfiles need the admin token or a tenant's "
                   "(always so when --tenants-file is given)")
     env_flag(p, "--tenants-file", default=None,
              help="file naming each tenant's credentials (tokens, token digests, TLS identities); "

@@ -24,6 +24,7 @@ from timeslice.lockd import callers
 from timeslice.lockd.callers import CallerConfig
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
+from timeslice.lockd.workers import MAX_WORKERS_PER_JOB
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,10 @@ class LockdConfig:
     admin_token_file: str | None = None        # None: $TIMESLICE_ADMIN_TOKEN, else admin calls are refused
     insecure_no_admin_auth: bool = False       # admin calls open to anyone: throw-away test setups only
     max_groups: int = 4096                     # groups in the system (CreateGroup beyond: RESOURCE_EXHAUSTED)
+    max_workers_per_job: int = MAX_WORKERS_PER_JOB   # registered processes of one job (RegisterWorker beyond: ditto)
     callers: CallerConfig = field(default_factory=CallerConfig)   # read auth, tenants, watch limits
     log_level: str = "info"
+    profile_phases: int = 64                   # samples per distribution of a job's profile (lockd/profiles.py)
 
     def __post_init__(self) -> None:
         Keys(self.prefix)                           # raises on a malformed prefix
@@ -56,8 +59,12 @@ class LockdConfig:
         load_admin_token(self.admin_token_file)     # a bad token file fails start-up, not the first call
         if self.max_groups < 1:
             raise ConfigError("--max-groups must be >= 1")
+        if self.max_workers_per_job < 1:
+            raise ConfigError("--max-workers-per-job must be >= 1")
         if self.policy.swap_timeout_ms <= 0:
             raise ConfigError("--swap-timeout must be > 0")
+        if not 1 <= self.profile_phases <= 1024:
+            raise ConfigError("--profile-phases must be in [1, 1024]")
         if self.callers.tls_client_ca is not None and self.tls_cert is None:
             raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
         if self.insecure_no_admin_auth and self.callers.tenants_file is not None:
@@ -88,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--insecure-no-admin-auth", type=_bool, default=False, nargs="?", const=True,
              help="let anyone make admin calls (test setups only; never in production)")
     env_flag(p, "--max-groups", type=int, default=4096, help="most groups the system holds")
+    env_flag(p, "--max-workers-per-job", type=int, default=MAX_WORKERS_PER_JOB,
+             help="most worker processes one job may register (all nodes together); RegisterWorker beyond: "
+                  "RESOURCE_EXHAUSTED 'limit max_workers_per_job'")
     env_flag(p, "--max-sessions", type=int, default=MAX_SESSIONS,
              help="most live job sessions in the system (each is an etcd lease); OpenSession beyond: "
                   "RESOURCE_EXHAUSTED 'limit max_sessions'")
@@ -97,7 +107,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                   "proxy's); beyond: RESOURCE_EXHAUSTED 'limit max_sessions_per_peer'")
     callers.add_arguments(p)
     env_flag(p, "--log-level", default="info")
-
+    env_flag(p, "--profile-phases", type=int, default=64,
+             help="newest phases per job and group that a profile shows (hold, gap, wait, swap samples)")
 
 
 def from_args(a: argparse.Namespace) -> LockdConfig:
@@ -115,4 +126,5 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
                       device_margin_bytes=int(a.device_margin_bytes)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
-        callers=callers.from_args(a), log_level=a.log_level, **kw)
+        max_workers_per_job=int(a.max_workers_per_job), callers=callers.from_args(a),
+        log_level=a.log_level, profile_phases=int(a.profile_phases), **kw)

@@ -1,15 +1,17 @@
 """Groups: create, delete, list, and the status picture (from this replica's mirror)."""
 from __future__ import annotations
 
+import structlog
+
 from timeslice.common import records as R
-from timeslice.common.errors import InvalidIdError
+from timeslice.common.errors import EtcdUnavailable, InvalidIdError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.plan import residency
+from timeslice.lockd.residency import RESIDENT, residency
 from timeslice.lockd.revocations import Revocations
 from timeslice.proto import lockd_pb2 as pb
 
@@ -18,6 +20,9 @@ MAX_GPUS_PER_NODE = 64       # GPU indexes per node of a group, each in 0..MAX_G
 MAX_GPU_INDEX = 1023
 MAX_SPEC_BYTES = 128 * 1024  # a group's spec as stored (etcd's own request limit is 1.5 MiB)
 MAX_GROUPS = 4096            # groups in the system
+MAX_DELETE_TRIES = 8         # reads a DeleteGroup makes while jobs keep queueing on the group
+
+log = structlog.get_logger("lockd.groups")
 
 
 class Groups:
@@ -69,20 +74,32 @@ class Groups:
         return spec
 
     async def delete(self, group: str, force: bool) -> bool:
+        """Delete ``group`` with its queue and grant. Busy (a job queued) unless ``force``; then every
+        queued job is told first (revocations.py). The delete is guarded by what was read, so a job
+        that queues meanwhile (on any replica) makes it look again: it is told too, or (without
+        ``force``) the group is busy. Never a hold nobody is told of, never a queue left without a spec."""
         check_id("group", group)
-        if not (await self.client.range(ops.range_req(self.keys.spec(group)))).kvs:
-            raise NotFound(f"unknown group {group!r}")
-        # The queue itself (not just its count): every job in it is told of the delete.
-        r = await self.client.range(ops.range_req(self.keys.queue(group), prefix=True))
-        if r.kvs and not force:
-            raise GroupBusy(f"group {group!r} has {len(r.kvs)} queued job(s); pass force to delete anyway")
-        if r.kvs:
-            # Notices first: a holder's next Yield says the group was deleted under it.
-            await self.revocations.notify(group, r.kvs)
-        # A job that queues in between is deleted with the group; its waiter is
-        # woken by the spec's deletion and told the group is gone (never lost).
-        resp = await self.client.txn([], [ops.delete(self.keys.group(group), prefix=True)])
-        return resp.responses[0].response_delete_range.deleted > 0
+        spec_key, queue = self.keys.spec(group), self.keys.queue(group)
+        for _ in range(MAX_DELETE_TRIES):
+            # Spec and queue at one revision: the picture the guarded delete below compares with.
+            r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True)])
+            spec_kvs, queued = r.responses[0].response_range.kvs, r.responses[1].response_range.kvs
+            if not spec_kvs:
+                raise NotFound(f"unknown group {group!r}")
+            if queued and not force:
+                raise GroupBusy(f"group {group!r} has {len(queued)} queued job(s); pass force to delete anyway")
+            if queued:
+                # Notices first: a holder's next Yield (and every KeepAlive) says the group was deleted.
+                await self.revocations.notify(group, queued)
+            # Only if nothing was queued or changed since the read (Acquire's enqueue is guarded by
+            # the spec, so none can land after this): else read again.
+            resp = await self.client.txn(
+                [ops.mod_rev(spec_key, "==", spec_kvs[0].mod_revision), ops.mod_revs_below(queue, r.header.revision + 1)],
+                [ops.delete(self.keys.group(group), prefix=True)])
+            if resp.succeeded:
+                return resp.responses[0].response_delete_range.deleted > 0
+            log.info("group_delete_raced", group=group, why="a job queued or its entry changed since the read")
+        raise EtcdUnavailable(f"group {group!r} kept changing while it was being deleted; try again")
 
     def list(self) -> list[pb.Group]:
         out = []
@@ -121,7 +138,8 @@ class Groups:
             out.backend, out.device_free_bytes, out.device_total_bytes = a.backend, a.device_free_bytes, \
                 a.device_total_bytes
         on_node = sorted(self.index.node_jobs.get(node, ()))
-        out.resident_jobs.extend(j for j in on_node if residency(ns, j, True) == "running")
+        agent = R.AgentValue.load(ns.agent.value) if ns and ns.agent else None
+        out.resident_jobs.extend(j for j in on_node if residency(ns, j, True, agent) in RESIDENT)
         for job in sorted(set(on_node) | set(ns.statuses if ns else ())):
             kv = ns.statuses.get(job) if ns else None
             if kv is None:
@@ -130,7 +148,7 @@ class Groups:
             s = R.StatusValue.load(kv.value)
             out.jobs.append(pb.JobState(job_id=job, state=s.state, bytes=s.bytes, elapsed_ms=s.elapsed_ms,
                                         error=s.error, token=s.token, since_unix_ms=s.updated_ms,
-                                        device_bytes=s.device_bytes))
+                                        device_bytes=s.device_bytes, residue_bytes=s.residue_bytes))
         return out
 
 

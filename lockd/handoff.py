@@ -42,14 +42,15 @@ def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.W
     return None
 
 
-def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a: P.WriteGrant
-                  ) -> tuple[rpc.RequestOp, R.GrantValue]:
-    """A nested txn: put the next grant over the old one if every guard holds, else drop the old one."""
+def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a: P.WriteGrant,
+                  spec_rev: int) -> tuple[rpc.RequestOp, R.GrantValue]:
+    """A nested txn: put the next grant over the old one if every guard holds, else drop the old one.
+    ``spec_rev``: the create revision of the group's spec (no grant on a group deleted meanwhile)."""
     gkey = keys.grant(group)
     val = R.GrantValue(a.job, a.token, lead.epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
     op = rpc.RequestOp(request_txn=rpc.TxnRequest(
         compare=[lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
-                 ops.value_is(gkey, "==", old_grant)],
+                 ops.value_is(gkey, "==", old_grant), ops.create_rev(keys.spec(group), "==", spec_rev)],
         success=[ops.put(gkey, val.dump(), a.lease)],   # the grant dies with the new holder's session
         failure=[drop_only(keys, group, old_grant)]))
     return op, val

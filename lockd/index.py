@@ -14,7 +14,7 @@ from aetcd import rpc
 
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
-from timeslice.common.records import GrantValue, GroupSpec, SessionValue, StatusValue
+from timeslice.common.records import GrantValue, GroupSpec, StatusValue
 
 KV: TypeAlias = rpc.KeyValue   # aetcd ships no type information: Any, named for the reader
 
@@ -72,14 +72,13 @@ class StateIndex:
         self.node_jobs: dict[str, set[str]] = {}      # node -> jobs with workers there
         self.node_groups: dict[str, set[str]] = {}    # node -> groups whose spec lists it
         self.job_grants: dict[str, set[str]] = {}     # job -> groups whose grant names it
-        self.sessions = 0                             # live sessions (bounded: lockd.sessions)
-        self.sessions_by_peer: dict[str, int] = {}    # opener (SessionValue.peer) -> live sessions
+        self.slots: dict[str, set[int]] = {}          # limit's space -> slots taken (lockd/slots.py)
         self._released: set[str] = set()              # groups whose holder let go, this batch
 
     def rebuild(self, kvs: dict[bytes, KV]) -> None:
         self.groups, self.nodes, self.jobs, self.leader, self.node_jobs = {}, {}, {}, {}, {}
         self.node_groups, self.job_grants = {}, {}
-        self.sessions, self.sessions_by_peer = 0, {}
+        self.slots = {}
         for kv in sorted(kvs.values(), key=lambda kv: kv.create_revision):
             self._apply(kv.key, kv)
         self._released.clear()
@@ -108,9 +107,24 @@ class StateIndex:
             return self._apply_node(parts, kv)
         if kind == "jobs" and len(parts) >= 3:
             return self._apply_job(parts, kv)
+        if kind == "slots" and len(parts) >= 3 and parts[-1].isdigit():
+            self._apply_slot("/".join(parts[1:-1]), int(parts[-1]), kv)
         if kind == "leader":
             _set(self.leader, key, kv)
         return None
+
+    def _apply_slot(self, space: str, n: int, kv: KV | None) -> None:
+        taken = self.slots.setdefault(space, set())
+        if kv is not None:
+            taken.add(n)
+            return
+        taken.discard(n)
+        if not taken:
+            del self.slots[space]
+
+    def slots_taken(self, space: str) -> frozenset[int]:
+        """The slots of ``space`` taken as this mirror shows them (a copy)."""
+        return frozenset(self.slots.get(space, ()))
 
     def _apply_group(self, parts, kv) -> tuple[str, str]:
         g = parts[1]
@@ -162,10 +176,7 @@ class StateIndex:
         j = parts[1]
         js = self.jobs.setdefault(j, JobState())
         if parts[2] == "session":
-            # Count live sessions per opener as they come and go: OpenSession checks its limits here.
-            self._count_session(js.session, -1)
             js.session = kv
-            self._count_session(kv, +1)
         elif parts[2] == "workers" and len(parts) == 5 and parts[4].isdigit():
             node = parts[3]
             _set(js.workers, (node, int(parts[4])), kv)
@@ -176,17 +187,6 @@ class StateIndex:
         if js.session is None and not js.workers:
             del self.jobs[j]
         return ("job", j)
-
-    def _count_session(self, kv: KV | None, d: int) -> None:
-        if kv is None:
-            return
-        peer = _session_peer(kv)
-        self.sessions += d
-        n = self.sessions_by_peer.get(peer, 0) + d
-        if n > 0:
-            self.sessions_by_peer[peer] = n
-        else:
-            self.sessions_by_peer.pop(peer, None)
 
     def leader_candidate(self) -> KV | None:
         """The election key with the lowest create revision: the current leader's, as mirrored."""
@@ -216,13 +216,6 @@ def _spec(kv: KV | None) -> GroupSpec | None:
         return GroupSpec.load(kv.value) if kv is not None else None
     except (ValueError, TypeError):
         return None
-
-
-def _session_peer(kv: KV) -> str:
-    try:
-        return SessionValue.load(kv.value).peer
-    except (ValueError, TypeError):
-        return ""
 
 
 def _grant_job(kv: KV | None) -> str | None:

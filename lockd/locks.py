@@ -24,8 +24,18 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
+from timeslice import tracing
 from timeslice.common import records as R
-from timeslice.common.errors import InvalidIdError, LockError, NotHolder, SessionLost, StaleToken
+from timeslice.common.errors import (
+    EtcdUnavailable,
+    GuardFailed,
+    InvalidIdError,
+    LockError,
+    NotHolder,
+    OutcomeUnknown,
+    SessionLost,
+    StaleToken,
+)
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.election import Leadership
@@ -39,6 +49,11 @@ from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFai
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.waiters import Waiters
+
+MAX_HOLD_MS = 30 * 24 * 3600 * 1000   # a hold the job reports (profiles): a month at most
+
+#: Looks at the group's spec an Acquire makes while the group is deleted and created again under it.
+MAX_SPEC_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -58,35 +73,50 @@ class Locks:
         self.policy, self.leadership, self.on_direct_grant = policy, leadership, on_direct_grant
         self.fence = AttemptFence(client, keys, reflector)
 
-    async def _require_group(self, group: str) -> None:
+    async def _spec_rev(self, group: str, fresh: bool = False) -> int:
+        """The create revision of ``group``'s spec: which incarnation of the group a call acts on
+        (a group deleted and created again under its name has another). NotFound if there is none."""
         gs = self.index.groups.get(group)
-        if gs is not None and gs.spec is not None:
-            return
+        if not fresh and gs is not None and gs.spec is not None:
+            return gs.spec.create_revision
+        # The mirror may lag a group created a moment ago on another replica (``fresh``: or a delete).
         r = await self.client.range(ops.range_req(self.keys.spec(group)))
         if not r.kvs:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
+        return r.kvs[0].create_revision
+
+    async def _require_group(self, group: str) -> None:
+        await self._spec_rev(group)
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
-                      seq: int = 0) -> Granted:
+                      seq: int = 0, last_hold_ms: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
-        await self._require_group(group)
+        if not 0 <= last_hold_ms <= MAX_HOLD_MS:
+            raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
+        spec_rev = await self._spec_rev(group)
         attempt = secrets.token_hex(8)
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt).dump()
+        # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
+        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
+                             last_hold_ms=last_hold_ms).dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:
             # Inside the try: a call cancelled while its write is in flight still
             # removes what the write may have left (see _abandon).
-            token, revision = await self._enqueue(group, job, lease, value, seq)
+            token, revision, spec_rev = await self._enqueue(group, job, lease, value, seq, spec_rev)
             # Our own write must be in the mirror before we judge "entry gone".
-            await self.reflector.wait_revision(revision, timeout)
+            try:
+                await self.reflector.wait_revision(revision, timeout)
+            except asyncio.TimeoutError:
+                raise AcquireTimeout(f"{job!r} was not granted {group!r} within {timeout:.3f}s (this replica's "
+                                     "view of etcd lags); its place in the queue was given up") from None
             deadline = None if timeout is None else t0 + timeout
             while True:
                 wake.clear()
-                outcome = self._outcome(group, job, token, attempt)
+                outcome = self._outcome(group, job, token, attempt, spec_rev)
                 if outcome is not None:
                     return Granted(token, outcome, (time.monotonic() - t0) * 1000)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -105,15 +135,37 @@ class Locks:
         finally:
             self.waiters.unregister(group, job, wake)
 
-    async def _enqueue(self, group: str, job: str, lease: int, value: bytes, seq: int) -> tuple[int, int]:
-        """Create or take over the job's entry; returns (token, revision of our write)."""
+    async def _enqueue(self, group: str, job: str, lease: int, value: bytes, seq: int,
+                       spec_rev: int) -> tuple[int, int, int]:
+        """Create or take over the job's entry in the group incarnation ``spec_rev``; returns
+        (token, revision of our write, spec_rev). NotFound if the group is gone."""
+        for _ in range(MAX_SPEC_TRIES):
+            # Guarded by the group's spec: an entry written after a DeleteGroup would outlive it
+            # without a spec (granted for nothing, and blocking the group created again under the
+            # name), and a holder granted after the delete read the queue would never be told.
+            guard = [ops.create_rev(self.keys.spec(group), "==", spec_rev)]
+            try:
+                token, revision = await self._enqueue_once(group, job, lease, value, seq, guard)
+                return token, revision, spec_rev
+            except GuardFailed:
+                spec_rev = await self._spec_rev(group, fresh=True)   # deleted (NotFound), or created again
+            except OutcomeUnknown:
+                # Resolved by reading, never by blindly writing again: did our write land?
+                r = await self.client.range(ops.range_req(self.keys.queue_entry(group, job)))
+                if r.kvs and r.kvs[0].value == value:
+                    return r.kvs[0].create_revision, r.header.revision, spec_rev
+                raise
+        raise EtcdUnavailable(f"group {group!r} was deleted and created again while {job!r} joined it; try again")
+
+    async def _enqueue_once(self, group: str, job: str, lease: int, value: bytes, seq: int,
+                            guard: list) -> tuple[int, int]:
         if seq > 0:
-            c = await self.fence.claim(group, job, lease, seq, value)
+            c = await self.fence.claim(group, job, lease, seq, value, guard)
             return c.token, c.revision
         # An unnumbered attempt (older client): the last one processed wins.
         queue = FifoQueue(self.client, self.keys.queue(group))
         # No head read: the leader decides the turn; we wait for our grant in the mirror.
-        entry = await queue.enqueue(job, value, lease, with_head=False)
+        entry = await queue.enqueue(job, value, lease, with_head=False, guard=guard)
         if entry.lease != lease:
             raise LockError(f"job {job!r} is queued on {group!r} under an older session")
         if entry.created:
@@ -125,7 +177,7 @@ class Locks:
             raise SessionLost(f"{job!r} lost its place in {group!r} while re-sending Acquire")
         return entry.token, resp.header.revision
 
-    def _outcome(self, group: str, job: str, token: int, attempt: str) -> R.GrantValue | None:
+    def _outcome(self, group: str, job: str, token: int, attempt: str, spec_rev: int) -> R.GrantValue | None:
         gs = self.index.groups.get(group)
         if gs is not None and gs.grant is not None:
             g = R.GrantValue.load(gs.grant.value)
@@ -137,7 +189,7 @@ class Locks:
             if f.token == token:
                 raise SwapFailed(f"{job!r} could not be granted {group!r}: {f.reason}")
         if gs is None or job not in gs.queue or gs.queue[job].create_revision != token:
-            if gs is None or gs.spec is None:
+            if gs is None or gs.spec is None or gs.spec.create_revision != spec_rev:
                 raise NotFound(f"group {group!r} was deleted while {job!r} waited")
             raise SessionLost(f"{job!r} lost its place in {group!r}: its session lease expired")
         if R.QueueValue.load(gs.queue[job].value).attempt != attempt:
@@ -167,10 +219,10 @@ class Locks:
         if gs is not None and gs.grant is not None and R.GrantValue.load(gs.grant.value).job == job:
             # Drop our grant in the same revision, but only that exact grant; on the
             # leader, hand the group straight to the next job in the same transaction.
-            lead = self.leadership() if handoff else None
+            lead = self.leadership() if handoff and gs.spec is not None else None
             nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
-            if lead is not None and nxt is not None:
-                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt)
+            if lead is not None and nxt is not None and gs.spec is not None:
+                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt, gs.spec.create_revision)
                 success.append(op)
             else:
                 success.append(H.drop_only(self.keys, group, gs.grant.value))

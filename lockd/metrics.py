@@ -57,11 +57,39 @@ class QueueDepth:
         yield fam
 
 
+class JobFractions:
+    """``timeslice_job_busy_ratio{group,job}`` and ``timeslice_job_wait_ratio{group,job}``.
+
+    Read at scrape time from the jobs' profiles (lockd/profiles.py) by the leader: of a
+    job's recent cycle (hold + gap + wait), the share it held the group and the share it
+    waited. ``source()`` names only jobs with a live session, so departed jobs leave no
+    series behind; other replicas export none (one series per job in the cluster).
+    """
+
+    def __init__(self, registry: CollectorRegistry):
+        # (group, job) -> (busy, wait) of the live jobs; {} while not leading
+        self.source: Callable[[], dict[tuple[str, str], tuple[float, float]]] = dict
+        registry.register(self)
+
+    def collect(self):
+        busy = GaugeMetricFamily("timeslice_job_busy_ratio",
+                                 "Leader: share of a job's recent cycle it held the group", labels=["group", "job"])
+        wait = GaugeMetricFamily("timeslice_job_wait_ratio",
+                                 "Leader: share of a job's recent cycle it waited for the group (swaps included)",
+                                 labels=["group", "job"])
+        for (g, j), (b, w) in sorted(self.source().items()):
+            busy.add_metric([g, j], b)
+            wait.add_metric([g, j], w)
+        yield busy
+        yield wait
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
         add_common(r, "lockd")
         self.queue_depth = QueueDepth(r)
+        self.job_fractions = JobFractions(r)
         self.acquire_wait = Histogram("timeslice_acquire_wait_seconds",
                                       "Acquire arrival to grant, as served by this replica",
                                       buckets=_LAT, registry=r)

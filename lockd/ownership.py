@@ -8,8 +8,8 @@ channel (``nodes/<node>/attested/<pid>``), and which pids are the node's own ser
 1. pid 1 and the protected pids are refused for everyone (``SystemProcess``);
 2. a pid attested by another job is refused (``NotOwner``): it is that job's;
 3. a pid attested by the caller is the caller's, even if another job registered it
-   first: that registration was a squatter's, and it is removed in the caller's
-   own registration transaction, so the owner is never locked out;
+   first: that registration was a squatter's, and it is removed (with its slot)
+   before the caller's is written, so the owner is never locked out;
 4. an unattested pid goes to whoever registers it first (``lockd/workers.py``), as
    before (a job may register a process it started that never opened the channel;
    an agent that requires attestation will not act on it).

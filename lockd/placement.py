@@ -14,6 +14,8 @@ GPU index, from what etcd holds:
   CUDA init) is on no GPU and never blocks anyone; a job the agent has not
   looked at yet is where its workers say, else on every GPU (not knowing is
   not room);
+  a job whose state the agent cannot read now (``AgentValue.job_unknown``) is
+  placed the same way when the agent's meter could not place it;
 * how much a snapshotted job needs back, per GPU (``StatusValue.gpu_bytes``,
   recorded at checkpoint: a restore lands each process on its own GPU);
 * free bytes per GPU, less what residents registered beyond what the agent
@@ -116,14 +118,17 @@ class NodeView:
         return declared | frozenset(seen) | frozenset(snap or {})
 
     # --- free memory -------------------------------------------------------------------
-    def free_after_registered(self, residents: dict[str, frozenset[int]], jobs: dict[str, JobState]) -> dict[int, int]:
-        """Free bytes per GPU less what residents registered beyond what the agent counted,
-        spread over each resident's GPUs."""
+    def free_after_registered(self, residents: dict[str, frozenset[int]], jobs: dict[str, JobState],
+                              off_device: dict[str, int] | None = None) -> dict[int, int]:
+        """Free bytes per GPU less what residents registered beyond what the agent counted
+        (on the device, plus ``off_device``: what a partial pause released), spread over each
+        resident's GPUs. A resident the agent cannot see (unknown) counts its whole registration."""
         free = dict(self.free)
         counted = self.agent.job_device_bytes if self.agent else {}
+        off = off_device or {}
         for j, gpus in residents.items():
             registered = sum(w.device_bytes for w in self.workers(jobs.get(j)))
-            extra = max(0, registered - counted.get(j, 0))
+            extra = max(0, registered - counted.get(j, 0) - off.get(j, 0))
             if extra and gpus:
                 share = -(-extra // len(gpus))
                 for g in gpus:

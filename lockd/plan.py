@@ -7,10 +7,15 @@ with hand-made states, and a new leader simply calls it again on what etcd
 holds: every step is resumable because the state *is* the plan's input.
 
 The swap for head job B (token t), per node of the group, GPU by GPU
-(``lockd.placement``: where each job has a device context, free bytes per GPU):
-  1. jobs other than B resident on a GPU where B does not fit beside them
-     → snapshot intents for them (carrying t); wait for the agent's reports;
-     a job that holds a group on those devices is never snapshotted: B waits;
+(``lockd.placement``: where each job has a device context, free bytes per GPU;
+``lockd.residency``: running, partly paused, unknown, snapshotted):
+  0. B's state unknown to the agent (a cooperative worker not reconnected to it)
+     → restore intent for B first: the agent answers once it has seen B's memory
+     back (or fails it with the reason); no grant before;
+  1. jobs other than B resident on a GPU where B does not fit beside them (also
+     one paused in part, or of unknown state) → snapshot intents for them
+     (carrying t); wait for the agent's reports; a job that holds a group on
+     those devices is never snapshotted: B waits;
   2. B snapshotted on the node → restore intent for B; wait;
   3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
      B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
@@ -27,6 +32,7 @@ from timeslice.common import records as R
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
+from timeslice.lockd.residency import RESIDENT, parked_left, residency, unfenced
 
 
 @dataclass(frozen=True)
@@ -76,18 +82,6 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
 
 
-def residency(ns: NodeState | None, job: str, on_node: bool) -> str:
-    """Where a job's context is on a node: running | snapshotted | gone | absent."""
-    st = status_of(ns, job)
-    if not on_node:
-        return "absent"
-    if st is None or st.state in (R.RUNNING, R.SNAPSHOTTING, R.FROZEN):
-        return "running"                                  # a context on the device (frozen: locked there)
-    if st.state in (R.SNAPSHOTTED, R.RESTORING):
-        return "snapshotted"
-    return "gone"                                         # gone or lost: nothing to move
-
-
 def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
                now_ms: int, policy: Policy = Policy(),
                node_jobs: dict[str, set[str]] | None = None,
@@ -119,8 +113,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         ns = nodes.get(node)
         on_node = (node_jobs.get(node, set()) if node_jobs is not None
                    else {j for j, js in jobs.items() if node in js.nodes()})
+        agent = R.AgentValue.load(ns.agent.value) if ns is not None and ns.agent is not None else None
         # 0. Intents of this swap on the node: wait for them, time them out, or read their result.
-        node_waiting = False
+        node_waiting = head_back = False
         refused_restore = None
         for job, ikv in (ns.intents.items() if ns else ()):
             intent = R.IntentValue.load(ikv.value)
@@ -146,18 +141,20 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                     f"{intent.op} of job {job} on node {node} {st.outcome}: "
                     f"{st.error or 'processes gone'}"))]
             moved += st.bytes
+            head_back |= intent.op == R.RESTORE and job == head_job and st.outcome == R.OK
             restored |= intent.op == R.RESTORE and job == head_job
         if node_waiting:
             waiting = True
             continue
-        running = sorted(j for j in on_node if j != head_job and residency(ns, j, True) == "running")
-        b_where = residency(ns, head_job, head_job in on_node)
-        if ns is None or ns.agent is None:
+        where = {j: residency(ns, j, True, agent) for j in on_node if j != head_job}
+        where.update((j, "partial") for j in parked_left(ns, agent, on_node) if j != head_job)
+        running = sorted(j for j, w in where.items() if w in RESIDENT)
+        b_where = residency(ns, head_job, head_job in on_node, agent)
+        if ns is None or agent is None:
             if running or b_where != "absent":
                 return [FailWaiter(head_job, token, lease, node=node,
                                    reason=f"node agent on {node} is not alive")]
             continue
-        agent = R.AgentValue.load(ns.agent.value)
         view = NodeView.of(node, agent)
         if unfenced(agent, node, head_job, jobs, ns):
             # A job the agent still reports running here has no registration any more (its session
@@ -165,8 +162,17 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # it then leaves the running jobs) or saw it exit; the Acquire's deadline bounds the wait.
             pending = True
             continue
+        if b_where == "unknown" and not head_back:
+            # Where the head's memory is, the agent cannot tell now (a cooperative worker of it has not
+            # reconnected): never grant before a restore says it is back. The agent answers once the
+            # worker is back (asking for room, if it needs some, by refusing), or fails it with the reason.
+            actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            pending = True
+            continue
         # Residents: other jobs with a device context on some GPU of this node, by GPU.
         residents = {j: g for j in running if (g := view.resident_gpus(j, jobs.get(j)))}
+        if b_where == "partial":
+            b_where = "snapshotted"            # for itself: a snapshot to restore, like any other
         b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
         need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
@@ -175,7 +181,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if need is None:
             short = set(b_gpus) if policy.evict_unknown else set()
         else:
-            free = view.free_after_registered(residents, jobs)
+            # A partly paused resident's released bytes are off the device: not "registered, uncounted".
+            off = {j: st.device_bytes for j in residents if where[j] == "partial" and (st := status_of(ns, j))}
+            free = view.free_after_registered(residents, jobs, off)
             short = {g for g, n in need.items() if n > 0 and n > free.get(g, 0) - policy.device_margin_bytes}
         if refused_restore is not None:
             short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
@@ -224,14 +232,6 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     if waiting or pending:
         return [a for a in actions if a is not None]
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
-
-
-def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState],
-             ns: NodeState | None = None) -> list[str]:
-    """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet."""
-    return sorted(j for j, b in agent.job_device_bytes.items()
-                  if b and j != head_job and node not in (jobs[j].nodes() if j in jobs else ())
-                  and not S.is_frozen(ns, j))
 
 
 def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],

@@ -14,12 +14,15 @@ from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.groups import Groups
+from timeslice.lockd.history import History
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.profile_service import ProfileService
 from timeslice.lockd.sessions import Sessions
 from timeslice.lockd.tenancy import Tenancy
+from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.watches import Watches
 from timeslice.lockd.workers import Workers
@@ -28,10 +31,10 @@ log = structlog.get_logger(__name__)
 
 
 class Replica:
-    def __init__(self, config: LockdConfig, metrics: Metrics | None = None):
+    def __init__(self, config: LockdConfig, metrics: Metrics | None = None, client: EtcdClient | None = None):
         self.config = config
         self.metrics = metrics or Metrics()
-        self.client = EtcdClient(config.etcd)
+        self.client = client or EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
         # Deleted groups' queue_depth series go at the next scrape.
@@ -44,11 +47,20 @@ class Replica:
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
-        self.workers = Workers(self.client, self.keys, self.index)
+        self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
         self.watches = Watches(config.callers.max_watches, config.callers.max_watches_per_caller)
         self.tenancy = Tenancy(self.client, self.keys, self.index, enabled=config.callers.tenants_file is not None)
+        # Job profiles, read off the history of holds in the mirror (lockd/profiles.py).
+        self.profile_view = ProfileService(self.keys, self.index, self.reflector, self.groups, config.profile_phases)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
+        # The leader exports each live job's busy and wait shares, from the same profiles.
+        self.metrics.job_fractions.source = lambda: (self.profile_view.fractions()
+                                                     if self.leader.leadership is not None else {})
+        # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
+        self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
+        # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).
+        self.traces = HandoffTraces(self.keys, self.index, config.replica_id)
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
         self._ops_seen: set[tuple[bytes, int]] = set()
@@ -63,6 +75,8 @@ class Replica:
         if sched is not None:
             sched.mark_all() if reset else sched.on_touched(touched)
             self._observe_agent_ops(events)
+            self.history.on_batch(events, reset, self.leader.leadership)
+            self.traces.on_batch(events, not reset)
 
     def _current_leadership(self) -> Leadership | None:
         """The leadership that fences a direct handoff: ours when we lead, else the current
@@ -104,6 +118,7 @@ class Replica:
         self.reflector.start()
         await asyncio.wait_for(self.reflector.synced.wait(), sync_timeout)
         self._tasks.append(asyncio.create_task(self.leader.run(), name="leader"))
+        self._tasks.append(asyncio.create_task(self.history.run(lambda: self.leader.leadership), name="history"))
         log.info("replica_started", replica=self.config.replica_id, prefix=self.config.prefix)
 
     async def etcd_healthy(self, timeout: float = 2.0) -> bool:

@@ -150,9 +150,14 @@ class Scheduler:
         k, epoch = self.keys, self.lead.epoch
         if isinstance(a, P.WriteGrant):
             qkey, gkey = k.queue_entry(group, a.job), k.grant(group)
+            gs = self.index.groups.get(group)
+            if gs is None or gs.spec is None:
+                return 0                      # a deleted group's leftovers are granted to nobody
             grant_val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+            # Also guarded by the spec as planned: a group deleted (or created again) since is granted nothing.
             resp = await self.lead.txn(
-                [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0)],
+                [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0),
+                 ops.create_rev(k.spec(group), "==", gs.spec.create_revision)],
                 [ops.put(gkey, grant_val.dump(), a.lease)])   # the grant dies with the holder's session
             if resp.succeeded:
                 self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)

@@ -9,6 +9,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from timeslice import tracing
 from timeslice.common import logs
 from timeslice.common.auth import Authority, Gate, load_admin_token
 from timeslice.common.grpc_metrics import GrpcServerMetrics
@@ -71,6 +72,8 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
 
 
 async def serve(config: LockdConfig, ready=None) -> None:
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    tracing.setup("lockd", {"timeslice.replica": config.replica_id})
     replica = Replica(config)
     await replica.start()
     server, port, hs = create_server(config, replica)
@@ -99,4 +102,5 @@ async def serve(config: LockdConfig, ready=None) -> None:
     await replica.leader.resign()
     await server.stop(grace=2.0)
     await replica.stop()
+    tracing.shutdown()
     log.info("stopped", replica=config.replica_id)

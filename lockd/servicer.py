@@ -14,7 +14,7 @@ import structlog
 from timeslice.common.auth import Authority
 from timeslice.common.errors import LockError, TimesliceError
 from timeslice.common.serving import rpc, stream_rpc
-from timeslice.lockd import peers
+from timeslice.lockd import peers, traces
 from timeslice.lockd.callers import Callers
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.replica import Replica
@@ -42,7 +42,7 @@ class LockdServicer(pbg.LockdServicer):
     @rpc
     @ids_checked
     async def CloseSession(self, req, context):
-        return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret))
+        return pb.CloseSessionReply(closed=await self.r.sessions.close(req.job_id, req.session_secret, req.lost))
 
     @rpc
     @ids_checked
@@ -61,8 +61,10 @@ class LockdServicer(pbg.LockdServicer):
         remaining = context.time_remaining()
         timeout = None if remaining is None else max(0.0, remaining - _MARGIN - (time.monotonic() - t0))
         try:
-            got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                             seq=req.attempt_seq)
+            with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
+                got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
+                                                 seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
+                traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
             raise
@@ -138,6 +140,11 @@ class LockdServicer(pbg.LockdServicer):
     async def ListJobs(self, req, context):
         caller = self.callers.reader(context)
         return pb.ListJobsReply(jobs=self.r.tenancy.jobs(caller, self.r.workers.job_list()))
+
+    @rpc
+    async def GetProfiles(self, req, context):
+        caller = self.callers.reader(context)
+        return self.r.tenancy.profiles(caller, self.r.profile_view.get(req.job_id, req.group_id))
 
     @stream_rpc
     async def WatchGroup(self, req, context):

@@ -157,6 +157,19 @@ class Tenancy:
         mine = self._jobs_of(caller.tenant)
         return [j for j in jobs if j.job_id in mine]
 
+    def profiles(self, caller: Caller, reply: pb.ProfilesReply) -> pb.ProfilesReply:
+        """A tenant sees the profiles of its own jobs, and of every job in groups it administers."""
+        if not self.enabled or caller.admin:
+            return reply
+        mine = self._jobs_of(caller.tenant)
+        specs = {g.group_id: self._spec(g.group_id) for g in reply.groups}
+        out = pb.ProfilesReply(nodes=reply.nodes, groups=self.groups(caller, list(reply.groups)))
+        for p in reply.profiles:
+            spec = specs.get(p.group_id) or self._spec(p.group_id)
+            if p.job_id in mine or (spec is not None and self._administers(caller, spec)):
+                out.profiles.append(p)
+        return out
+
     def _jobs_of(self, tenant: str | None) -> set[str]:
         if tenant is None:
             return set()

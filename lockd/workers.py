@@ -2,16 +2,21 @@
 
 A worker key lives under the job and is attached to the job's session lease,
 so a job that dies takes its worker records with it; the node agent reads
-them to know which pids to snapshot and restore.
+them to know which pids to snapshot and restore. Each worker also holds one
+of its job's ``max_workers_per_job`` slots (lockd/slots.py), written with it,
+so parallel registrations on any number of replicas cannot go past the limit.
 """
 from __future__ import annotations
 
+import random
+
 from timeslice.common import records as R
-from timeslice.common.errors import InvalidIdError
+from timeslice.common.errors import EtcdUnavailable, InvalidIdError
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
+from timeslice.lockd import slots as S
 from timeslice.lockd.errors import LimitExceeded, NotOwner
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.ownership import Ownership
@@ -25,9 +30,12 @@ MAX_WORKERS_PER_JOB = 256   # registered processes of one job, all nodes togethe
 
 
 class Workers:
-    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, ownership: Ownership | None = None):
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, max_per_job: int = MAX_WORKERS_PER_JOB,
+                 ownership: Ownership | None = None):
         self.client, self.keys, self.index = client, keys, index
+        self.max_per_job = max_per_job
         self.ownership = ownership or Ownership(client, keys)
+        self._rng = random.Random()
 
     @staticmethod
     def _check(node: str, pid: int) -> None:
@@ -65,17 +73,53 @@ class Workers:
             raise InvalidIdError("device_bytes must be >= 0")
         swap, gpus, tagmap = self._swap(swap, gpus, endpoint, tags)
         claim = await self.ownership.claim(job, node, pid)
-        squatters = self._check_owner(job, node, pid, claim.attested_by == job)
-        val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
-                            tags=tagmap, collective=collective)
-        # Re-registering overwrites: a plain put is idempotent here. Another job's registration of a pid
-        # that attested for this job is a squatter's: deleted with it (lockd/ownership.py, rule 3).
-        await self.client.txn([], [ops.put(self.keys.worker(job, node, pid), val.dump(), lease),
-                                   *(ops.delete(k) for k in squatters)])
+        for squatter in self._check_owner(job, node, pid, claim.attested_by == job):
+            # Another job's registration of a pid that attested for this job is a squatter's: it goes
+            # first, with its slot (lockd/ownership.py, rule 3), so the owner is never locked out.
+            await self.unregister(squatter, node, pid)
+        key, space = self.keys.worker(job, node, pid), S.worker_space(job)
+        mine = self.index.jobs.get(job)
+        kv = mine.workers.get((node, pid)) if mine is not None else None
+        taken, fresh = set(self.index.slots_taken(space)), False
+        for _ in range(S.MAX_TRIES):
+            if kv is not None:
+                # Re-registering overwrites and keeps the worker's slot (and so its place in the limit).
+                slot = R.WorkerValue.load(kv.value).slot
+                val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
+                                    tags=tagmap, collective=collective, slot=slot)
+                resp = await self.client.txn([ops.create_rev(key, "==", kv.create_revision)],
+                                             [ops.put(key, val.dump(), lease)], [ops.get(key)])
+            else:
+                if len(taken) >= self.max_per_job and not fresh:
+                    # The mirror may lag an unregistration on another replica: ask etcd before refusing.
+                    taken, fresh = await S.taken_now(self.client, self.keys, space), True
+                if len(taken) >= self.max_per_job:
+                    raise LimitExceeded(f"limit max_workers_per_job: job {job!r} has {self.max_per_job} "
+                                        "registered workers already; unregister some first")
+                slot = S.pick(taken, self.max_per_job, self._rng)
+                skey = self.keys.slot(space, slot)
+                val = R.WorkerValue(pid, node, device_bytes, R.now_ms(), swap=swap, gpus=gpus, endpoint=endpoint,
+                                    tags=tagmap, collective=collective, slot=slot)
+                # The worker and its slot together, each only if absent: a slot a parallel call took
+                # first means "pick another", so the job never holds more than its limit.
+                resp = await self.client.txn(
+                    [ops.create_rev(key, "==", 0), ops.create_rev(skey, "==", 0)],
+                    [ops.put(key, val.dump(), lease), ops.put(skey, R.SlotValue(job, node, pid).dump(), lease)],
+                    [ops.get(key), ops.get(skey)])
+                if not resp.succeeded and resp.responses[1].response_range.kvs:
+                    # A parallel call took it first, and our view (the mirror) may lag many such
+                    # calls: read the space once, so the next pick is among slots free now (under
+                    # load, picking from the lagging mirror ran out of tries: UNAVAILABLE).
+                    taken, fresh = await S.taken_now(self.client, self.keys, space), True
+            if resp.succeeded:
+                return
+            kvs = resp.responses[0].response_range.kvs
+            kv = kvs[0] if kvs else None            # registered (or unregistered) meanwhile: judge again
+        raise EtcdUnavailable(f"RegisterWorker of {job!r}: parallel registrations kept changing it; try again")
 
-    def _check_owner(self, job: str, node: str, pid: int, attested_mine: bool) -> list[bytes]:
-        """Refuse a pid another job registered on that node (unless it attested for this job: then
-        the other registrations' keys, to delete), and a job past its worker limit.
+    def _check_owner(self, job: str, node: str, pid: int, attested_mine: bool = False) -> list[str]:
+        """Refuse a pid another job registered on that node, unless the pid attested for this job:
+        then the jobs whose registrations of it are to go.
 
         The index mirrors every worker key; a pid two jobs claim would let one
         job's intents freeze or move the other's process. The other job is not
@@ -87,16 +131,27 @@ class Workers:
                 if not attested_mine:
                     raise NotOwner(f"pid {pid} on node {node!r} is a registered worker of another job; "
                                    "a job registers only its own processes")
-                squatters.append(self.keys.worker(other, node, pid))
-        mine = self.index.jobs.get(job)
-        if mine is not None and (node, pid) not in mine.workers and len(mine.workers) >= MAX_WORKERS_PER_JOB:
-            raise LimitExceeded(f"limit max_workers_per_job: job {job!r} has {MAX_WORKERS_PER_JOB} registered "
-                                "workers already; unregister some first")
+                squatters.append(other)
         return squatters
 
     async def unregister(self, job: str, node: str, pid: int) -> None:
         self._check(node, pid)
-        await self.client.txn([], [ops.delete(self.keys.worker(job, node, pid))])
+        key = self.keys.worker(job, node, pid)
+        for _ in range(S.MAX_TRIES):
+            # Read fresh: the slot to free is the one this very registration holds.
+            r = await self.client.range(ops.range_req(key))
+            if not r.kvs:
+                return                              # not registered (any more): nothing to do
+            kv = r.kvs[0]
+            slot = R.WorkerValue.load(kv.value).slot
+            gone = [ops.delete(key)]
+            if slot >= 0:
+                gone.append(ops.delete(self.keys.slot(S.worker_space(job), slot)))
+            # Guarded by the registration as read: one re-registered meanwhile is read again.
+            resp = await self.client.txn([ops.mod_rev(key, "==", kv.mod_revision)], gone)
+            if resp.succeeded:
+                return
+        raise EtcdUnavailable(f"UnregisterWorker of {job!r}: it kept being registered again meanwhile; try again")
 
     def job_list(self) -> list[pb.JobInfo]:
         out = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import time
 from pathlib import Path
 
 import structlog
@@ -30,7 +31,7 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
-from timeslice.nodeagent import attest, fencing
+from timeslice.nodeagent import attest, fencing, traces
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.attestations import Attestations
@@ -46,6 +47,7 @@ from timeslice.nodeagent.jobs import LocalJobs
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.nodelock import NodeLock
 from timeslice.nodeagent.protected import protected_reason
+from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.swappers import Swappers
@@ -74,14 +76,16 @@ class Agent:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
-                                     self._worker_left, on_attested=self._worker_attested)
+                                     self._worker_left, self._worker_back, on_attested=self._worker_attested)
+        self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
         self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
         self.orphans = O.Orphans.load(self._orphans_path)             # sessions gone, processes on a GPU
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
                                         cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
-        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes)
+        # Pinned backups being reserved count against free host memory from the start.
+        self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes, pending=self.channel.pending_host_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
         self.client = EtcdClient(cfg.etcd)
@@ -89,7 +93,8 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base)
+        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
+                                 cfg.app_drain_s or None, cfg.app_drain_expired)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
         self.attestations = Attestations(self.client, self.keys, self.node, lambda: self.live_session().lease_id)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
@@ -200,6 +205,11 @@ class Agent:
         (nodeagent/fencing.py)."""
         await fencing.fence(self)
 
+    def _worker_back(self, info) -> None:
+        """A cooperative worker said hello (after an agent restart, its word on what it has paused):
+        report its job's picture at once, so the leader stops planning around an unknown worker."""
+        self.upkeep.soon.set()
+
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.
 
@@ -296,6 +306,9 @@ class Agent:
         entries = [w.__dict__ for w in (regs if regs is not None else await self.registrations(job))]
         registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
         registered |= self.jobs.adopted.get(job, set())
+        # A cooperative worker is the job's as long as it lives, registered or not (its job closed its
+        # session, or the session went while it was parked): its memory moves only through it.
+        registered |= {p for p, j in self.channel.cooperative_pids().items() if j == job}
         # A job may register any pid; the agent never acts on init, itself or the system's servers.
         for pid in [p for p in registered if protected_reason(p)]:
             log.warning("protected_pid_registered", job=job, pid=pid, why=protected_reason(pid))
@@ -322,10 +335,14 @@ class Agent:
     async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
         regs = await self.registrations(intent.job)
         registered, remembered = await self.pids(intent.job, regs)
-        pic = await self.runner.picture(registered, remembered)
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
+        # Cooperative workers with no channel (not reconnected since this agent started, or closing):
+        # their state is theirs to say. Wait for each to come back or exit (bounded), then look.
+        coop = [p for p in [*registered, *remembered] if self.swappers.cooperative(p)]
+        away = "" if stale or intent.error or not coop else await self.reconnects.wait_all(coop, intent.job)
+        pic = await self.runner.picture(registered, remembered)
         d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0,
-                     I.checkpoint_refusal(regs))
+                     I.checkpoint_refusal(regs), away)
         if d.kind != I.RUN:
             st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, gpu_bytes=pic.gpu_bytes,
                           token=d.fence,
@@ -346,10 +363,13 @@ class Agent:
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
         assert intent.value is not None                   # decide() runs only a readable intent
+        t0_ns = time.time_ns()
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
         rev = await self._answer(intent, st, refresh=moves)
+        # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
+        await traces.op_spans(self.client, self.keys, self.node, self.backend.name, intent, pic, rr, t0_ns)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))

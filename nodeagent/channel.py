@@ -14,13 +14,14 @@ go out on it with an id and a deadline, answers come back as ``done`` frames.
 What a worker last said about itself (paused tags, sizes, host backup) is
 remembered after its connection drops, so a parked worker is never forgotten
 while it reconnects (e.g. after an agent restart, its hello says what it has
-paused). Everything read from a peer is bounded: frame size and nesting, hello
-fields, connections in total, requests in flight. Connections that have not
-said hello wait in the ``Lobby`` (bounded per process, per user and in total;
-the oldest of a flooder is evicted, never a newcomer refused), at most
-``HELLO_TIMEOUT_S``. A frame out of protocol (``nodeagent/frames.py``) gets a
-refusal frame, and the disconnect handling (which lifts a paused worker's
-freeze) runs however a connection ends.
+paused); when each channel went is kept too (``lost_at``), for the bounded wait
+of ``nodeagent.reconnects``. Everything read from a peer is bounded: frame
+size and nesting, hello fields, connections in total, requests in flight.
+Connections that have not said hello wait in the ``Lobby`` (bounded per
+process, per user and in total; the oldest of a flooder is evicted, never a
+newcomer refused), at most ``HELLO_TIMEOUT_S``. A frame out of protocol
+(``nodeagent/frames.py``) gets a refusal frame, and the disconnect handling
+(which lifts a paused worker's freeze) runs however a connection ends.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import itertools
 import os
 import resource
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +67,10 @@ class WorkerInfo:
     tags: dict[str, str] = field(default_factory=dict)
     region_bytes: dict[str, int] = field(default_factory=dict)
     host_bytes: int = 0
+    host_reserving: int = 0            # host bytes a reservation in progress has promised (timeslice.pinned)
+    backup: dict[str, int] = field(default_factory=dict)   # the worker's copy counters, as it last said
     paused: list[str] = field(default_factory=list)
+    residue_bytes: int | None = None   # device bytes the worker still held after its last pause (its measure)
     connected: bool = True
     start_time: int | None = None      # the process incarnation that spoke (pids are reused)
 
@@ -77,6 +82,15 @@ class WorkerInfo:
                                  if str(t) in self.tags and isinstance(n, int)}
         if isinstance(msg.get("host_bytes"), int):
             self.host_bytes = max(0, msg["host_bytes"])
+        if isinstance(msg.get("host_reserving"), int):
+            self.host_reserving = max(0, msg["host_reserving"])
+        if isinstance(msg.get("backup"), dict):
+            self.backup = {str(k)[:32]: int(v) for k, v in list(msg["backup"].items())[:16]
+                           if isinstance(v, int) and v >= 0}
+        if not self.paused:
+            self.residue_bytes = None          # running: everything it has is on the device anyway
+        elif isinstance(msg.get("residue_bytes"), int) and not isinstance(msg["residue_bytes"], bool):
+            self.residue_bytes = max(0, msg["residue_bytes"])
 
 
 class WorkerConn:
@@ -153,20 +167,25 @@ class ChannelServer:
     """The Unix-socket server; ``conn(pid)`` and ``info(pid)`` are what the swappers use."""
 
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
-                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None, lobby: Lobby | None = None,
+                 on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
                  on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
-        self.on_disconnect = on_disconnect
-        self.on_attested = on_attested          # awaited before the welcome (nodeagent/attestations.py)
+        self.on_disconnect, self.on_connect = on_disconnect, on_connect
+        self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
-        self.lobby = lobby or Lobby()           # connections before their hello, bounded
+        self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
+        self._hello = asyncio.Event()                # set (and replaced) at every accepted hello
+        self.lobby = lobby or Lobby()                # connections before their hello, bounded
         self._door = Listener(self.path, self.lobby, self._on_hello, HELLO_TIMEOUT_S)
         self._admitting: set[asyncio.Task] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.started_at = time.monotonic()           # reset by start(): from then on workers reconnect
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        self.started_at = time.monotonic()
         _room_for_connections(MAX_CONNECTIONS + self.lobby.total)
         await self._door.start()
         log.info("channel_listening", socket=str(self.path), node=self.node)
@@ -203,12 +222,39 @@ class ChannelServer:
     def forget(self, pid: int) -> None:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
+        self._lost.pop(pid, None)
         c = self._conns.pop(pid, None)
         if c is not None:
             c.close()
 
     def pids(self) -> list[int]:
         return sorted(self._infos)
+
+    def pending_host_bytes(self) -> int:
+        """Host bytes that workers' reservations in progress have promised and not pinned yet.
+
+        Host admission subtracts them from free memory from the moment a reservation
+        starts: free memory shows a reservation only as its pages are faulted in, so
+        while it runs the part already faulted is counted twice (refusing early, never
+        admitting what does not fit)."""
+        return sum(i.host_reserving for i in self._infos.values())
+
+    def cooperative_pids(self) -> dict[int, str]:
+        """pid -> job of the live processes that said hello as cooperative workers (with regions to
+        move; a process that only attests has none), connected or not."""
+        return {p: i.job for p, i in list(self._infos.items())
+                if i.tags and procfs.same_process(p, i.start_time)}
+
+    def lost_at(self, pid: int) -> float | None:
+        """When ``pid``'s channel went (monotonic), if it had one and it is closed now."""
+        return self._lost.get(pid)
+
+    async def next_hello(self, timeout: float) -> None:
+        """Return at the next accepted hello, or after ``timeout`` s."""
+        try:
+            await asyncio.wait_for(self._hello.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
 
     def attested(self) -> dict[int, tuple[str, int | None]]:
         """{pid: (job, process start time)} of every process that proved its job and still runs."""
@@ -279,6 +325,7 @@ class ChannelServer:
             old.close()
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
+        self._lost.pop(pid, None)
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
@@ -288,6 +335,10 @@ class ChannelServer:
             pass                                # the read in _serve sees it closed; the disconnect path runs
         log.info("channel_worker_connected", pid=pid, job=job, device=device, tags=tags, paused=info.paused,
                  host_bytes=info.host_bytes)
+        said, self._hello = self._hello, asyncio.Event()
+        said.set()                                  # ops waiting for this worker go on (nodeagent.reconnects)
+        if self.on_connect is not None:
+            self.on_connect(info)
         return conn
 
     async def _serve(self, conn: WorkerConn) -> None:
@@ -300,7 +351,12 @@ class ChannelServer:
                 if msg["type"] == "done":
                     conn.deliver(msg)
                 elif msg["type"] == "state":
+                    was = info.host_reserving
                     info.update(msg)            # e.g. the retained host backup, after prepin
+                    if was != info.host_reserving:
+                        log.info("host_reservation_started" if info.host_reserving else "host_reservation_done",
+                                 pid=info.pid, job=info.job, reserving=info.host_reserving,
+                                 host_bytes=info.host_bytes)
         except asyncio.IncompleteReadError:
             pass
         except C.ChannelError as e:             # out of protocol: say why, then cut it off
@@ -317,6 +373,7 @@ class ChannelServer:
             if self._conns.get(info.pid) is conn:
                 del self._conns[info.pid]
                 info.connected = False
+                self._lost[info.pid] = time.monotonic()
             conn.fail_all("the worker closed its channel")
             conn.close()
         log.info("channel_worker_disconnected", pid=info.pid, job=info.job, reason=why, paused=info.paused)

@@ -26,6 +26,7 @@ from timeslice.common.serving import parse_bool as _bool
 from timeslice.nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
 from timeslice.nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
 from timeslice.nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES
+from timeslice.nodeagent.reconnects import DEFAULT_RECONNECT_GRACE_S
 
 # Accepted --backend values; "cuda-checkpoint" is the tool's own name for "cuda-cli".
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "cuda-cli", "sim")
@@ -43,6 +44,12 @@ class AgentConfig:
         its key is gone, i.e. at most ``ttl`` (default 10 s) after the agent died.
     lock_timeout_ms: how long a checkpoint lock may wait for the job's queued
         GPU work before the snapshot fails (process left running). Default 10 s.
+    reconnect_grace_s: how long an op waits for a cooperative worker with no
+        channel to this agent (not reconnected since the agent started, or
+        closing on its way out) to come back or exit, before it fails with the
+        reason (nodeagent/reconnects.py). Default 20 s: a live worker retries
+        within ~3 s. Keep it well below lockd's --swap-timeout (120 s), or the
+        waiter is failed for the agent's silence instead of told why.
     """
 
     node: str
@@ -70,6 +77,9 @@ class AgentConfig:
     log_level: str = "info"
     channel_socket: str = ""                  # cooperative workers' Unix socket; "" = default_socket_path(node)
     swap_deadline_s: float = 120.0            # a cooperative worker / app server must answer within this
+    reconnect_grace_s: float = DEFAULT_RECONNECT_GRACE_S   # an unreachable cooperative worker is waited for so long
+    app_drain_s: float = 0.0                  # an app server's in-flight requests may finish this long; 0: half
+    app_drain_expired: str = "refuse"         # then: refuse the swap (serve on) or abort them (app_endpoint.py)
     freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
     parked_warn_s: float = 300.0              # warn once when a job stays snapshotted (parked) this long
     require_attestation: bool = False         # act only on pids a job attested over the channel (attest.py)
@@ -100,6 +110,12 @@ class AgentConfig:
             raise ConfigError("--parked-warn-s must be > 0")
         if not 0 < self.swap_deadline_s <= 3600:
             raise ConfigError("--swap-deadline-s must be in (0, 3600]")
+        if not 0 < self.reconnect_grace_s <= 600:
+            raise ConfigError("--reconnect-grace-s must be in (0, 600]: a waiter must learn why in bounded time")
+        if not 0 <= self.app_drain_s < self.swap_deadline_s:
+            raise ConfigError("--app-drain-s must be in [0, --swap-deadline-s) (0: half the swap deadline)")
+        if self.app_drain_expired not in ("refuse", "abort"):
+            raise ConfigError(f"--app-drain-expired {self.app_drain_expired[:16]!r}: refuse or abort")
         if self.sim_capacity_bytes is not None and self.sim_capacity_bytes <= 0:
             raise ConfigError("--sim-capacity-bytes must be > 0")
         for name, v in (("--sim-checkpoint-gbps", self.sim_checkpoint_gbps),
@@ -158,6 +174,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                "else a per-user temp dir)")
     env_flag(p, "--swap-deadline-s", type=float, default=120.0,
           help="how long a cooperative worker or inference server may take to pause/resume, s")
+    env_flag(p, "--reconnect-grace-s", type=float, default=DEFAULT_RECONNECT_GRACE_S,
+          help="how long an op waits for a cooperative worker without a channel to this agent (after an agent "
+               "restart, or closing) to reconnect or exit before it fails the waiting job with the reason, s")
+    env_flag(p, "--app-drain-s", type=float, default=0.0,
+          help="how long an inference server's in-flight requests may take to finish before it is put to "
+               "sleep, s (0: half of --swap-deadline-s)")
+    env_flag(p, "--app-drain-expired", choices=("refuse", "abort"), default="refuse",
+          help="requests still in flight at the drain deadline: refuse the swap (the server serves on) "
+               "or abort them and sleep (default: %(default)s)")
     env_flag(p, "--require-attestation", action="store_true", default=False,
           help="act only on registered pids that the job's own processes attested over the node-local "
                "channel (the client library does it when it registers a worker)")
@@ -189,6 +214,8 @@ def from_args(a: argparse.Namespace) -> AgentConfig:
             insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), tls_cert=a.tls_cert or None,
             tls_key=a.tls_key or None, tls_client_ca=a.tls_client_ca or None, log_level=a.log_level,
             channel_socket=a.channel_socket or "", swap_deadline_s=float(a.swap_deadline_s),
+            reconnect_grace_s=float(a.reconnect_grace_s),
+            app_drain_s=float(a.app_drain_s), app_drain_expired=a.app_drain_expired,
             freeze_parked=bool(a.freeze_parked), parked_warn_s=float(a.parked_warn_s),
             require_attestation=bool(a.require_attestation))
     except (TypeError, ValueError) as e:

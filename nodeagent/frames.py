@@ -41,7 +41,8 @@ def _text(msg: dict, key: str) -> None:
 
 
 def check_state(msg: dict) -> None:
-    """The fields that say what a worker holds: ``paused``, ``region_bytes``, ``host_bytes``, ``state``."""
+    """The fields that say what a worker holds: ``paused``, ``region_bytes``, the host and residue
+    counts, ``backup`` (its copy counters), ``state``."""
     _tags(msg, "paused")
     rb = msg.get("region_bytes")
     if rb is not None:
@@ -50,7 +51,11 @@ def check_state(msg: dict) -> None:
         for t, n in rb.items():
             if len(t) > MAX_TAG or type(n) is not int or not 0 <= n <= MAX_COUNT:
                 raise ChannelError("'region_bytes' maps tag names to non-negative integers")
-    _count(msg, "host_bytes")
+    for key in ("host_bytes", "host_reserving", "residue_bytes"):
+        _count(msg, key)
+    backup = msg.get("backup")
+    if backup is not None and (not isinstance(backup, dict) or len(backup) > MAX_TAGS):
+        raise ChannelError(f"'backup' must be an object of at most {MAX_TAGS} counters")
     _text(msg, "state")
 
 

@@ -14,12 +14,15 @@ estimate of what can be allocated without swapping) minus a reserve kept for
 everything else on the node. The reserve defaults to
 ``DEFAULT_HOST_RESERVE_BYTES`` and can be set with the environment variable
 ``TIMESLICE_HOST_RESERVE_BYTES``. ``proc_root`` is a parameter so tests can
-point it at a fixture meminfo.
+point it at a fixture meminfo. ``pending`` (the agent passes the channel's
+``pending_host_bytes``) is host memory that cooperative workers are reserving
+right now for their pinned backups: promised, not yet visible in MemAvailable,
+so it is taken off from the moment a reservation starts.
 """
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from timeslice.common.errors import ConfigError
@@ -53,7 +56,8 @@ def read_meminfo(proc_root: str | os.PathLike = "/proc") -> dict[str, int]:
 class HostMemory:
     """Free host memory as admission sees it: MemAvailable minus a reserve."""
 
-    def __init__(self, proc_root: str | os.PathLike = "/proc", reserve_bytes: int | None = None):
+    def __init__(self, proc_root: str | os.PathLike = "/proc", reserve_bytes: int | None = None,
+                 pending: Callable[[], int] | None = None):
         if reserve_bytes is None:
             raw = os.environ.get(ENV_HOST_RESERVE)
             try:
@@ -64,13 +68,17 @@ class HostMemory:
             raise ConfigError(f"host memory reserve must be >= 0, got {reserve_bytes}")
         self.proc_root = proc_root
         self.reserve_bytes = reserve_bytes
+        self.pending = pending
 
     def available_bytes(self) -> int:
         """Bytes a snapshot may take now (never negative)."""
         info = read_meminfo(self.proc_root)
         # MemAvailable exists since Linux 3.14; MemFree is the pessimistic fallback.
         avail = info.get("MemAvailable", info.get("MemFree", 0))
-        return max(0, avail - self.reserve_bytes)
+        return max(0, avail - self.reserve_bytes - self.pending_bytes())
+
+    def pending_bytes(self) -> int:
+        return max(0, int(self.pending())) if self.pending is not None else 0
 
     def admit_snapshot(self, need_bytes: int) -> None:
         """Raise ``HostMemoryRefused`` unless ``need_bytes`` fit in free host memory."""
@@ -78,7 +86,8 @@ class HostMemory:
         if need_bytes > free:
             raise HostMemoryRefused(
                 f"snapshot refused: needs {need_bytes} bytes of host memory, {free} free "
-                f"(MemAvailable minus a {self.reserve_bytes}-byte reserve)",
+                f"(MemAvailable minus a {self.reserve_bytes}-byte reserve and {self.pending_bytes()} bytes "
+                "being reserved by cooperative workers)",
                 need_bytes=need_bytes, free_bytes=free)
 
 

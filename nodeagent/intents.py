@@ -12,9 +12,12 @@ Per intent, in this order:
   2. no live process of the job on this node → gone (not an error);
   3. already in the target state (snapshotted for a snapshot, running for a
      restore, frozen for a freeze, unlocked for a thaw) → ok, nothing redone;
-  4. a snapshot the job's backend may not take (``checkpoint_refusal``: a
+  4. a cooperative worker of the job that has no channel to this agent and did
+     not come back within the grace (``nodeagent.reconnects``) → failed, with
+     the reason, nothing touched (its memory can be neither moved nor seen back);
+  5. a snapshot the job's backend may not take (``checkpoint_refusal``: a
      collective worker swapped by the driver checkpoint) → refused, nothing touched;
-  5. otherwise run the backend op.
+  6. otherwise run the backend op.
 """
 from __future__ import annotations
 
@@ -111,8 +114,9 @@ def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
 
 
 def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0,
-           refusal: str = "") -> Decision:
-    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``)."""
+           refusal: str = "", away: str = "") -> Decision:
+    """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``); ``away``:
+    why some of its cooperative workers cannot be reached (``Reconnects.wait_all``)."""
     if intent.error:
         return Decision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
@@ -121,6 +125,8 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     if not picture.needs(intent.op):
         return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
+    if away:
+        return Decision(REPORT, R.FAILED, away)
     if refusal and intent.op == R.SNAPSHOT:
         return Decision(REFUSE, R.REFUSED, refusal)
     return Decision(RUN)
@@ -128,7 +134,7 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,
            elapsed_ms: float = 0.0, error: str = "", pids: Iterable[int] = (), token: int = 0,
-           gpu_bytes: dict[str, int] | None = None) -> R.StatusValue:
+           gpu_bytes: dict[str, int] | None = None, residue_bytes: int = 0) -> R.StatusValue:
     """The status answering ``intent`` (outcome "" = still in progress).
 
     ``token`` is the intent's, except in a stale-token refusal: there it is the
@@ -140,7 +146,7 @@ def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, de
         state=state, job=intent.job, op=intent.op, outcome=outcome, group=intent.group,
         intent_revision=intent.revision, token=token or intent.token, bytes=bytes_moved,
         device_bytes=device_bytes, elapsed_ms=round(elapsed_ms, 3), error=error,
-        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}))
+        pids=sorted(pids), updated_ms=R.now_ms(), gpu_bytes=dict(gpu_bytes or {}), residue_bytes=residue_bytes)
 
 
 def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
@@ -172,7 +178,7 @@ def final(intent: Intent, result: JobResult, after: Picture, elapsed_ms: float,
                   f"{rollback.error}")
     return status(intent, after.state, outcome_of(result), bytes_moved=moved_bytes(result, rollback),
                   device_bytes=after.device_bytes, elapsed_ms=elapsed_ms, error=error,
-                  pids=after.live_pids, gpu_bytes=after.gpu_bytes)
+                  pids=after.live_pids, gpu_bytes=after.gpu_bytes, residue_bytes=after.residue_bytes)
 
 
 def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
@@ -194,4 +200,5 @@ def corrected(old: R.StatusValue, after: Picture) -> R.StatusValue | None:
                                                                                   after.gpu_bytes)):
         return None
     return R.StatusValue(**{**old.__dict__, "state": after.state, "device_bytes": after.device_bytes,
-                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes})
+                            "pids": after.live_pids, "updated_ms": R.now_ms(), "gpu_bytes": after.gpu_bytes,
+                            "residue_bytes": after.residue_bytes})

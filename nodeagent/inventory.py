@@ -73,7 +73,8 @@ class Inventory:
         return found
 
     def agent_value(self, node: str, endpoint: str, job_device_bytes: dict[str, int],
-                    job_gpus: dict[str, dict[str, int]] | None = None) -> R.AgentValue:
+                    job_gpus: dict[str, dict[str, int]] | None = None,
+                    job_unknown: list[str] | None = None) -> R.AgentValue:
         gpus = self.gpus()
         return R.AgentValue(
             node=node, backend=self.backend.name, version=version(), gpus=gpus,
@@ -82,7 +83,8 @@ class Inventory:
             host_free_bytes=self.host.available_bytes(),
             job_device_bytes=dict(sorted(job_device_bytes.items())),
             updated_ms=R.now_ms(), endpoint=endpoint,
-            job_gpus={j: dict(sorted(d.items())) for j, d in sorted((job_gpus or {}).items())})
+            job_gpus={j: dict(sorted(d.items())) for j, d in sorted((job_gpus or {}).items())},
+            job_unknown=sorted(job_unknown or ()))
 
     def close(self) -> None:
         if self._nvml is not None:

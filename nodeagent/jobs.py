@@ -34,6 +34,14 @@ class LocalJobs:
         self.keys, self.node = keys, node
         self.node_mirror, self.jobs_mirror = node_mirror, jobs_mirror
         self.adopted: dict[str, set[int]] = {}
+        # This node's registrations, kept by the jobs mirror's listener on the event loop. The
+        # backends read them from worker threads (the fence and refresh passes look up every pid),
+        # so the map they read is published whole with the revision it is at and never changed
+        # after: a thread that walked the mirror itself raced the loop applying a registration
+        # flood ("dictionary changed size during iteration"), and re-walked it once per pid.
+        self._regs: dict[int, dict[str, rpc.KeyValue]] = {}          # pid -> job -> key-value (loop only)
+        self._published: tuple[int, dict[int, tuple[str, R.WorkerValue]]] = (0, {})
+        jobs_mirror.add_listener(self._on_jobs_batch)
 
     # --- keys -------------------------------------------------------------------
     def _parts(self, key: bytes) -> tuple[str, ...]:
@@ -92,21 +100,54 @@ class LocalJobs:
                 self.adopted.pop(job, None)
 
     def local_workers(self) -> dict[int, tuple[str, R.WorkerValue]]:
-        """pid -> (job, registration) of every worker registered on this node; cached per mirror revision."""
-        rev = self.jobs_mirror.revision
-        cached = getattr(self, "_workers_cache", None)
-        if cached is not None and cached[0] == rev:
-            return cached[1]
-        out: dict[int, tuple[str, R.WorkerValue]] = {}
-        for key, kv in self.jobs_mirror.items(self.keys.jobs()):
-            hit = self._local_worker(key)
-            if hit:
+        """pid -> (job, registration) of every worker registered on this node, as of
+        ``workers_revision``. A snapshot: never changed once returned (safe from any thread)."""
+        return self._published[1]
+
+    @property
+    def workers_revision(self) -> int:
+        """The jobs mirror's revision ``local_workers`` is at."""
+        return self._published[0]
+
+    def _on_jobs_batch(self, events, reset: bool) -> None:
+        if reset:
+            self._regs = {}
+            for key, kv in self.jobs_mirror.items(self.keys.jobs()):
+                hit = self._local_worker(key)
+                if hit:
+                    self._regs.setdefault(hit[1], {})[hit[0]] = kv
+            self._publish(set(self._regs), replace=True)
+            return
+        changed = set()
+        for ev in events:
+            hit = self._local_worker(ev.kv.key)
+            if hit is None:
+                continue
+            job, pid = hit
+            changed.add(pid)
+            if ev.is_put:
+                self._regs.setdefault(pid, {})[job] = ev.kv
+            elif pid in self._regs:
+                self._regs[pid].pop(job, None)
+                if not self._regs[pid]:
+                    del self._regs[pid]
+        if changed:
+            self._publish(changed)
+        elif self._published[0] != self.jobs_mirror.revision:
+            self._published = (self.jobs_mirror.revision, self._published[1])
+
+    def _publish(self, pids: set[int], replace: bool = False) -> None:
+        """A new map (copy on write) with ``pids`` looked at again."""
+        out = {} if replace else dict(self._published[1])
+        for pid in pids:
+            out.pop(pid, None)
+            # Two jobs naming one pid: the newer registration speaks for it.
+            for job, kv in sorted(self._regs.get(pid, {}).items(), key=lambda jk: jk[1].mod_revision):
                 try:
-                    out[hit[1]] = (hit[0], R.WorkerValue.load(kv.value))
+                    out[pid] = (job, R.WorkerValue.load(kv.value))
                 except Exception:  # a malformed registration names no process
                     continue
-        self._workers_cache = (rev, out)
-        return out
+        self._published = (self.jobs_mirror.revision, out)
 
     def session_digest(self, job: str) -> str | None:
         """The SHA-256 of the job's session secret (lockd stores only that), if the job has a session."""
@@ -125,10 +166,9 @@ class LocalJobs:
     def local(self) -> dict[str, tuple[list[int], list[int]]]:
         """job -> (registered or adopted pids, remembered-only pids), for every job known here."""
         reg: dict[str, set[int]] = {j: set(p) for j, p in self.adopted.items()}
-        for key, _ in self.jobs_mirror.items(self.keys.jobs()):
-            hit = self._local_worker(key)
-            if hit:
-                reg.setdefault(hit[0], set()).add(hit[1])
+        for pid, by_job in list(self._regs.items()):
+            for j in by_job:
+                reg.setdefault(j, set()).add(pid)
         rem: dict[str, set[int]] = {}
         for key, kv in self.node_mirror.items(self.keys.statuses(self.node)):
             job, st = self._status_job(key), load_status(kv.value)

@@ -96,4 +96,13 @@ class Metrics:
                                "Host memory a snapshot may use (MemAvailable minus the reserve)", registry=r)
         self.device_free = Gauge("timeslice_agent_device_free_bytes", "Free device memory, all devices",
                                  registry=r)
+        self.residue = Gauge("timeslice_agent_job_residue_bytes",
+                             "Device bytes a cooperatively parked job still holds here (its worker's measure)",
+                             ["job"], registry=r)
         self.duty = DutyCycle(r)
+
+    def note_residue(self, parked: dict[str, int]) -> None:
+        """The residue of each cooperatively parked job now; a job that resumed or left drops out."""
+        self.residue.clear()
+        for job, n in parked.items():
+            self.residue.labels(job).set(n)

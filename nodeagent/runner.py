@@ -71,7 +71,7 @@ class Runner:
         if op == R.SNAPSHOT:
             host_need = 0
             for pid in pids:
-                if self.backend.get_state(pid) in (ProcState.RUNNING, ProcState.LOCKED):
+                if self.backend.get_state(pid) in (ProcState.RUNNING, ProcState.LOCKED, ProcState.PARTIAL):
                     n = self.backend.host_bytes_needed(pid)
                     if n is None:
                         raise SizeUnknown(f"snapshot refused: device memory of pid {pid} is unknown", pid=pid)
@@ -80,7 +80,7 @@ class Runner:
             return
         need: dict[str, int] = {}
         for pid in pids:
-            if self.backend.get_state(pid) is ProcState.CHECKPOINTED:
+            if self.backend.get_state(pid) in (ProcState.CHECKPOINTED, ProcState.PARTIAL):
                 usage = self.backend.snapshot_usage(pid)
                 if usage is None:
                     raise SizeUnknown(f"restore refused: no recorded snapshot size for pid {pid}", pid=pid)

@@ -14,6 +14,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
+from timeslice import tracing
 from timeslice.common import logs
 from timeslice.common.auth import Authority, Gate, load_admin_token
 from timeslice.common.etcd import ops
@@ -82,6 +83,8 @@ async def _etcd_ok(agent: Agent, timeout: float = 2.0) -> bool:
 
 
 async def serve(cfg: AgentConfig, ready=None) -> None:
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    tracing.setup("nodeagent", {"timeslice.node": cfg.node})
     agent = Agent(cfg)
     operations = Operations(agent)
     hs = health.aio.HealthServicer()
@@ -115,4 +118,5 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     # Ops in flight finish (a half-copied snapshot is never abandoned on purpose).
     await operations.stop(grace=30.0)
     await agent.stop()
+    tracing.shutdown()
     log.info("stopped", node=cfg.node)

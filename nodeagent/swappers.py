@@ -10,6 +10,12 @@ memory is still on the device. The fresh entry is used only while its
 mod_revision is newer than the mirror's revision; then the mirror is the truth
 again.
 
+A process that said hello as a cooperative worker stays one for as long as it
+lives, registered or not: a job that closes its session loses its registrations
+at once, and its process (often still holding its memory, on its way out) must
+never pass for one that the checkpoint backend may take (it has no arena the
+driver could copy, and a half-written host copy would be left behind).
+
 ``resolve`` is called from the backend's worker threads: it reads plain dicts
 and replaces them whole, never mutating one another thread iterates.
 """
@@ -24,17 +30,21 @@ from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.swapper import Swapper
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.jobs import LocalJobs
+from timeslice.nodeagent.reconnects import Reconnects
 
 
 class Swappers:
-    def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend]):
-        self.jobs, self.channel, self._base = jobs, channel, base
+    def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend],
+                 reconnects: Reconnects | None = None, drain_s: float | None = None,
+                 on_drain_timeout: str = "refuse"):
+        self.jobs, self.channel, self._base, self.reconnects = jobs, channel, base, reconnects
+        self._drain = {"drain_s": drain_s, "on_drain_timeout": on_drain_timeout}   # app servers' drain
         self._made: dict[int, tuple[str, str, Swapper]] = {}          # pid -> (job, kind, swapper)
         self._fresh: dict[int, tuple[int, str, R.WorkerValue]] = {}   # pid -> (mod_revision, job, registration)
 
     def note(self, job: str, read: list[tuple[rpc.KeyValue, R.WorkerValue]]) -> None:
         """The op path read ``job``'s registrations fresh from etcd: (key-value, decoded) pairs."""
-        seen = self.jobs.jobs_mirror.revision
+        seen = self.jobs.workers_revision
         fresh = {p: v for p, v in self._fresh.items() if v[0] > seen}   # drop what the mirror has
         for kv, reg in read:
             pid = kv.key.rsplit(b"/", 1)[-1]
@@ -45,7 +55,7 @@ class Swappers:
     def registration(self, pid: int) -> tuple[str, R.WorkerValue] | None:
         """``pid``'s (job, registration): the newer of the fresh read and the jobs mirror."""
         fresh = self._fresh.get(pid)
-        if fresh is not None and fresh[0] > self.jobs.jobs_mirror.revision:
+        if fresh is not None and fresh[0] > self.jobs.workers_revision:
             return fresh[1], fresh[2]
         return self.jobs.local_workers().get(pid)
 
@@ -53,10 +63,10 @@ class Swappers:
         """The swapper of ``pid`` if its registration asks for one (None: the checkpoint backend)."""
         reg = self.registration(pid)
         if reg is None:
-            # Not registered (any more): a cooperative process the channel still knows is kept
-            # only while it is parked, so its memory can be given back.
+            # Not registered (any more): a process that said hello as a cooperative worker is one
+            # (its job closed, or its session went while it was parked: its memory moves only by it).
             info = self.channel.info(pid)
-            if info is None or not info.paused:
+            if info is None or not info.tags or self.channel.job_of(pid) != info.job:
                 self._made.pop(pid, None)
                 return None
             job, kind = info.job, R.SWAP_COOPERATIVE
@@ -69,10 +79,15 @@ class Swappers:
             return hit[2]
         if kind == R.SWAP_COOPERATIVE:
             from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
-            sw: Swapper = CooperativeSwapper(self.channel, pid, job)
+            sw: Swapper = CooperativeSwapper(self.channel, pid, job, self.reconnects)
         else:
             from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
             assert reg is not None                        # only a registration names an app endpoint
-            sw = make_app_swapper(reg[1], self._base())
+            sw = make_app_swapper(reg[1], self._base(), **self._drain)
         self._made[pid] = (job, kind, sw)
         return sw
+
+    def cooperative(self, pid: int) -> bool:
+        """True if ``pid``'s memory is moved by the process itself, over its channel."""
+        from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
+        return isinstance(self.resolve(pid), CooperativeSwapper)

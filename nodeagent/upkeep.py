@@ -1,11 +1,14 @@
 """Keeping etcd's picture of the node true: the liveness key, drifted statuses, leftovers.
 
-* ``refresh`` (every --refresh-interval, at once after a worker registers, and
-  after each op): reads every local job's processes, rewrites the liveness
-  key when its figures changed, and corrects a status whose ``state`` no
-  longer matches the processes (a job that died while snapshotted is gone, a
-  job a direct call restored is running). Statuses an intent driver is
-  working on are left to it.
+* ``refresh`` (every --refresh-interval, at once after a worker registers or a
+  cooperative worker says hello, and after each op): reads every local job's
+  processes, rewrites the liveness key when its figures changed, and corrects
+  a status whose ``state`` no longer matches the processes (a job that died
+  while snapshotted is gone, a job a direct call restored is running).
+  Statuses an intent driver is working on are left to it. A job whose state
+  cannot be read (a cooperative worker not reconnected since the agent
+  started) is listed as unknown, with what the device meter sees of it, and
+  its status is left as the last one known.
 * ``reconcile`` (at start): a process left LOCKED by an agent that died mid-op
   is unlocked, unless an unanswered intent will finish the op instead, or the
   lock is a freeze the agent made on purpose (a freeze intent it answered, an
@@ -21,6 +24,7 @@ import asyncio
 import structlog
 
 from timeslice.common import records as R
+from timeslice.nodeagent import fencing
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.inventory import differs
@@ -48,6 +52,12 @@ class Upkeep:
     async def pictures(self) -> dict[str, Picture]:
         a = self.agent
         local = a.jobs.local()
+        # A job that let its registrations go itself (it closed its session: it is on its way out)
+        # keeps its cooperative workers' memory on the device until they exit: still its own.
+        for pid, job in a.channel.cooperative_pids().items():
+            reg, rem = local.get(job, ([], []))
+            if pid not in reg and fencing.let_go(a, job):
+                local[job] = (sorted({*reg, pid}), [p for p in rem if p != pid])
 
         def work():
             # Only what the job may be acted on for counts as its footprint (nodeagent/attest.py).
@@ -57,14 +67,23 @@ class Upkeep:
     async def agent_value(self, pictures: dict[str, Picture] | None = None) -> R.AgentValue:
         a = self.agent
         pictures = pictures if pictures is not None else await self.pictures()
-        # A frozen job is on the devices too (its memory stays there): the leader counts it as resident.
-        running = {j: p for j, p in pictures.items() if p.state in (R.RUNNING, R.FROZEN)}
-        resident = {j: p.resident_bytes for j, p in running.items()}
-        a.metrics.duty.note_resident(j for j, b in resident.items() if b)   # time on the devices, per job
+        # Every job with memory on the devices is listed, as the leader must count it resident: running,
+        # frozen (its memory stays there), paused in part (a further pause frees more), or unknown.
+        listed = {j: p for j, p in pictures.items()
+                  if p.state in (R.RUNNING, R.FROZEN, R.UNKNOWN) or p.partial}
+        resident = {j: p.resident_bytes for j, p in listed.items()}
+        # Time on the devices, per job: running or frozen there (a parked job's leftovers do not count).
+        a.metrics.duty.note_resident(j for j, b in resident.items() if b and listed[j].state in (R.RUNNING, R.FROZEN))
+        a.metrics.note_residue({j: p.residue_bytes for j, p in pictures.items()
+                                if p.state == R.SNAPSHOTTED and p.residue})
         # Per device, for the leader's per-GPU plan; a job listed with {} has no device
         # context here (a CPU-only pid, a worker registered before CUDA init): not resident.
-        where = {j: p.resident_devices for j, p in running.items()}
-        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident, where)
+        # An unknown job the meter cannot place is left out: the leader then assumes its
+        # registered footprint on its declared GPUs (or all of them), never "no context".
+        where = {j: p.resident_devices for j, p in listed.items()
+                 if p.state != R.UNKNOWN or p.resident_devices}
+        unknown = sorted(j for j, p in pictures.items() if p.state == R.UNKNOWN)
+        value = await asyncio.to_thread(a.inventory.agent_value, a.node, a.endpoint, resident, where, unknown)
         a.metrics.host_free.set(value.host_free_bytes)
         a.metrics.device_free.set(value.device_free_bytes)
         return value

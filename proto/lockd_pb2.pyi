@@ -27,12 +27,14 @@ class OpenSessionReply(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., lease_id: _Optional[int] = ..., ttl_seconds: _Optional[int] = ...) -> None: ...
 
 class SessionRef(_message.Message):
-    __slots__ = ("job_id", "session_secret")
+    __slots__ = ("job_id", "session_secret", "lost")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
+    LOST_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ...) -> None: ...
+    lost: bool
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., lost: _Optional[bool] = ...) -> None: ...
 
 class CloseSessionReply(_message.Message):
     __slots__ = ("closed",)
@@ -49,18 +51,20 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ..., revoked_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_HINT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LAST_HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
     device_bytes_hint: int
     attempt_seq: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ...) -> None: ...
+    last_hold_ms: int
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
     __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
@@ -231,7 +235,7 @@ class Grant(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., granted_unix_ms: _Optional[int] = ...) -> None: ...
 
 class JobState(_message.Message):
-    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes")
+    __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes", "residue_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +244,7 @@ class JobState(_message.Message):
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SINCE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     bytes: int
@@ -248,7 +253,8 @@ class JobState(_message.Message):
     token: int
     since_unix_ms: int
     device_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., device_bytes: _Optional[int] = ...) -> None: ...
+    residue_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., bytes: _Optional[int] = ..., elapsed_ms: _Optional[float] = ..., error: _Optional[str] = ..., token: _Optional[int] = ..., since_unix_ms: _Optional[int] = ..., device_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
     __slots__ = ("node", "agent_alive", "backend", "resident_jobs", "jobs", "device_free_bytes", "device_total_bytes")
@@ -311,3 +317,88 @@ class ListJobsReply(_message.Message):
     JOBS_FIELD_NUMBER: _ClassVar[int]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class ProfilesRequest(_message.Message):
+    __slots__ = ("job_id", "group_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
+
+class Profile(_message.Message):
+    __slots__ = ("job_id", "group_id", "hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms", "gpu_bytes", "device_bytes", "host_bytes", "grants", "elided", "restored", "first_unix_ms", "updated_unix_ms", "live")
+    class GpuBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLD_MS_FIELD_NUMBER: _ClassVar[int]
+    GAP_MS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_MS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_MS_FIELD_NUMBER: _ClassVar[int]
+    SWAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_MS_FIELD_NUMBER: _ClassVar[int]
+    GPU_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GRANTS_FIELD_NUMBER: _ClassVar[int]
+    ELIDED_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group_id: str
+    hold_ms: _containers.RepeatedScalarFieldContainer[int]
+    gap_ms: _containers.RepeatedScalarFieldContainer[int]
+    wait_ms: _containers.RepeatedScalarFieldContainer[int]
+    snapshot_ms: _containers.RepeatedScalarFieldContainer[int]
+    restore_ms: _containers.RepeatedScalarFieldContainer[int]
+    swap_bytes: _containers.RepeatedScalarFieldContainer[int]
+    busy_ms: _containers.RepeatedScalarFieldContainer[int]
+    gpu_bytes: _containers.ScalarMap[str, int]
+    device_bytes: int
+    host_bytes: int
+    grants: int
+    elided: int
+    restored: int
+    first_unix_ms: int
+    updated_unix_ms: int
+    live: bool
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., hold_ms: _Optional[_Iterable[int]] = ..., gap_ms: _Optional[_Iterable[int]] = ..., wait_ms: _Optional[_Iterable[int]] = ..., snapshot_ms: _Optional[_Iterable[int]] = ..., restore_ms: _Optional[_Iterable[int]] = ..., swap_bytes: _Optional[_Iterable[int]] = ..., busy_ms: _Optional[_Iterable[int]] = ..., gpu_bytes: _Optional[_Mapping[str, int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., grants: _Optional[int] = ..., elided: _Optional[int] = ..., restored: _Optional[int] = ..., first_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., live: _Optional[bool] = ...) -> None: ...
+
+class DeviceCapacity(_message.Message):
+    __slots__ = ("id", "index", "total_bytes")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    index: int
+    total_bytes: int
+    def __init__(self, id: _Optional[str] = ..., index: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeCapacity(_message.Message):
+    __slots__ = ("node", "host_free_bytes", "gpus")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    HOST_FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    host_free_bytes: int
+    gpus: _containers.RepeatedCompositeFieldContainer[DeviceCapacity]
+    def __init__(self, node: _Optional[str] = ..., host_free_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[DeviceCapacity, _Mapping]]] = ...) -> None: ...
+
+class ProfilesReply(_message.Message):
+    __slots__ = ("profiles", "groups", "nodes")
+    PROFILES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    profiles: _containers.RepeatedCompositeFieldContainer[Profile]
+    groups: _containers.RepeatedCompositeFieldContainer[Group]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeCapacity]
+    def __init__(self, profiles: _Optional[_Iterable[_Union[Profile, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[Group, _Mapping]]] = ..., nodes: _Optional[_Iterable[_Union[NodeCapacity, _Mapping]]] = ...) -> None: ...

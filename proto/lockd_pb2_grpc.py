@@ -99,6 +99,11 @@ class LockdStub:
                 request_serializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.FromString,
                 _registered_method=True)
+        self.GetProfiles = channel.unary_unary(
+                '/timeslice.v1.Lockd/GetProfiles',
+                request_serializer=timeslice_dot_proto_dot_lockd__pb2.ProfilesRequest.SerializeToString,
+                response_deserializer=timeslice_dot_proto_dot_lockd__pb2.ProfilesReply.FromString,
+                _registered_method=True)
 
 
 class LockdServicer:
@@ -200,6 +205,17 @@ class LockdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetProfiles(self, request, context):
+        """The jobs' phase profiles per group as the leader records them from its own
+        grants and yields and the agents' reports (hold, gap and wait times, swap
+        costs, footprints; the last phases only), with the groups and the nodes'
+        capacities that `timeslice advise` needs. Empty ids select everything.
+        Served from this replica's mirror of etcd: a few seconds behind the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LockdServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +283,11 @@ def add_LockdServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.FromString,
                     response_serializer=timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.SerializeToString,
+            ),
+            'GetProfiles': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProfiles,
+                    request_deserializer=timeslice_dot_proto_dot_lockd__pb2.ProfilesRequest.FromString,
+                    response_serializer=timeslice_dot_proto_dot_lockd__pb2.ProfilesReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -620,6 +641,33 @@ class Lockd:
             '/timeslice.v1.Lockd/ListJobs',
             timeslice_dot_proto_dot_lockd__pb2.ListJobsRequest.SerializeToString,
             timeslice_dot_proto_dot_lockd__pb2.ListJobsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProfiles(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/timeslice.v1.Lockd/GetProfiles',
+            timeslice_dot_proto_dot_lockd__pb2.ProfilesRequest.SerializeToString,
+            timeslice_dot_proto_dot_lockd__pb2.ProfilesReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything timeslice needs on a fresh Debian/Ubuntu machine (Python >= 3.10):
-# etcd from Debian's packages when no `etcd` is on PATH, a virtualenv in .venv, and the
+# etcd from Debian's packages when no `etcd` is on PATH (and, for the test extra as root, Slurm
+# and munge for tests/slurm), a virtualenv in .venv, and the
 # project with the extras given as arguments (default: test,demo). Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,18 @@ if [ "$(id -u)" -eq 0 ] && [[ "$EXTRAS" == *test* ]] && ! command -v iptables >/
         || echo "    (iptables unavailable: that scenario will be skipped)"
 fi
 
+# tests/slurm/ starts a real munge + slurmctld + slurmd of its own (Debian's Slurm 22.05 packages);
+# the services the packages would start are not enabled (the test runs its own on free ports).
+if [ "$(id -u)" -eq 0 ] && [[ "$EXTRAS" == *test* ]] && ! command -v slurmctld >/dev/null 2>&1; then
+    echo "==> installing slurmctld, slurmd, slurm-client and munge (tests/slurm)"
+    if apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            slurmctld slurmd slurm-client munge >/dev/null; then
+        systemctl disable --now slurmctld slurmd munge >/dev/null 2>&1 || true
+    else
+        echo "    (Slurm unavailable: tests/slurm will be skipped, saying so)"
+    fi
+fi
+
 PY="${PYTHON:-python3}"
 if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)'; then
     echo "timeslice needs Python >= 3.10 (found $("$PY" --version))" >&2
@@ -41,5 +54,7 @@ fi
 echo "==> installing timeslice[server,$EXTRAS] into .venv"
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 # server: lockd, the node agent and the launcher; a job-only install is `pip install .`
+# test: also PyTorch (pinned to the version whose CPU build CI's index holds), TRL, transformers,
+# datasets and accelerate, for the real-framework tests on the simulated device
 .venv/bin/python -m pip install -q -e ".[server,$EXTRAS]"
 echo "==> ready: etcd $(etcd --version | head -1 | awk '{print $3}'), $(.venv/bin/python --version)"

@@ -8,7 +8,8 @@ The lock's correctness rests on etcd's own semantics (revisions, leases, watch
 delivery, failover), which a fake would get subtly wrong, so every test talks to
 real ``etcd`` processes. Members can be stopped, killed, paused (SIGSTOP: the
 process is alive but silent, like a GC pause or a hung VM) and restarted on the
-same data dir and ports, which is what the chaos tests need.
+same data dir and ports, which is what the chaos tests need; ``lose_quorum`` takes
+a majority away at once (killed or paused) and ``regain_quorum`` brings it back.
 
 Health and leadership are read over etcd's HTTP endpoints (``/health`` and the
 gRPC gateway's ``/v3/maintenance/status``), which both 3.4 and 3.5 serve on the
@@ -168,6 +169,35 @@ class EtcdCluster:
                 return by_id[lid]
             time.sleep(0.05)
         raise EtcdHarnessError(f"no agreed leader within {timeout}s\n{self.dump_logs()}")
+
+    def followers(self, timeout: float = 10.0) -> list[EtcdMember]:
+        """The running, unpaused members that are not raft leader."""
+        leader = self.leader(timeout)
+        return [m for m in self._active() if m is not leader]
+
+    # -- losing the quorum -------------------------------------------------
+
+    def lose_quorum(self, how: str = "kill", with_leader: bool = True) -> list[EtcdMember]:
+        """Take a majority of the members away: SIGKILL (``how="kill"``) or SIGSTOP (``"pause"``)
+        them, the raft leader among them if ``with_leader``. The rest cannot commit anything
+        until ``regain_quorum``. Returns the members taken."""
+        if how not in ("kill", "pause"):
+            raise ValueError("how must be 'kill' or 'pause'")
+        leader = self.leader()
+        others = [m for m in self._active() if m is not leader]
+        victims = ([leader] if with_leader else []) + others
+        victims = victims[: self.size // 2 + 1]
+        for m in victims:
+            m.kill() if how == "kill" else m.pause()
+        return victims
+
+    def regain_quorum(self, members: list[EtcdMember]) -> None:
+        """Bring back what ``lose_quorum`` took (restart or SIGCONT); ``wait_healthy`` waits for service."""
+        for m in members:
+            if m.paused:
+                m.resume()
+            elif not m.is_running():
+                m.restart()
 
     # -- etcdctl -----------------------------------------------------------
 

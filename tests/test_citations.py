@@ -9,6 +9,7 @@ aside) and fails naming each citation of something outside it.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,9 +19,21 @@ TEXT = {".py", ".pyi", ".md", ".toml", ".yaml", ".yml", ".sh", ".env", ".proto",
 OUTSIDE = re.compile(r"DESIGN\.md|\b[Ii]ssues?[ -]#?\d+|[(, ]#\d+[),;:]|#\d+ items?\b|\bin #\d+\b|§\d")
 
 
+def _tracked_or_new() -> list[Path] | None:
+    """The checkout's own files (tracked, or new and not ignored): what a commit would carry.
+    Ignored folders (a venv, wheels, a frozen tree carried to a GPU machine) are not the repo's."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None                   # not a git checkout (an sdist): walk the folder instead
+    return [ROOT / f for f in out.decode().split("\0") if f]
+
+
 def text_files() -> list[Path]:
     out = []
-    for p in ROOT.rglob("*"):
+    listed = _tracked_or_new()
+    for p in (listed if listed is not None else ROOT.rglob("*")):
         if any(part in SKIP_DIRS or part.endswith(".egg-info") for part in p.relative_to(ROOT).parts):
             continue
         if not p.is_file() or p.suffix not in TEXT or "_pb2" in p.name or p.name == "LICENSE":

@@ -26,6 +26,7 @@ import sys
 
 import pytest
 import timeslice, timeslice.cooperative, timeslice.channel, timeslice.torch_memory, timeslice.cli, timeslice.cli_admin
+import timeslice.backup, timeslice.pinned, timeslice.torch_regions
 from timeslice import OrchestratorClient, AsyncOrchestratorClient, TimeSliceOrchestratorClient
 bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in sys.argv[1:]))
 print(",".join(bad))
@@ -35,6 +36,25 @@ print(",".join(bad))
 def test_the_job_client_imports_nothing_server_side():
     out = subprocess.run([sys.executable, "-c", PROBE, *FORBIDDEN], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"the job client imported: {out.stdout.strip()}"
+
+
+TRACING_OFF = """
+import os, sys
+os.environ.pop("TIMESLICE_TRACING", None)
+import timeslice, timeslice.holds
+from timeslice import tracing
+with tracing.span("timeslice.acquire", kind="client", attributes={"timeslice.job": "j"}) as s:
+    assert s is None and tracing.metadata() is None and tracing.traceparent() == ""
+assert tracing.record("x", start_ns=1, end_ns=2) == "" and not tracing.enabled()
+print(",".join(sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")))
+"""
+
+
+def test_traces_off_import_no_opentelemetry():
+    """Traces are opt-in: with TIMESLICE_TRACING unset the client's span helpers are no-ops that
+    never import opentelemetry (installed or not)."""
+    out = subprocess.run([sys.executable, "-c", TRACING_OFF], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"imported with traces off: {out.stdout.strip()}"
 
 
 def _imports(path: pathlib.Path) -> set[str]:

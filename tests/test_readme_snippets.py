@@ -35,7 +35,7 @@ from timeslice.launcher.start import create_group
 
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "readme-node"
-GROUPS = ("trainer-group", "sampler-group")        # the groups the snippets acquire
+GROUPS = ("trainer-group", "sampler-group", "rl-gpus")   # the groups the snippets acquire
 _BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```", re.M | re.S)
 
 
@@ -160,10 +160,88 @@ def _check_cooperative(ns: dict, stack: Stack) -> None:
     while not hellos() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hellos() == [os.getpid()]
-    # ... and prepin paid the pinning up front (a pause and resume of each offload region)
-    assert ("pause", "weights") in _saver.torch_memory_saver.calls   # type: ignore[attr-defined]
+    # ... and, the stand-in saver exposing no per-region pools, the memory fell back to
+    # torch-memory-saver's own backup; cooperate() ran before any region existed, so it did no
+    # device work (no pause) before the first hold
+    assert ns["memory"].backup == "tms"
+    assert ("pause", "weights") not in _saver.torch_memory_saver.calls   # type: ignore[attr-defined]
     job = {j.job_id: j for j in stack.admin.jobs()}["trainer-1"]
     assert job.workers == 1
+
+
+def _sim_memory(stack: Stack) -> str:
+    """The SIMULATED device's stand-in for torch-memory-saver regions, on the cluster's simulated device."""
+    return f'SimTorchMemory({{"weights": "offload", "optimizer": "offload"}}, sim_dir={stack.cluster.sim_dir!r})'
+
+
+def _realmodel() -> types.ModuleType:
+    sys.path.insert(0, str(ROOT / "examples" / "grpo"))
+    try:
+        import realmodel
+    finally:
+        sys.path.remove(str(ROOT / "examples" / "grpo"))
+    return realmodel
+
+
+def _plain_loop() -> dict:
+    """Real PyTorch on the CPU: a small module, and a client for the job on the readme node."""
+    torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
+    from timeslice.integrations.pytorch import Placement
+    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+
+    def build_model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    return {"torch": torch, "Placement": Placement, "SimTorchMemory": SimTorchMemory, "build_model": build_model,
+            "client": OrchestratorClient(job_id="plain-1")}
+
+
+def _check_plain_loop(ns: dict, stack: Stack) -> None:
+    torch, place, model, opt = ns["torch"], ns["place"], ns["model"], ns["optimizer"]
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert place.memory.region_bytes()["weights"] == weights
+    with ns["client"].on_accelerators("trainer-group"):
+        model(torch.ones(2, 16)).sum().backward()
+        opt.step()                                           # AdamW's state appears: in its region
+    assert place.memory.region_bytes()["optimizer"] >= 2 * weights
+    job = {j.job_id: j for j in stack.admin.jobs()}["plain-1"]
+    assert job.workers == 1                                  # cooperate() reached lockd
+    place.memory.close()
+
+
+def _trl_job() -> dict:
+    """A tiny random-weight Qwen2 (examples/grpo/realmodel.py), its tokenizer, prompts and a CPU reward."""
+    pytest.importorskip("trl", reason="needs the test extra (trl)")
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+    R = _realmodel()
+
+    def my_reward(completions, completion_ids, **_):
+        return [R.reward_of(ids) for ids in completion_ids]
+    return {"model": R.build_model("tiny", "cpu", 1), "tokenizer": R.tokenizer(R.SIZES["tiny"][5]),
+            "data": Dataset.from_dict({"prompt": R.prompts(4, 8, 1)}), "my_reward": my_reward,
+            "GRPOConfig": GRPOConfig, "SimTorchMemory": SimTorchMemory}
+
+
+_GRPO_ARGS = ('GRPOConfig(output_dir=__import__("tempfile").mkdtemp(prefix="readme-trl-"), '
+              'per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1, '
+              'report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)')
+
+
+def _check_trl(ns: dict, stack: Stack) -> None:
+    ts, trainer = ns["ts"], ns["trainer"]
+    assert trainer.state.global_step == 1 and len(trainer.timeslice_losses) >= 1
+    holds = [e for e in ts.log.events if e["ev"] == "hold"]
+    assert len(holds) >= 2                                   # train() held, and let go for the rewards
+    rewards = [e for e in ts.log.events if e["ev"] == "span" and e["name"] == "rewards"]
+    assert rewards and not rewards[0]["gpu"]                 # the reward function ran outside the hold
+    job = {j.job_id: j for j in stack.admin.jobs()}["grpo-a"]
+    assert job.workers == 1                                  # the trainer's regions cooperate with the agent
+    with ts.hold():
+        ts.finish()                                          # memory back, worker withdrawn
+    ts.client.close()
 
 
 SETUPS = [
@@ -174,6 +252,13 @@ SETUPS = [
     Setup("from timeslice.torch_memory import TorchMemory",
           names=_models, modules=lambda: {"torch": _torch, "torch_memory_saver": _saver},
           check=_check_cooperative),
+    Setup("from timeslice.integrations.trl import TimeslicedGRPOTrainer",
+          replace={'"rl-gpus")': lambda s: f'"rl-gpus", {_sim_memory(s)})', "GRPOConfig(...)": lambda s: _GRPO_ARGS},
+          names=_trl_job, check=_check_trl),
+    Setup("place = Placement(TorchMemory(",
+          replace={'TorchMemory({"weights": "offload", "optimizer": "offload"})': _sim_memory,
+                   '"cuda")': lambda s: '"cpu")'},
+          names=_plain_loop, check=_check_plain_loop),
 ]
 
 

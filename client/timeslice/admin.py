@@ -1,4 +1,4 @@
-"""Admin and status calls: groups, status, create/delete a group, jobs, and the live watch.
+"""Admin and status calls: groups, status, create/delete a group, jobs, profiles, and the live watch.
 
 CreateGroup and DeleteGroup carry the admin credential (auth.py); the others
 only read (with a credential, where lockd asks for one). None of them needs the
@@ -16,6 +16,7 @@ from timeslice import errors as E
 from timeslice.auth import metadata_for
 from timeslice.core import ALREADY_APPLIED
 from timeslice.model import Group, GroupStatus, JobInfo
+from timeslice.placement.profile import ProfileSet
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call, CallState, TryAgain
 from timeslice.transport import Transport
@@ -55,6 +56,13 @@ class Admin(Transport):
         """Jobs with a live session."""
         r = await self._invoke(Call.LIST_JOBS, pb.ListJobsRequest, deadline=self._deadline(self.config.timeout))
         return [JobInfo.from_pb(j) for j in r.jobs]
+
+    async def profiles(self, job_id: str = "", group_id: str = "") -> ProfileSet:
+        """The jobs' phase profiles per group as lockd records them (empty ids: all), with the
+        groups and the nodes' capacities: what ``timeslice advise`` plans with."""
+        r = await self._invoke(Call.GET_PROFILES, lambda: pb.ProfilesRequest(job_id=job_id, group_id=group_id),
+                               deadline=self._deadline(self.config.timeout))
+        return ProfileSet.from_pb(r)
 
     async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncGenerator[GroupStatus, None]:
         """Iterate over the group's status now and after every change, until the caller stops

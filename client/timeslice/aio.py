@@ -51,7 +51,7 @@ class AsyncOrchestratorClient(Holds, Workers, Admin):
         """
         target: lockd address(es): "host:port", "h1:p,h2:p", a list, or a DNS name
             (default: $TIMESLICE_TARGET, else 127.0.0.1:50051).
-        job_id: this job's id (default: $TIMESLICE_JOB_ID, else a generated, logged one).
+        job_id: this job's id (default: $TIMESLICE_JOB_ID, else $SLURM_JOB_ID, else a generated, logged one).
         session_ttl: seconds lockd keeps the job's holds after its last keepalive (3..300).
         timeout: overall deadline, failover included, of every call that does not block
             by design (acquire has its own timeout; watch runs until stopped).
@@ -91,9 +91,13 @@ class AsyncOrchestratorClient(Holds, Workers, Admin):
         s = self._session
         if s is not None and self._lost is None:
             await self._close_session(s, timeout)
+        elif self._lost is not None:
+            await self._await_ending(timeout)        # a session it declared lost: ended at lockd if it can
         with self._mu:
             self._closed = True
             self._grants.clear()
+        if self._ending is not None:
+            self._ending.cancel()
         for call, task in self._dangling:
             call.cancel()
             task.cancel()

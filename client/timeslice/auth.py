@@ -4,7 +4,7 @@
   else in the file ``$TIMESLICE_ADMIN_TOKEN_FILE`` names (``timeslice up`` writes one,
   mode 0600, into its run folder; the CLI finds it there by itself); else the
   tenant's token (a tenant that administers the group may delete it).
-* The reads (ListGroups, GetGroupStatus, WatchGroup, ListJobs): the admin token if
+* The reads (ListGroups, GetGroupStatus, WatchGroup, ListJobs, GetProfiles): the admin token if
   there is one (an operator sees everything), else the tenant's.
 * OpenSession: the tenant's token (``$TIMESLICE_TENANT_TOKEN``, else the file
   ``$TIMESLICE_TENANT_TOKEN_FILE`` names), which names the job's tenant where lockd
@@ -20,7 +20,7 @@ ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"
 ENV_TENANT_TOKEN = "TIMESLICE_TENANT_TOKEN"
 ENV_TENANT_TOKEN_FILE = "TIMESLICE_TENANT_TOKEN_FILE"
 ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
-READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs"})
+READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs", "GetProfiles"})
 _MAX = 1024
 
 

@@ -33,7 +33,8 @@ from timeslice.common.version import __version__
 from timeslice.errors import TimesliceClientError
 
 #: Modules that contribute subcommands, in help order. Missing ones are skipped.
-COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.launcher.cli_up", "timeslice.launcher.cli_demo"]
+COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_placement", "timeslice.launcher.cli_up",
+                              "timeslice.launcher.cli_demo", "timeslice.cli_slurm", "timeslice.launcher.cli_report"]
 CLI_JOB_ID = "timeslice-cli"   # the admin client never opens a session; this id is never used
 
 

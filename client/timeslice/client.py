@@ -180,6 +180,7 @@ class OrchestratorClient:
     create_group = _bridged(AsyncOrchestratorClient.create_group)
     delete_group = _bridged(AsyncOrchestratorClient.delete_group)
     jobs = _bridged(AsyncOrchestratorClient.jobs)
+    profiles = _bridged(AsyncOrchestratorClient.profiles)
 
     def watch(self, group_id: str, *, timeout: float | None = None) -> Iterator[GroupStatus]:
         stream = self._core.watch(group_id, timeout=timeout)

@@ -6,8 +6,11 @@
   resolves to every replica (a Kubernetes headless Service) is one target;
   gRPC's resolver then spreads over its addresses. ``host`` without a port
   gets the default port 50051.
-* job id: the ``job_id`` argument, else ``$TIMESLICE_JOB_ID``, else a fresh
-  unique id ``<host>-<pid>-<random>`` that is logged (event ``job_id_generated``).
+* job id: the ``job_id`` argument, else ``$TIMESLICE_JOB_ID``, else the Slurm
+  job's id (``$SLURM_JOB_ID``: inside an ``sbatch``/``srun`` job, so a job needs
+  no setting of its own and ``squeue`` and ``timeslice jobs`` show the same id),
+  else a fresh unique id ``<host>-<pid>-<random>`` that is logged (event
+  ``job_id_generated``).
 * node name (worker registration): ``$TIMESLICE_NODE_NAME``, else the host
   name made to fit the id grammar.
 * session TTL: 3..300 s (lockd's limits); keepalives go every TTL/3.
@@ -93,9 +96,10 @@ def resolve_job_id(job_id: str | None) -> tuple[str, bool]:
     """(job id, whether it was generated)."""
     if job_id:
         return valid_id("job", job_id), False
-    env = os.environ.get(D.ENV_JOB_ID, "").strip()
-    if env:
-        return valid_id("job", env), False
+    for var in (D.ENV_JOB_ID, D.ENV_SLURM_JOB_ID):
+        env = os.environ.get(var, "").strip()
+        if env:
+            return valid_id("job", env), False
     return generated_job_id(), True
 
 

@@ -25,9 +25,16 @@ device's ``SimCooperativeMemory`` used by the tests and the demo.
 
 The channel reconnects by itself (an agent restart is routine) and tells the
 new agent which regions are paused, so a parked job is never forgotten.
+
+After each pause the worker measures its *residue* — the device bytes the
+process still holds outside its resident regions (its CUDA context, the
+allocator's cache, workspaces, tensors made outside any region), where the
+memory can say (``residue_bytes()``) — and reports it with the pause's answer
+(``residue_bytes``), so the agent can show it and plan with it.
 """
 from __future__ import annotations
 
+import collections
 import random
 import socket
 import threading
@@ -53,8 +60,27 @@ class SwapMemory(Protocol):
     def device_id(self) -> str: ...                # e.g. "GPU-<uuid>", or "sim0" on the simulator
     def region_bytes(self) -> dict[str, int]: ...  # device bytes per tag while resident
     def host_bytes(self) -> int: ...               # host backup already allocated (retained)
-    def pause(self, tags: Sequence[str]) -> None: ...
-    def resume(self, tags: Sequence[str]) -> None: ...
+    # pause/resume may return the bytes they copied (a clean region copies none); None: the
+    # worker counts every offload region's size
+    def pause(self, tags: Sequence[str]) -> int | None: ...
+    def resume(self, tags: Sequence[str]) -> int | None: ...
+
+# Optional, where a memory has them: host_pending_bytes() (a host reservation in progress),
+# backup_stats() (copies, clean skips, wrong clean claims), set_state_listener(fn) (called when the
+# agent should hear this worker's state again), prepin(), residue_bytes() (the device bytes held
+# outside the resident regions).
+
+
+def residue_of(memory) -> int | None:
+    """What ``memory`` says the process keeps on the device outside its resident regions; None if it cannot say."""
+    measure = getattr(memory, "residue_bytes", None)
+    if measure is None:
+        return None
+    try:
+        return max(0, int(measure()))
+    except Exception:  # a measure that fails costs the figure, never the swap
+        log.warning("residue_measure_failed", exc_info=True)
+        return None
 
 
 class CallbackMemory:
@@ -123,6 +149,8 @@ class CooperativeWorker:
         self.pid = 0                                   # as the agent sees it (SO_PEERCRED)
         self.paused: list[str] = []                    # tags released now, in pause order
         self.swaps = 0
+        self.residue_bytes: int | None = None          # measured after the last pause (None: not measurable)
+        self.residues: collections.deque[int] = collections.deque(maxlen=256)   # after each pause, for benchmarks
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -134,8 +162,7 @@ class CooperativeWorker:
         return {"type": "hello", "version": C.PROTOCOL_VERSION, "job": self.job_id,
                 "secret": self._secret() if callable(self._secret) else self._secret,
                 "device": self.memory.device_id(), "tags": dict(self.memory.tags),
-                "region_bytes": self.memory.region_bytes(), "host_bytes": self.memory.host_bytes(),
-                "paused": list(self.paused)}
+                "paused": list(self.paused), **self._sizes()}
 
     def connect(self) -> int:
         """Open the channel and introduce this process; returns the pid the agent sees."""
@@ -162,9 +189,20 @@ class CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
         if self._sock is None:
             self.connect()
+        listen = getattr(self.memory, "set_state_listener", None)
+        if listen is not None:
+            listen(self.announce)                      # a reservation, a region that grew: the agent hears it
         self._thread = threading.Thread(target=self._serve, name="timeslice-cooperative", daemon=True)
         self._thread.start()
         return self
+
+    def prepin(self) -> None:
+        """Reserve the memory's host backup now, telling the agent when it starts and when it is done,
+        so that its host admission counts the reservation from the start (``timeslice.pinned``)."""
+        prepin = getattr(self.memory, "prepin", None)
+        if prepin is not None:
+            prepin()
+        self.announce()
 
     def announce(self) -> None:
         """Tell the agent what changed on our side (e.g. the host backup allocated by prepin),
@@ -224,6 +262,9 @@ class CooperativeWorker:
                 if kind == "pause":
                     tags = msg.get("tags")
                     moved, released, acted = self._pause(None if tags is None else [str(t) for t in tags])
+                    self.residue_bytes = residue_of(self.memory)
+                    if self.residue_bytes is not None:
+                        self.residues.append(self.residue_bytes)
                 elif kind == "resume":
                     moved, released, acted = self._resume()
                 elif kind == "ping":
@@ -240,13 +281,33 @@ class CooperativeWorker:
         if kind != "ping":
             self.swaps += 1
             log.info(f"cooperative_{kind}d", job=self.job_id, tags=acted, bytes_moved=moved,
-                     device_bytes=released, elapsed_ms=round(ms, 2))
+                     device_bytes=released, elapsed_ms=round(ms, 2),
+                     **({"residue_bytes": self.residue_bytes} if kind == "pause" else {}))
         return {"type": "done", "id": rid, "ok": True, "bytes_moved": moved, "device_bytes": released,
                 "elapsed_ms": ms, "tags": acted, **self._state()}
 
+    def _sizes(self) -> dict:
+        m = self.memory
+        out = {"host_bytes": m.host_bytes(), "region_bytes": m.region_bytes()}
+        pending = getattr(m, "host_pending_bytes", None)
+        if pending is not None:
+            out["host_reserving"] = int(pending())
+        stats = getattr(m, "backup_stats", None)
+        if stats is not None:
+            out["backup"] = dict(stats())
+        return out
+
     def _state(self) -> dict:
-        return {"state": "paused" if self.paused else "running", "paused": list(self.paused),
-                "host_bytes": self.memory.host_bytes(), "region_bytes": self.memory.region_bytes()}
+        out = {"state": "paused" if self.paused else "running", "paused": list(self.paused), **self._sizes()}
+        if self.paused and self.residue_bytes is not None:
+            out["residue_bytes"] = self.residue_bytes   # what stays on the device while parked
+        return out
+
+    def _moved(self, got, tags: Sequence[str], sizes: Mapping[str, int]) -> int:
+        """What the memory says it copied, else every offload region's size."""
+        if isinstance(got, int):
+            return got
+        return sum(sizes.get(t, 0) for t in tags if self.memory.tags[t] == OFFLOAD)
 
     def _pause(self, tags: list[str] | None) -> tuple[int, int, list[str]]:
         order = list(self.memory.tags) if tags is None else tags
@@ -256,24 +317,23 @@ class CooperativeWorker:
         todo = [t for t in order if t not in self.paused]
         sizes = self.memory.region_bytes()
         done: list[str] = []
+        moved = 0
         try:
             for t in todo:                       # one tag at a time, so a failure knows what to undo
-                self.memory.pause([t])
+                moved += self._moved(self.memory.pause([t]), [t], sizes)
                 done.append(t)
         except Exception:
             if done:                             # all or nothing: give back what this call released
                 self.memory.resume(done)
             raise
         self.paused.extend(done)
-        moved = sum(sizes.get(t, 0) for t in done if self.memory.tags[t] == OFFLOAD)
         return moved, sum(sizes.get(t, 0) for t in done), done
 
     def _resume(self) -> tuple[int, int, list[str]]:
         todo = list(self.paused)
         if not todo:
             return 0, 0, []
-        self.memory.resume(todo)
+        got = self.memory.resume(todo)
         self.paused.clear()
         sizes = self.memory.region_bytes()
-        moved = sum(sizes.get(t, 0) for t in todo if self.memory.tags[t] == OFFLOAD)
-        return moved, sum(sizes.get(t, 0) for t in todo), todo
+        return self._moved(got, todo, sizes), sum(sizes.get(t, 0) for t in todo), todo

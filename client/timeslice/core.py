@@ -199,10 +199,11 @@ class ClientCore:
         with self._mu:
             return next(self._seq)
 
-    def _acquire_req(self, group_id: str, hint: int) -> pb.AcquireRequest:
+    def _acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
-                                 device_bytes_hint=int(hint), attempt_seq=self._next_seq())
+                                 device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
+                                 last_hold_ms=int(last_hold_ms))
 
     def _open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""

@@ -24,6 +24,7 @@ import time
 import grpc
 
 from timeslice import errors as E
+from timeslice import tracing
 from timeslice import withdraw as W
 from timeslice.core import ALREADY_APPLIED
 from timeslice.hooks import release_framework_cache
@@ -51,6 +52,10 @@ class _Hold:
 class Holds(Sessions):
     def _init_holds(self) -> None:
         self._dangling: list[tuple[grpc.aio.Call, asyncio.Future]] = []
+        # Per group: when our Acquire returned, and how long the last hold lasted as we saw it
+        # (Acquire returned -> Yield called); sent with the next Acquire for lockd's profiles.
+        self._granted_at: dict[str, tuple[int, float]] = {}
+        self._last_hold_ms: dict[str, int] = {}
 
     # == acquire ======================================================================
     async def acquire(self, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0) -> Grant:
@@ -61,6 +66,20 @@ class Holds(Sessions):
         Calling it while holding the group returns the same grant at once.
         ``after_acquire(grant)`` runs before it returns; if it raises, the group is released.
         """
+        # One trace per handoff starts here when traces are on (timeslice/tracing.py; a no-op when off).
+        with tracing.span("timeslice.acquire", kind="client",
+                          attributes={"timeslice.job": self.job_id, "timeslice.group": group_id}) as span:
+            if span is not None:
+                from timeslice.config import node_name
+                tracing.set_attributes(span, {"timeslice.node": node_name()})
+            grant = await self._acquire(group_id, timeout, device_bytes_hint)
+            tracing.set_attributes(span, {"timeslice.token": grant.token, "timeslice.leader_epoch": grant.leader_epoch,
+                                          "timeslice.waited_ms": grant.waited_ms, "timeslice.restored": grant.restored,
+                                          "timeslice.elided": grant.elided,
+                                          "timeslice.bytes_moved": grant.bytes_moved})
+        return grant
+
+    async def _acquire(self, group_id: str, timeout: float | None, device_bytes_hint: int) -> Grant:
         await self._ensure_session()
         deadline = self._deadline(timeout)
         self._withdraw.discard(group_id)    # a new acquire of the group supersedes a withdrawal
@@ -70,8 +89,9 @@ class Holds(Sessions):
         def attempt(stub, idx, req, t):
             return self._acquire_attempt(stub, idx, req, t, left)
 
+        last_hold = self._last_hold_ms.get(group_id, 0)
         try:
-            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint),
+            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint, last_hold),
                                        deadline=deadline, cap=0, attempt=attempt, st=st)
         except E.TimesliceClientError as e:
             if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
@@ -82,6 +102,9 @@ class Holds(Sessions):
             self._drop_left(left)
         grant = Grant.from_pb(reply)
         self._grants.add(grant)
+        self._last_hold_ms.pop(group_id, None)
+        if self._granted_at.get(group_id, (0, 0.0))[0] != grant.token:     # a re-acquire keeps its start
+            self._granted_at[group_id] = (grant.token, time.monotonic())
         log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
                  waited_ms=round(grant.waited_ms, 3), restored=grant.restored)
         if self.after_acquire is not None:
@@ -94,7 +117,7 @@ class Holds(Sessions):
 
     async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
                                left: list):
-        call = stub.Acquire(req, timeout=t)
+        call = stub.Acquire(req, timeout=t, metadata=tracing.metadata())
         task = asyncio.ensure_future(call)
         gen0 = self._gen
         finished = False
@@ -168,6 +191,9 @@ class Holds(Sessions):
         admin revoked by deleting its group raises ``GroupRevokedError``.
         """
         self._check_usable(Call.YIELD)
+        since = self._granted_at.pop(group_id, None)
+        if since is not None:
+            self._last_hold_ms[group_id] = max(1, round((time.monotonic() - since[1]) * 1000))
         tok, held = self._grants.token_for(group_id, token)
         if held is not None and self.before_yield is not None:
             await self._user(self.before_yield, held, name="before_yield")

@@ -119,13 +119,14 @@ class GrantInfo(_Dict):
 @dataclass(frozen=True)
 class JobState(_Dict):
     job_id: str
-    state: str                 # running | snapshotting | snapshotted | restoring | failed | gone | refused
+    state: str                 # running | snapshotting | snapshotted | restoring | frozen | unknown | gone | lost
     bytes: int = 0
     elapsed_ms: float = 0.0
     error: str = ""
     token: int = 0
     since_unix_ms: int = 0     # when the agent wrote this state; for a snapshotted job: parked since
     device_bytes: int = 0      # footprint on the node (snapshotted: what a restore brings back)
+    residue_bytes: int = 0     # parked cooperatively: what it still holds on the node's devices
 
 
 @dataclass(frozen=True)
@@ -161,7 +162,7 @@ class GroupStatus(_Dict):
         nodes = tuple(
             NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
                        tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
-                                              j.since_unix_ms, j.device_bytes)
+                                              j.since_unix_ms, j.device_bytes, j.residue_bytes)
                              for j in n.jobs),
                        n.device_free_bytes, n.device_total_bytes)
             for n in s.node_status)

@@ -85,11 +85,11 @@ def status_text(st: GroupStatus) -> str:
              if n.device_total_bytes else "-"]
             for n in st.node_status]))
         job_rows = [[n.node, j.job_id, _state(j), human_bytes(j.device_bytes) if j.device_bytes else "-",
-                     human_bytes(j.bytes) if j.bytes else "-",
+                     human_bytes(j.residue_bytes) if j.residue_bytes else "-", human_bytes(j.bytes) if j.bytes else "-",
                      f"{j.elapsed_ms:.0f} ms" if j.elapsed_ms else "-", j.token or "-", j.error or ""]
                     for n in st.node_status for j in n.jobs]
         if job_rows:
             lines.append("")
-            lines.append(table(["NODE", "JOB", "STATE", "FOOTPRINT", "MOVED", "ELAPSED", "TOKEN", "ERROR"],
+            lines.append(table(["NODE", "JOB", "STATE", "FOOTPRINT", "RESIDUE", "MOVED", "ELAPSED", "TOKEN", "ERROR"],
                                job_rows))
     return "\n".join(lines)

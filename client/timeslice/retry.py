@@ -63,6 +63,7 @@ class Call(enum.Enum):
     GROUP_STATUS = "GetGroupStatus"
     WATCH_GROUP = "WatchGroup"
     LIST_JOBS = "ListJobs"
+    GET_PROFILES = "GetProfiles"
 
     @property
     def method(self) -> str:

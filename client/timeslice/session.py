@@ -13,6 +13,14 @@ session was sent (the lease is younger), not from when the call began: a
 restarted job's OpenSession may wait a whole TTL for its predecessor's session
 to expire.
 
+A session the client declared lost on its own (no keepalive succeeded for a
+TTL: lockd or etcd unreachable) may still be alive in etcd, most of all after an
+etcd outage, which gives every lease a fresh TTL when it ends. Its queue
+entries would then block the jobs behind it for that long, so the client ends
+it at lockd (CloseSession with ``lost``) as soon as a replica answers, trying
+for up to ``LOST_END_WINDOW_S``; ``reset_session()`` and ``close()`` give that
+a moment first, so the next session of the job id is not refused as a duplicate.
+
 A KeepAlive reply also lists the groups an admin deleted under the job
 (``revoked_groups``, see lockd/revocations.py and grants.py): a grant held on one
 is confirmed gone with a status read, dropped, acknowledged to lockd, and
@@ -22,6 +30,8 @@ one keepalive period of the deletion.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import random
 import time
 
 from timeslice import errors as E
@@ -34,6 +44,10 @@ from timeslice.transport import CALLER, Transport
 
 log = get_logger(__name__)
 
+#: How long a client keeps trying to end, at lockd, a session it declared lost (s). Past this
+#: the lease has long expired (etcd gives a lease at most its TTL more after an outage).
+LOST_END_WINDOW_S = 600.0
+
 
 class Sessions(Transport):
     """Open, keep alive, verify, reset and close the job's session."""
@@ -42,6 +56,7 @@ class Sessions(Transport):
         self._open_mu: asyncio.Lock | None = None      # made on the loop, at first use
         self._ka_task: asyncio.Task | None = None
         self._notices: dict[tuple[str, int], asyncio.Task] = {}   # revocations being looked into
+        self._ending: asyncio.Task | None = None        # ends a session this client declared lost
 
     async def _ensure_session(self) -> Session:
         self._check_usable(Call.ACQUIRE)
@@ -93,7 +108,10 @@ class Sessions(Transport):
                     lost = E.SessionLostError(
                         f"no keepalive of job {self.job_id!r} succeeded for {s.ttl}s (last error: {e}); "
                         "its lease has expired")
-                    await self._fire(self._take_loss(lost, s), lost, "on_session_lost")
+                    cb = self._take_loss(lost, s)
+                    if self._lost is lost:
+                        self._start_ending(s)           # etcd may hold the lease still: end it at lockd
+                    await self._fire(cb, lost, "on_session_lost")
                     return
                 log.warning("keepalive_failed", job=self.job_id, error=str(e))
 
@@ -157,6 +175,40 @@ class Sessions(Transport):
         except E.TimesliceClientError as e:
             log.warning("revocation_ack_failed", job=self.job_id, group=grant.group_id, error=str(e))
 
+    # -- a session declared lost, ended at lockd ---------------------------------------
+    def _start_ending(self, s: Session) -> None:
+        if self._ending is None or self._ending.done():
+            self._ending = asyncio.create_task(self._end_lost(s), name=f"timeslice-end-lost-{self.job_id}")
+
+    async def _end_lost(self, s: Session) -> None:
+        """CloseSession(lost) of ``s`` until a replica answers (or the window passes, or we close)."""
+        CALLER.set(None)           # this task outlives the call that noticed the loss
+        cfg, give_up = self.config, time.monotonic() + LOST_END_WINDOW_S
+        tries = 0
+        while not self._closed and time.monotonic() < give_up:
+            try:
+                reply = await self._invoke(Call.CLOSE_SESSION, lambda: pb.SessionRef(
+                    job_id=self.job_id, session_secret=s.secret, lost=True), deadline=self._deadline(cfg.timeout))
+                log.info("lost_session_ended", job=self.job_id, lease=s.lease_id, ended=reply.closed,
+                         hint="its queue entries and workers went with it" if reply.closed else
+                         "it had ended already")
+                return
+            except (E.AuthError, E.SessionLostError):
+                return                                  # a newer session of the job id replaced it, or gone
+            except E.TimesliceClientError as e:
+                tries += 1
+                log.info("lost_session_end_retry", job=self.job_id, lease=s.lease_id, error=str(e)[:200])
+                # Full jitter, doubling to the policy's cap: clients that lost their sessions in one
+                # outage do not all come back at once.
+                await asyncio.sleep(random.uniform(0, min(cfg.retry.max_backoff, cfg.retry.initial_backoff * 2 ** tries)))
+
+    async def _await_ending(self, budget: float) -> None:
+        """Give the ending of a lost session up to ``budget`` s (it goes on in the background after)."""
+        t = self._ending
+        if t is not None and not t.done():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(t), budget)
+
     # -- reset and close -------------------------------------------------------------
     async def reset_session(self) -> None:
         """Forget a lost session (or close a live one) so that the next call opens a new one."""
@@ -164,6 +216,8 @@ class Sessions(Transport):
         self._stop_keepalive()
         if s is not None and lost is None:
             await self._close_session(s)
+        elif lost is not None:
+            await self._await_ending(self.config.timeout)   # so the new session is not a duplicate
         with self._mu:
             self._session, self._lost = None, None
             self._grants.clear()

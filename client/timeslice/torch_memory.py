@@ -1,42 +1,81 @@
 """Cooperative swap memory on torch-memory-saver: tagged regions a job allocates its tensors in.
 
-    memory = TorchMemory({"weights": "offload", "optimizer": "offload", "kv_cache": "discard"})
-    with memory.region("weights"):
-        model = build_model().cuda()
-    client.cooperate(memory)
+    memory = TorchMemory({"weights": "offload", "optimizer": "offload", "kv_cache": "discard"},
+                         host_bytes={"weights": 40 << 30})      # sizes known up front: pinned at cooperate
+    client.cooperate(memory)                                    # before the first acquire: pins the backup
+    with client.on_accelerators("g"):
+        with memory.region("weights"):
+            model = build_model().cuda()
+        memory.mark_clean("weights")                            # a sampler: weights change only at sync
 
 torch-memory-saver (the library SGLang, slime and veRL use between RL phases)
 backs the tensors of a region with physical pages it can unmap and map again
 at the same virtual addresses. It runs in-process with ``hook_mode="torch"``
-(a PyTorch pluggable allocator; no LD_PRELOAD). ``offload`` regions get a CPU
-backup (pinned host memory) and ``retain_cpu_backup`` keeps that backup
-between swaps, so after the first pause a swap is two PCIe copies
-(measured on an H200: 16 GiB out in 0.33 s, in 0.32 s; pinning 16 GiB anew
-costs 7–8 s). ``prepin()`` pays that first pinning up front.
+(a PyTorch pluggable allocator; no LD_PRELOAD).
+
+Two ways to keep an ``offload`` region's bytes while it is paused:
+
+* ``backup="pool"``: torch-memory-saver only unmaps (its regions are made
+  without a CPU backup); before a pause we copy the region's live allocations
+  into our own pinned pool (``timeslice.pinned``: 14.4 GB/s to pin on the
+  H200, 5x torch's ``pin_memory``), after a resume back
+  (``timeslice.torch_regions`` says how the allocations are found). The pool
+  is reserved by ``prepin`` (``cooperate`` calls it) from ``host_bytes`` and
+  the regions' sizes, and kept for the process lifetime. Clean regions
+  (``mark_clean``, ``timeslice.backup`` for the exact promise) are not copied
+  out again; with ``checksum`` on (default) a wrong promise is caught and the
+  region copied after all, and every resume is verified.
+* ``backup="tms"``: torch-memory-saver's own pinned backup (cudaMallocHost,
+  with ``retain_cpu_backup``), allocated by the first pause or by ``prepin``
+  (one pause and resume: device work, so that prepin must run inside a hold).
+  Pinning that way took 24-28 s for 40 GiB and stalls the process's own GPU
+  work while it runs. ``mark_clean`` is accepted and does nothing.
+
+``backup="auto"`` (default) is ``pool`` where this torch-memory-saver exposes
+its per-region pools, else ``tms``.
+
+After a pause, what the process still holds on the device outside its regions
+(its CUDA context, the allocator's cache, cuBLAS workspaces, any tensor made
+outside a region) is its *residue*: ``residue_bytes()`` measures it, from
+NVML's per-process figure where the driver shows this process, else from the
+allocator's own count (which cannot see the context).
 
 PyTorch and torch-memory-saver are imported here only: the lock never needs them.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
+import structlog
+
+from timeslice.backup import BackupBook, BackupError
 from timeslice.cooperative import DISCARD, OFFLOAD, POLICIES
 
+log = structlog.get_logger(__name__)
+
 DEFAULT_TAGS = {"weights": OFFLOAD, "optimizer": OFFLOAD, "kv_cache": DISCARD}
+BACKUPS = ("auto", "pool", "tms")
 
 
 class TorchMemory:
     """Tagged torch-memory-saver regions on one CUDA device, with retained pinned backups."""
 
     def __init__(self, tags: Mapping[str, str] | None = None, device: int | None = None,
-                 retain_backup: bool = True):
+                 retain_backup: bool = True, *, backup: str = "auto", host_bytes: Mapping[str, int] | None = None,
+                 checksum: bool = True, pin_method: str = "auto", pin_threads: int | None = None):
         import torch
         from torch_memory_saver import torch_memory_saver as tms
+        if backup not in BACKUPS:
+            raise ValueError(f"backup must be one of {BACKUPS}, got {backup!r}")
         self.tags = dict(DEFAULT_TAGS if tags is None else tags)
         for tag, policy in self.tags.items():
             if policy not in POLICIES:
                 raise ValueError(f"tag {tag!r}: policy must be one of {POLICIES}, got {policy!r}")
+        unknown = sorted(set(host_bytes or {}) - {t for t, p in self.tags.items() if p == OFFLOAD})
+        if unknown:
+            raise ValueError(f"host_bytes names tags that are not offload regions: {unknown}")
         self._torch, self._tms = torch, tms
         try:
             tms.hook_mode = "torch"        # in-process allocator; must be set before first use
@@ -46,7 +85,44 @@ class TorchMemory:
         self.retain_backup = retain_backup
         self._retain_set = False
         self._bytes = {t: 0 for t in self.tags}
+        self._paused: set[str] = set()
+        self._declared = {t: int(n) for t, n in (host_bytes or {}).items()}
         self._pinned = False
+        self._pools: dict = {}
+        self.book: BackupBook | None = None
+        self.backup = self._choose(backup)
+        if self.backup == "pool":
+            from timeslice.pinned import PinnedPool
+            from timeslice.torch_regions import TorchMover
+            self.host_pool = PinnedPool(pin_method, pin_threads, on_change=self._host_changed)
+            self.book = BackupBook(self.host_pool, TorchMover(torch, self._pools, self.device, self.host_pool),
+                                   checksum=checksum)
+        self._listener: Callable[[], None] | None = None
+
+    def _choose(self, backup: str) -> str:
+        if backup == "tms":
+            return "tms"
+        try:
+            self._tms._ensure_initialized()        # our regions need its pools: see torch_regions
+            ok = hasattr(self._tms._impl, "_mem_pools") and hasattr(self._torch.cuda.memory, "_snapshot")
+        except Exception as e:                      # an unknown torch-memory-saver: its own backup then
+            ok, why = False, str(e)
+        else:
+            why = "" if ok else "torch-memory-saver keeps no per-region pools we can read"
+        if not ok and backup == "pool":
+            raise BackupError(f"backup='pool' is not possible here: {why}")
+        if not ok:
+            log.info("torch_memory_backup", backup="tms", why=why)
+        return "pool" if ok else "tms"
+
+    def set_state_listener(self, fn: Callable[[], None] | None) -> None:
+        """Called when what the node agent should know changes: a host reservation starts or ends,
+        a region grows (the cooperative worker sends it its state)."""
+        self._listener = fn
+
+    def _host_changed(self) -> None:
+        if self._listener is not None:
+            self._listener()
 
     @contextlib.contextmanager
     def region(self, tag: str) -> Iterator[None]:
@@ -57,15 +133,25 @@ class TorchMemory:
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0]
-        with self._tms.region(tag=tag, enable_cpu_backup=self.tags[tag] == OFFLOAD):
+        own_backup = self.tags[tag] == OFFLOAD and self.backup == "tms"
+        with self._tms.region(tag=tag, enable_cpu_backup=own_backup):
             yield
         torch.cuda.synchronize(self.device)
         grown = max(torch.cuda.memory_reserved(self.device) - before,
                     free_before - torch.cuda.mem_get_info(self.device)[0])
         self._bytes[tag] += max(0, grown)
-        if self.retain_backup and not self._retain_set:
+        if self.backup == "pool" and tag not in self._pools:
+            from timeslice.torch_regions import tms_pool
+            pool = tms_pool(self._tms, tag, self.device)
+            if pool is None and grown > 0:
+                raise BackupError(f"region {tag!r} allocated {grown} bytes but its memory pool was not found")
+            if pool is not None:
+                self._pools[tag] = pool
+        if self.backup == "tms" and self.retain_backup and not self._retain_set:
             self._tms.retain_cpu_backup = True
             self._retain_set = True
+        if grown > 0:
+            self._host_changed()                        # the agent learns the region's size now
 
     def device_id(self) -> str:
         uuid = str(self._torch.cuda.get_device_properties(self.device).uuid)
@@ -75,11 +161,44 @@ class TorchMemory:
         return dict(self._bytes)
 
     def host_bytes(self) -> int:
-        """Pinned host backup kept between swaps (allocated by the first pause, or prepin)."""
+        """Pinned host backup kept between swaps (the pool; or tms's, allocated by the first pause or prepin)."""
+        if self.backup == "pool":
+            return self.host_pool.size()
         if not (self._pinned and self.retain_backup):
             return 0
         return sum(n for t, n in self._bytes.items() if self.tags[t] == OFFLOAD)
 
+    def host_pending_bytes(self) -> int:
+        """Host bytes a reservation in progress has promised and not pinned yet."""
+        return self.host_pool.pending_bytes() if self.backup == "pool" else 0
+
+    def backup_stats(self) -> dict[str, int]:
+        return dict(self.book.stats) if self.book is not None else {}
+
+    # -- clean regions (see timeslice.backup for the promise) ----------------------------
+    def mark_clean(self, tag: str) -> None:
+        """Promise: region ``tag`` is not written from now until ``mark_dirty(tag)``."""
+        self._offload(tag)
+        if self.book is not None:
+            self.book.mark_clean(tag)
+
+    def mark_dirty(self, tag: str) -> None:
+        self._offload(tag)
+        if self.book is not None:
+            self.book.mark_dirty(tag)
+
+    @contextlib.contextmanager
+    def writing(self, tag: str) -> Iterator[None]:
+        """``mark_dirty`` before the block (a weight sync), ``mark_clean`` after."""
+        self.mark_dirty(tag)
+        yield
+        self.mark_clean(tag)
+
+    def _offload(self, tag: str) -> None:
+        if self.tags.get(tag) != OFFLOAD:
+            raise ValueError(f"{tag!r} is not an offload region; declared: {self.tags}")
+
+    # -- swaps ---------------------------------------------------------------------------
     def _each(self, fn, tags: Sequence[str]) -> None:
         torch = self._torch
         torch.cuda.set_device(self.device)          # this runs on the channel's thread
@@ -88,17 +207,83 @@ class TorchMemory:
             fn(t)
         torch.cuda.synchronize(self.device)
 
-    def pause(self, tags: Sequence[str]) -> None:
-        self._each(self._tms.pause, tags)
-        if any(self.tags[t] == OFFLOAD for t in tags):
-            self._pinned = True
+    def pause(self, tags: Sequence[str]) -> int | None:
+        """Release ``tags``; returns the bytes copied to the host (None: torch-memory-saver's own count)."""
+        if self.book is None:
+            self._each(self._tms.pause, tags)
+            self._paused.update(tags)
+            if any(self.tags[t] == OFFLOAD for t in tags):
+                self._pinned = True
+            return None
+        book, moved = self.book, 0
 
-    def resume(self, tags: Sequence[str]) -> None:
-        self._each(self._tms.resume, tags)
+        def one(t: str) -> None:
+            nonlocal moved
+            if self.tags[t] == OFFLOAD:
+                moved += book.pause(t)
+            self._tms.pause(t)
+        self._each(one, tags)
+        self._paused.update(tags)
+        return moved
 
-    def prepin(self) -> None:
-        """Allocate the retained host backups now: one pause and resume of every offload region."""
-        offload = [t for t, p in self.tags.items() if p == OFFLOAD and self._bytes[t]]
+    def resume(self, tags: Sequence[str]) -> int | None:
+        if self.book is None:
+            self._each(self._tms.resume, tags)
+            self._paused.difference_update(tags)
+            return None
+        book, moved = self.book, 0
+
+        def one(t: str) -> None:
+            nonlocal moved
+            self._tms.resume(t)
+            if self.tags[t] == OFFLOAD:
+                moved += book.resume(t)
+        self._each(one, tags)
+        self._paused.difference_update(tags)
+        return moved
+
+    def prepin(self, tags: Sequence[str] | None = None) -> None:
+        """Reserve the retained host backups now, of the offload regions ``tags`` (default all).
+
+        ``pool``: pins ``max(host_bytes, region size)`` per offload region, no device work, so it
+        may run before the first hold (``cooperate`` calls it). ``tms``: one pause and resume of
+        every offload region (device work: call it while holding the group)."""
+        offload = [t for t, p in self.tags.items() if p == OFFLOAD and (tags is None or t in tags)]
+        if self.book is not None:
+            self.book.reserve({t: max(self._declared.get(t, 0), self._bytes[t]) for t in offload})
+            return
+        offload = [t for t in offload if self._bytes[t]]
         if offload:
             self.pause(offload)
             self.resume(offload)
+
+    # -- what stays behind -------------------------------------------------------------
+    def residue_bytes(self) -> int:
+        """Device bytes this process holds outside its resident regions (after a full pause: all it keeps)."""
+        resident = sum(n for t, n in self._bytes.items() if t not in self._paused)
+        used = self._process_bytes()
+        if used is not None:
+            return max(0, used - resident)
+        # The allocator counts a region's segments as reserved even while torch-memory-saver
+        # has unmapped them, so every region comes off; the CUDA context is not counted at all.
+        return max(0, self._torch.cuda.memory_reserved(self.device) - sum(self._bytes.values()))
+
+    def peak_bytes(self) -> int:
+        """The most this job has needed on the device (allocator peak plus what torch cannot see)."""
+        cuda = self._torch.cuda
+        used = self._process_bytes()
+        outside = 0 if used is None else max(0, used - cuda.memory_reserved(self.device))
+        return cuda.max_memory_reserved(self.device) + outside
+
+    def _process_bytes(self) -> int | None:
+        """This process's device memory as NVML shows it; None where it cannot (no NVML, another pid namespace)."""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByUUID(self.device_id())
+            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                    return int(p.usedGpuMemory)
+        except Exception:  # best effort: the allocator's count stands in
+            return None
+        return None

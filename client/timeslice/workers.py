@@ -97,8 +97,13 @@ class Workers(Sessions):
         process's pid from the kernel), registers the worker with
         ``swap="cooperative"`` and the memory's tags, and serves the agent's
         pause/resume requests on a daemon thread. ``prepin`` pays the one-time
-        cost of allocating the retained pinned host backup now (call this while
-        the job holds a group, before its loop), not during the first swap; it
+        cost of allocating the retained pinned host backup now, not during the
+        first swap, telling the agent when the reservation starts and ends. With
+        ``TorchMemory(backup="pool")`` (and the simulator) it is host work only:
+        cooperate *before* the first acquire, with the regions' sizes declared
+        (``host_bytes=``), and the pinning is done before the first hold (it does
+        not slow another process's GPU work: ``timeslice.pinned``). With
+        ``backup="tms"`` it is device work: cooperate while holding the group. It
         runs on the calling thread of the sync client, on a worker thread of the async one.
         Returns the ``CooperativeWorker``; ``close()`` closes it too.
         """
@@ -115,8 +120,7 @@ class Workers(Sessions):
             w.start()
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()
-                await self._blocking(memory.prepin)
-                w.announce()
+                await self._blocking(w.prepin)
                 log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
                          elapsed_s=round(time.monotonic() - t0, 3))
         except BaseException:

@@ -252,13 +252,15 @@ class EtcdClient(_AetcdClient):
 
         return await retrying(short)
 
-    async def revoke(self, lease_id: int) -> None:
-        """Revoke a lease; a lease that is already gone counts as revoked."""
+    async def revoke(self, lease_id: int) -> int:
+        """Revoke a lease; returns the revision its keys went at, 0 if it was already gone (which
+        counts as revoked)."""
         await self.connect()
         try:
-            await self.leasestub.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), timeout=self._timeout,
-                                             metadata=self.metadata)
+            r = await self.leasestub.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), timeout=self._timeout,
+                                                 metadata=self.metadata)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                return
+                return 0
             raise map_error(e, write=False) from e
+        return r.header.revision

@@ -60,7 +60,9 @@ class Reflector:
         return self.kvs.get(key)
 
     def items(self, prefix: bytes) -> Iterable[tuple[bytes, rpc.KeyValue]]:
-        return ((k, v) for k, v in self.kvs.items() if k.startswith(prefix))
+        """The keys below ``prefix`` as of now: a snapshot, so a caller may await (or a thread
+        read it) while the watch keeps changing the mirror."""
+        return [(k, v) for k, v in list(self.kvs.items()) if k.startswith(prefix)]
 
     async def wait_revision(self, revision: int, timeout: float | None = None) -> None:
         """Wait until the mirror has applied ``revision`` (e.g. of our own write)."""

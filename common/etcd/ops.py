@@ -83,3 +83,17 @@ def get(key: bytes, **kw) -> rpc.RequestOp:
 def first_in(prefix: bytes) -> rpc.RequestOp:
     """The oldest key (lowest create_revision) below ``prefix``: the queue head."""
     return get(prefix, prefix=True, limit=1, by_create="asc")
+
+
+def mod_revs_below(prefix: bytes, rev: int) -> rpc.Compare:
+    """True while every key below ``prefix`` was last written before revision ``rev`` (and when
+    there is none): "nothing under the prefix was created or changed since a read at ``rev - 1``"."""
+    c = mod_rev(prefix, "<", rev)
+    c.range_end = prefix_range_end(prefix)
+    return c
+
+
+def nested(compare, success=(), failure=()) -> rpc.RequestOp:
+    """A transaction inside a transaction's branch: an outer guard around an inner decision."""
+    return rpc.RequestOp(request_txn=rpc.TxnRequest(compare=list(compare), success=list(success),
+                                                    failure=list(failure)))

@@ -11,11 +11,12 @@ revision of the read that found it, so a delete can never slip by unseen.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aetcd import rpc
 
-from timeslice.common.errors import LockError, NotHolder, SessionLost, WaitCancelled, WatchCompacted
+from timeslice.common.errors import GuardFailed, LockError, NotHolder, SessionLost, WaitCancelled, WatchCompacted
 from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.watch import DELETE, Watch
@@ -46,23 +47,32 @@ class FifoQueue:
     def key(self, name: str) -> bytes:
         return self.prefix + name.encode()
 
-    async def enqueue(self, name: str, value: bytes, lease: int, with_head: bool = True) -> Entry:
+    async def enqueue(self, name: str, value: bytes, lease: int, with_head: bool = True,
+                      guard: Sequence[rpc.Compare] = ()) -> Entry:
         """Join the queue, or find our existing place: never enqueues twice.
 
         One transaction creates the key if absent and reads the head, so the
         uncontended path is a single round trip, and a retried call (after a
         lost reply) lands on the failure branch and returns the same entry.
         ``with_head=False`` skips the head read (etcd sorts the whole queue to
-        answer it) for callers that learn their turn another way.
+        answer it) for callers that learn their turn another way. ``guard``:
+        compares that must hold for anything to happen (e.g. "the queue's
+        owner still exists"); the decision runs nested inside them, in the
+        same transaction, and ``GuardFailed`` says they did not hold.
         """
         key = self.key(name)
         head_op = [ops.first_in(self.prefix)] if with_head else []
-        resp = await self.client.txn(
-            [ops.create_rev(key, "==", 0)],
-            [ops.put(key, value, lease), *head_op],
-            [ops.get(key), *head_op],
-        )
-        rev = resp.header.revision
+        cmp, success, failure = [ops.create_rev(key, "==", 0)], [ops.put(key, value, lease), *head_op], \
+            [ops.get(key), *head_op]
+        if guard:
+            # One round trip still: the guard outside, the create-if-absent inside.
+            outer = await self.client.txn(list(guard), [ops.nested(cmp, success, failure)])
+            if not outer.succeeded:
+                raise GuardFailed(f"not queued in {self.prefix!r}: its guard no longer holds")
+            resp, rev = outer.responses[0].response_txn, outer.header.revision
+        else:
+            resp = await self.client.txn(cmp, success, failure)
+            rev = resp.header.revision
         head_kvs = resp.responses[1].response_range.kvs if with_head else ()
         head = head_kvs[0] if head_kvs else None
         if resp.succeeded:

@@ -12,7 +12,12 @@ The "GPU" here is the SIMULATED device of ``nodeagent.sim`` (real bytes in a
 bounded shared-memory arena, capacity enforced), so the example runs in CI; on
 a real GPU the same loop holds torch tensors instead. The sampler and the
 trainer share the job's GPUs, so both phases use one group; with separate GPU
-sets, give each its own group. The job prints one JSON line at the end.
+sets, give each its own group. The job prints one JSON line at the end;
+``--events FILE`` also writes one JSON line per GPU phase (its times and grant).
+
+SIGTERM (Slurm's ``scancel``, a time limit, a pod's deletion) ends the job
+cleanly: the session closes, so its place in the queue and its registered
+workers go at once instead of when the session's lease runs out.
 """
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ import hashlib
 import json
 import os
 import random
+import signal
+import sys
 import time
 import zlib
 
@@ -57,7 +64,20 @@ def main() -> int:
     ap.add_argument("--bytes", type=int, default=40 << 20, help="the policy's device memory (default: %(default)s)")
     ap.add_argument("--iterations", type=int, default=3, help="default: %(default)s")
     ap.add_argument("--phase-s", type=float, default=0.1, help="length of each phase, s (default: %(default)s)")
+    ap.add_argument("--events", default=None, help="append one JSON line per GPU phase to this file")
     a = ap.parse_args()
+    # SystemExit unwinds the `with orchestrator:` below: a blocked acquire gives up its place,
+    # a held group is yielded and the session closed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    events = open(a.events, "a", buffering=1) if a.events else None  # noqa: SIM115 - open for the whole run
+
+    def record(phase: str, it: int, t_start: float) -> None:
+        if events is not None:
+            g = grants[-1]
+            events.write(json.dumps({"job": orchestrator.job_id, "phase": phase, "iter": it, "gpu": True,
+                                     "t_start": t_start, "t_end": time.time(), "token": g.token,
+                                     "restored": g.restored, "elided": g.elided, "bytes_moved": g.bytes_moved,
+                                     "waited_ms": g.waited_ms}) + "\n")
 
     grants = []                                       # what each hold cost: restored? bytes moved?
     orchestrator = OrchestratorClient(after_acquire=grants.append)   # target, job id: TIMESLICE_TARGET/_JOB_ID
@@ -65,6 +85,7 @@ def main() -> int:
 
     @orchestrator.on_accelerators(group_id=a.group, device_bytes_hint=a.bytes)
     def generate(it: int) -> list[int]:               # the sampler's phase
+        t_start = time.time()
         if not policy.digest:
             policy.load()
             orchestrator.register_worker(pid=os.getpid(), node=a.node, device_bytes=a.bytes)
@@ -74,6 +95,7 @@ def main() -> int:
         while time.monotonic() < t_end:
             policy.step(it * 1000 + n)
             n += 1
+        record("generate", it, t_start)
         return [n]
 
     def rewards(rollouts: list[int]) -> float:        # on the CPU: the GPU is free for others
@@ -82,9 +104,10 @@ def main() -> int:
 
     @orchestrator.on_accelerators(group_id=a.group, device_bytes_hint=a.bytes)
     def train(it: int, reward: float) -> None:        # the trainer's phase
-        t_end = time.monotonic() + a.phase_s
+        t_start, t_end = time.time(), time.monotonic() + a.phase_s
         while time.monotonic() < t_end:
             policy.step(int(reward) + it)
+        record("train", it, t_start)
 
     with orchestrator:
         for it in range(a.iterations):

@@ -17,6 +17,12 @@ from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 from pathlib import Path
 
+# GPU busy time is the union of the holds: one definition, the placement model's, which the
+# advisor's predictions (`timeslice advise`) use too.
+from timeslice.placement.simulate import union_length
+
+__all__ = ["RunFigures", "figures", "gpu_phases", "overlapping_pairs", "read_events", "union_length"]
+
 
 @dataclass
 class RunFigures:
@@ -69,21 +75,6 @@ def overlapping_pairs(phases: list[dict]) -> list[tuple[dict, dict]]:
             if b["job"] != a["job"]:
                 bad.append((a, b))
     return bad
-
-
-def union_length(intervals: list[tuple[float, float]]) -> float:
-    total = 0.0
-    current: tuple[float, float] | None = None
-    for s, e in sorted(intervals):
-        if current is None or s > current[1]:
-            if current is not None:
-                total += current[1] - current[0]
-            current = (s, e)
-        else:
-            current = (current[0], max(current[1], e))
-    if current is not None:
-        total += current[1] - current[0]
-    return total
 
 
 def figures(key: str, title: str, mode: str, job_bytes: int, events_by_job: dict[str, list[dict]],

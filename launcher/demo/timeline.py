@@ -5,7 +5,9 @@ the CPU phase in grey, time spent waiting for the device hatched (in sliced
 runs this includes the swap that made room), and every grant that moved bytes
 marked with a red triangle (the MB moved beside it); an elided swap is a
 green diamond. The panels share the time axis, so the baseline's length and
-the time-sliced runs' can be compared at a glance.
+the time-sliced runs' can be compared at a glance. ``timeslice report`` draws a
+live cluster's groups with it too (one panel per group, its holds as the phases:
+``title`` and ``phases`` say so).
 """
 from __future__ import annotations
 
@@ -13,10 +15,14 @@ from pathlib import Path
 
 from timeslice.launcher.demo.analysis import RunFigures
 
-COLORS = {"generate": "#1f77b4", "train": "#ff7f0e", "rewards": "#c7c7c7", "wait": "#f4cccc"}
+COLORS = {"generate": "#1f77b4", "train": "#ff7f0e", "rewards": "#c7c7c7", "wait": "#f4cccc", "hold": "#1f77b4"}
+DEMO_TITLE = "timeslice demo: two RL jobs, generate (GPU) -> rewards (CPU) -> train (GPU)"
+DEMO_PHASES = (("generate", "generate (GPU)"), ("train", "train (GPU)"), ("rewards", "rewards (CPU)"))
 
 
-def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path, subtitle: str = "") -> Path:
+def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path, subtitle: str = "",
+         title: str = DEMO_TITLE, phases: tuple[tuple[str, str], ...] = DEMO_PHASES,
+         xlabel: str = "seconds since the jobs started") -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -58,16 +64,13 @@ def draw(runs: list[tuple[RunFigures, dict[str, list[dict]]]], path: str | Path,
             stats += f"; swaps {fg.swaps}, elided {fg.elided}, moved {_bytes(fg.bytes_moved)}"
         ax.set_title(f"{fg.title}\n{stats}", fontsize=9, loc="left")
         ax.grid(axis="x", linestyle=":", alpha=0.5)
-    axes[-1, 0].set_xlabel("seconds since the jobs started")
-    handles = [Patch(facecolor=COLORS["generate"], label="generate (GPU)"),
-               Patch(facecolor=COLORS["train"], label="train (GPU)"),
-               Patch(facecolor=COLORS["rewards"], label="rewards (CPU)"),
+    axes[-1, 0].set_xlabel(xlabel)
+    handles = [*(Patch(facecolor=COLORS.get(ph, "#999999"), label=label) for ph, label in phases),
                Patch(facecolor=COLORS["wait"], edgecolor="#cc4125", hatch="///", label="waiting for the GPU (incl. swap)"),
                Line2D([], [], marker="v", color="#d62728", linestyle="", label="swap: context moved"),
                Line2D([], [], marker="D", color="#2ca02c", linestyle="", label="swap elided")]
-    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=8, frameon=False)
-    fig.suptitle("timeslice demo: two RL jobs, generate (GPU) -> rewards (CPU) -> train (GPU)"
-                 + (f"\n{subtitle}" if subtitle else ""), fontsize=10.5)
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=8, frameon=False)
+    fig.suptitle(title + (f"\n{subtitle}" if subtitle else ""), fontsize=10.5)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -14,6 +14,27 @@ than checkpointing the whole process:
   ``{"tags": [...]}``; the tags registered with the worker are the regions
   moved (none registered: all of them).
 
+Drain before sleep. A server put to sleep with requests in flight does not
+survive it (vLLM's engine dies; SGLang's release asserts an idle scheduler), so
+before releasing anything the swapper quiesces the server with its own API:
+
+* vLLM: ``POST /pause?mode=wait`` — stop admitting (new requests are held until
+  the resume) and return once the in-flight requests have finished — bounded by
+  the drain deadline; then ``/sleep``. The resume is ``/wake_up`` then ``POST /resume``.
+* SGLang: ``POST /pause_generation {"mode": "retract"}`` — running requests go
+  back to the waiting queue (their KV cache may then be dropped; they continue
+  after the resume), new ones wait; then ``/release_memory_occupation``. The
+  resume is ``/resume_memory_occupation`` then ``POST /continue_generation``.
+
+The drain gets ``drain_s`` seconds (default: half the pause's deadline). If the
+in-flight requests have not finished by then, ``on_drain_timeout`` decides:
+``refuse`` (default) resumes generation and fails the swap (``SwapTimeout``):
+nothing is released, no request is lost and the server serves on;
+``abort`` aborts the remaining requests (vLLM ``mode=abort``, SGLang
+``mode=abort``: their clients get finish reason "abort") and sleeps. Both
+outcomes are logged (``app_drain_refused`` / ``app_drain_aborted``). A pause that
+fails after the drain resumes generation again.
+
 Each call has a deadline. Transient failures — connection refused or reset
 while the server restarts, HTTP 502/503/504 — are retried with jittered
 backoff (tenacity) until the deadline; anything else fails at once. After the
@@ -47,12 +68,15 @@ from timeslice.nodeagent.backends.swapper import (
     SwapRefused,
     SwapReport,
     SwapState,
+    SwapTimeout,
 )
 
 log = structlog.get_logger(__name__)
 
 VERIFY_POLL_S = 0.01          # how often the meter is read while waiting for memory to move
 STATE_TIMEOUT_S = 2.0         # state() is a quick look, not a swap
+DRAIN_REFUSE, DRAIN_ABORT = "refuse", "abort"
+DRAIN_POLICIES = (DRAIN_REFUSE, DRAIN_ABORT)
 
 
 def _last_reading(rs: tenacity.RetryCallState) -> int | None:
@@ -70,8 +94,14 @@ class AppEndpointSwapper(Swapper):
 
     kind = "app-endpoint"
 
-    def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, *, proc_root: str = procfs.PROC_ROOT):
+    def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, *, proc_root: str = procfs.PROC_ROOT,
+                 drain_s: float | None = None, on_drain_timeout: str = DRAIN_REFUSE):
+        if drain_s is not None and drain_s <= 0:
+            raise SwapConfigError(f"drain_s must be > 0 (None: half the pause's deadline), got {drain_s}")
+        if on_drain_timeout not in DRAIN_POLICIES:
+            raise SwapConfigError(f"on_drain_timeout must be one of {DRAIN_POLICIES}, got {on_drain_timeout[:16]!r}")
         self.worker, self.meter, self.proc_root = worker, as_meter(meter), proc_root
+        self.drain_s, self.on_drain_timeout = drain_s, on_drain_timeout
         self.api = ServerApi(worker.endpoint, worker.pid, self.kind, proc_root)
         self._paused = False
         self._released: int | None = None      # device bytes the last pause freed
@@ -112,7 +142,42 @@ class AppEndpointSwapper(Swapper):
         raise NotImplementedError
 
     def _resume_call(self, deadline: float) -> None:
+        """Ask the server to take its memory back."""
         raise NotImplementedError
+
+    def _stop_generation(self, deadline: float) -> None:
+        """Stop admitting and wait until no request is on the device; SwapTimeout at ``deadline``."""
+        raise NotImplementedError
+
+    def _abort_generation(self, deadline: float) -> None:
+        """Abort the requests still in flight (generation stays stopped)."""
+        raise NotImplementedError
+
+    def _start_generation(self, deadline: float) -> None:
+        raise NotImplementedError
+
+    def _drain(self, deadline: float) -> dict:
+        """Quiesce the server before its memory goes; the figures for the report."""
+        t0 = time.monotonic()
+        budget = self.drain_s if self.drain_s is not None else (deadline - t0) / 2
+        try:
+            self._stop_generation(min(deadline, t0 + budget))
+            return {"drain_ms": round((time.monotonic() - t0) * 1000, 2)}
+        except SwapTimeout as exc:
+            if self.on_drain_timeout == DRAIN_ABORT:
+                self._abort_generation(deadline)
+                log.warning("app_drain_aborted", kind=self.kind, pid=self.worker.pid, drain_s=round(budget, 2))
+                return {"drain_ms": round((time.monotonic() - t0) * 1000, 2), "aborted_in_flight": True}
+            self._start_quietly(deadline)
+            log.warning("app_drain_refused", kind=self.kind, pid=self.worker.pid, drain_s=round(budget, 2))
+            raise SwapTimeout(f"{self.kind} drain: requests still in flight after {budget:.2f}s; generation "
+                              f"resumed and nothing released ({exc})", pid=self.worker.pid) from exc
+
+    def _start_quietly(self, deadline: float) -> None:
+        try:
+            self._start_generation(max(deadline, time.monotonic() + STATE_TIMEOUT_S))
+        except BackendError as exc:
+            log.warning("app_generation_restart_failed", kind=self.kind, pid=self.worker.pid, error=str(exc)[:200])
 
     def pause(self, tags: Sequence[str] | None, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()
@@ -120,7 +185,12 @@ class AppEndpointSwapper(Swapper):
         if self._paused:
             return SwapReport(elapsed_ms=0.0, detail={"already": "paused"})
         before = self._held()
-        acted, offloads = self._pause_call(tags, deadline)
+        drained = self._drain(deadline)
+        try:
+            acted, offloads = self._pause_call(tags, deadline)
+        except BackendError:
+            self._start_quietly(deadline)        # nothing released: serve on
+            raise
         after = before
         if before:
             after = self._await_memory(lambda b: b < before, deadline)
@@ -135,9 +205,9 @@ class AppEndpointSwapper(Swapper):
         rep = SwapReport(bytes_moved=self._host_bytes, device_bytes=freed or 0,
                          elapsed_ms=(time.monotonic() - t0) * 1000, tags=acted,
                          detail={"verified": freed is not None, "bytes_moved_upper_bound": offloads,
-                                 "endpoint": self.worker.endpoint})
+                                 "endpoint": self.worker.endpoint, **drained})
         log.info("app_swap_paused", kind=self.kind, pid=self.worker.pid, freed=freed, tags=acted,
-                 elapsed_ms=round(rep.elapsed_ms, 2))
+                 elapsed_ms=round(rep.elapsed_ms, 2), drain_ms=drained.get("drain_ms"))
         return rep
 
     def _resume_quietly(self, deadline_s: float) -> None:
@@ -145,6 +215,8 @@ class AppEndpointSwapper(Swapper):
             self._resume_call(time.monotonic() + deadline_s)
         except BackendError as exc:
             log.warning("app_swap_undo_failed", kind=self.kind, pid=self.worker.pid, error=str(exc)[:200])
+            return
+        self._start_quietly(time.monotonic() + deadline_s)
 
     def resume(self, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()
@@ -166,6 +238,7 @@ class AppEndpointSwapper(Swapper):
                 raise SwapNotVerified(f"{self.kind} resume: server answered but pid {self.worker.pid} "
                                       f"holds {after} device bytes, as while paused", pid=self.worker.pid)
             back = None if after is None else after - during
+        self._start_generation(deadline)     # the memory is back: admit requests again
         moved = self._host_bytes
         self._paused, self._released, self._host_bytes = False, None, 0
         rep = SwapReport(bytes_moved=moved, device_bytes=back or 0,
@@ -207,6 +280,18 @@ class VllmSwapper(AppEndpointSwapper):
     def _resume_call(self, deadline):
         self.api.call("POST", "/wake_up", None, deadline)
 
+    def _stop_generation(self, deadline):
+        # mode=wait: the call returns once the in-flight requests are done (older servers
+        # spell it wait_for_inflight_requests=true; each ignores the other's parameter).
+        self.api.call("POST", "/pause?" + urlencode({"mode": "wait", "wait_for_inflight_requests": "true"}),
+                      None, deadline)
+
+    def _abort_generation(self, deadline):
+        self.api.call("POST", "/pause?" + urlencode({"mode": "abort"}), None, deadline)
+
+    def _start_generation(self, deadline):
+        self.api.call("POST", "/resume", None, deadline)
+
 
 class SglangSwapper(AppEndpointSwapper):
     """SGLang's release/resume_memory_occupation over the registered tags (none: all regions)."""
@@ -242,6 +327,16 @@ class SglangSwapper(AppEndpointSwapper):
     def _resume_call(self, deadline):
         self.api.call("POST", "/resume_memory_occupation", {"tags": self._tags} if self._tags else {}, deadline)
 
+    def _stop_generation(self, deadline):
+        # retract: running requests go back to the waiting queue and continue after the resume.
+        self.api.call("POST", "/pause_generation", {"mode": "retract"}, deadline)
+
+    def _abort_generation(self, deadline):
+        self.api.call("POST", "/pause_generation", {"mode": "abort"}, deadline)
+
+    def _start_generation(self, deadline):
+        self.api.call("POST", "/continue_generation", {}, deadline)
+
 
 SWAPPERS: dict[str, type[AppEndpointSwapper]] = {R.SWAP_VLLM: VllmSwapper, R.SWAP_SGLANG: SglangSwapper}
 
@@ -258,5 +353,5 @@ def make_app_swapper(worker: R.WorkerValue, meter, **kw) -> Swapper:
     return cls(worker, meter, **kw)
 
 
-__all__ = ["AppEndpointSwapper", "SglangSwapper", "SwapConfigError", "SwapNotVerified", "VllmSwapper",
+__all__ = ["DRAIN_POLICIES", "AppEndpointSwapper", "SglangSwapper", "SwapConfigError", "SwapNotVerified", "VllmSwapper",
            "make_app_swapper"]

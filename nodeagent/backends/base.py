@@ -36,6 +36,9 @@ class ProcState(str, enum.Enum):
     GONE = "gone"                  # the process does not exist (any more)
     NO_CUDA = "no_cuda"            # alive, but has no CUDA context: nothing to move
     UNKNOWN = "unknown"            # the backend could not tell
+    # A cooperative worker paused in part (a selective swap released some of its regions and kept
+    # the others on the device): parked like CHECKPOINTED, yet a further pause can free more.
+    PARTIAL = "partial"
 
     def __str__(self) -> str:  # so f-strings and JSON show "running", not the class
         return self.value

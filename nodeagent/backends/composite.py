@@ -7,9 +7,11 @@ pid where its registration says (``WorkerValue.swap``):
 
 * no swapper (``checkpoint``): the node's checkpoint backend, unchanged;
 * a swapper (``cooperative``, ``vllm``, ``sglang``): the worker moves its own
-  memory. Its states map onto the machine: paused -> CHECKPOINTED, running ->
+  memory. Its states map onto the machine: paused -> CHECKPOINTED (PARTIAL
+  while a selective pause left some of its regions on the device), running ->
   RUNNING; ``lock`` is a no-op (the worker needs its context to copy);
-  ``checkpoint`` asks it to pause, ``restore`` to resume.
+  ``checkpoint`` asks it to pause (a PARTIAL one: what is still resident),
+  ``restore`` to resume.
 
 Around a cooperative pause the checkpoint backend still has a role:
 
@@ -105,9 +107,12 @@ class CompositeBackend(Backend):
             regions = {}
             for p in pids:
                 sw = self.resolve(p)
-                if (sw is not None and hasattr(sw, "tags") and hasattr(sw, "region_bytes")
-                        and sw.state() is SwapState.RUNNING):
-                    regions[p] = (sw.tags(), sw.region_bytes())
+                resident = getattr(sw, "resident_regions", None)
+                if sw is not None and hasattr(sw, "tags") and resident is not None and \
+                        sw.state() in (SwapState.RUNNING, SwapState.PAUSED):
+                    left = resident()            # paused in part: only what is still there can go
+                    if left:
+                        regions[p] = ({t: pol for t, pol in sw.tags().items() if t in left}, left)
             ctx.tags = choose_tags(regions, 0 if R.checkpoints_rest(isolation) else need_bytes)
         with self._mu:
             for p in pids:
@@ -134,7 +139,8 @@ class CompositeBackend(Backend):
         if b in (ProcState.CHECKPOINTED, ProcState.FAILED):
             return b                                    # full isolation's checkpoint (or its loss)
         if s is SwapState.PAUSED:
-            return ProcState.CHECKPOINTED
+            left = getattr(sw, "releasable_bytes", None)
+            return ProcState.PARTIAL if left is not None and left() > 0 else ProcState.CHECKPOINTED
         if s is SwapState.RUNNING:
             return ProcState.LOCKED if b is ProcState.LOCKED else ProcState.RUNNING
         return ProcState.UNKNOWN                         # registered, but it never spoke to this agent
@@ -168,7 +174,8 @@ class CompositeBackend(Backend):
             except e.BackendError as exc:     # still paused, only not frozen: say so, do not fail the swap
                 log.warning("freeze_failed", pid=pid, error=str(exc))
         log.info("cooperative_paused", pid=pid, kind=sw.kind, tags=rep.tags, bytes_moved=rep.bytes_moved,
-                 device_bytes=rep.device_bytes, elapsed_ms=round(rep.elapsed_ms, 2), isolation=ctx.isolation)
+                 device_bytes=rep.device_bytes, elapsed_ms=round(rep.elapsed_ms, 2), isolation=ctx.isolation,
+                 residue_bytes=rep.detail.get("residue_bytes"))
         return moved
 
     def _undo(self, pid: int, sw: Swapper) -> None:
@@ -229,6 +236,17 @@ class CompositeBackend(Backend):
             return None                                  # cannot say where: admission refuses, nothing is lost
         out[dev] = out.get(dev, 0) + paused
         return out
+
+    def residue_bytes(self, pid: int) -> int | None:
+        """Device bytes a paused cooperative ``pid`` keeps outside its regions (its own measure);
+        0 once full isolation checkpointed the rest; None where nobody can say."""
+        sw = self.resolve(pid)
+        measure = getattr(sw, "residue_bytes", None)
+        if measure is None:
+            return None
+        if self.base.get_state(pid) is ProcState.CHECKPOINTED:
+            return 0                                     # the driver checkpoint took what the pause left
+        return measure()
 
     def host_bytes_needed(self, pid: int) -> int | None:
         """Host memory a snapshot of ``pid`` will take that is not allocated yet."""

@@ -39,7 +39,7 @@ from timeslice.nodeagent.backends.ops import (
 
 log = structlog.get_logger(__name__)
 
-_AT_REST = (ProcState.GONE, ProcState.NO_CUDA, ProcState.CHECKPOINTED)
+_AT_REST = (ProcState.GONE, ProcState.NO_CUDA, ProcState.CHECKPOINTED, ProcState.PARTIAL)
 
 
 def _base(backend: Backend) -> Backend:

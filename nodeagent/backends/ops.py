@@ -19,7 +19,9 @@ The rules, per process:
 * a checkpoint that fails after the lock unlocks the process again, and the
   result says whether that unlock worked;
 * half-finished work found on a process (LOCKED from a crashed agent) is
-  finished: snapshot checkpoints it, restore unlocks it.
+  finished: snapshot checkpoints it, restore unlocks it;
+* a cooperative worker paused in part (PARTIAL) is paused further by a
+  snapshot (what is still resident) and resumed by a restore.
 
 ``JobResult.ok`` is true when every process ended in the target state or is
 gone; the agent reports ``JobResult.error`` verbatim otherwise.
@@ -42,6 +44,9 @@ from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 log = structlog.get_logger(__name__)
 
 DEFAULT_LOCK_TIMEOUT_MS = 10_000  # long enough for a training step's queued kernels to drain
+# On a device, or paused in part (a cooperative worker's regions left there): a snapshot has work.
+_TO_SNAPSHOT = (ProcState.RUNNING, ProcState.LOCKED, ProcState.PARTIAL)
+_PARKED = (ProcState.CHECKPOINTED, ProcState.PARTIAL)                 # a restore has work
 
 
 class Outcome(str, enum.Enum):
@@ -139,7 +144,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
     host = host or HostMemory()
     pids = list(dict.fromkeys(pids))
     states = {p: backend.get_state(p) for p in pids}
-    todo = [p for p in pids if states[p] in (ProcState.RUNNING, ProcState.LOCKED)]
+    todo = [p for p in pids if states[p] in _TO_SNAPSHOT]
     need = 0
     for p in todo:
         n = backend.host_bytes_needed(p)
@@ -162,7 +167,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
             return PidResult(pid, Outcome.GONE, before, before)
         if before is ProcState.NO_CUDA:
             return PidResult(pid, Outcome.SKIPPED, before, before)
-        if before not in (ProcState.RUNNING, ProcState.LOCKED):
+        if before not in _TO_SNAPSHOT:
             return PidResult(pid, Outcome.FAILED, before, before, error=f"cannot snapshot a process in state {before}",
                              error_code="FAILED_PRECONDITION")
         try:
@@ -182,7 +187,10 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
                     undo = f"; unlock after the failed checkpoint also failed: {unlock_exc}"
             res = _failure(backend, pid, before, exc, t)
             res.error += undo
-            log.error("checkpoint_failed", pid=pid, error=res.error, state_after=str(res.state_after))
+            if res.outcome is Outcome.GONE:
+                log.info("checkpoint_gone", pid=pid, why="the process exited during its snapshot")
+            else:
+                log.error("checkpoint_failed", pid=pid, error=res.error, state_after=str(res.state_after))
             return res
         return PidResult(pid, Outcome.DONE, before, ProcState.CHECKPOINTED, bytes=nbytes,
                          elapsed_ms=(time.monotonic() - t) * 1000)
@@ -209,7 +217,7 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
     headroom = backend.restore_headroom_bytes if headroom_bytes is None else headroom_bytes
     free = backend.device_free()
     need: dict[str, int] = {}
-    for p in (p for p in pids if states[p] is ProcState.CHECKPOINTED):
+    for p in (p for p in pids if states[p] in _PARKED):
         usage = backend.snapshot_usage(p)
         if usage is None and known_bytes and p in known_bytes:
             usage = {dev: known_bytes[p] for dev in (free or {"?": 0})}
@@ -233,12 +241,12 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
             return PidResult(pid, Outcome.GONE, before, before)
         if before is ProcState.NO_CUDA:
             return PidResult(pid, Outcome.SKIPPED, before, before)
-        if before not in (ProcState.CHECKPOINTED, ProcState.LOCKED):
+        if before not in (*_PARKED, ProcState.LOCKED):
             return PidResult(pid, Outcome.FAILED, before, before, error=f"cannot restore a process in state {before}",
                              error_code="DATA_LOSS" if before is ProcState.FAILED else "FAILED_PRECONDITION")
         nbytes = 0
         try:
-            if before is ProcState.CHECKPOINTED:
+            if before in _PARKED:
                 nbytes = backend.restore(pid)
             backend.unlock(pid)
         except Exception as exc:

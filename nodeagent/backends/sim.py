@@ -166,11 +166,15 @@ class SimBackend(Backend):
             tmp = self.dev.host_copy(pid).with_suffix(".partial")
             out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                sha = self._copy(str(self.dev.arena(pid)), out, nbytes, self.checkpoint_bps) if nbytes else \
-                    hashlib.sha256().hexdigest()
-                os.fsync(out)
-            finally:
-                os.close(out)
+                try:
+                    sha = self._copy(str(self.dev.arena(pid)), out, nbytes, self.checkpoint_bps) if nbytes else \
+                        hashlib.sha256().hexdigest()
+                    os.fsync(out)
+                finally:
+                    os.close(out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)          # a half copy is no snapshot: the device keeps the bytes
+                raise
             os.replace(tmp, self.dev.host_copy(pid))
             # The host copy is complete and named: record it, and only then free the device.
             self.dev.write_state(pid, {**doc, "state": CHECKPOINTED, "bytes": nbytes, "sha256": sha, "lost": False})

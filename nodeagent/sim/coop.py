@@ -7,12 +7,14 @@ are kept:
 * each region holds real, seeded bytes; the process's holding on the node's
   simulated device (the capacity ledger) is its "context" (a small arena,
   like a CUDA context) plus every resident region, so capacity is enforced;
-* ``pause`` copies ``offload`` regions (checksummed) into a host backup that is *retained*
-  between swaps (allocated once, like torch-memory-saver's pinned backup with
-  ``retain_cpu_backup``), then releases the region; ``discard`` regions are
-  dropped; ``resume`` reserves the capacity again (DeviceOutOfMemory if it
-  does not fit), copies back and verifies the checksum; discard regions come
-  back zeroed;
+* offload regions are backed up the way ``TorchMemory(backup="pool")`` does it, by
+  the same decisions (``timeslice.backup.BackupBook``) over CPU stand-ins
+  (``nodeagent.sim.hostpool``): ``prepin`` reserves the retained host pool
+  (really allocated, reported to the agent while it is being reserved), ``pause``
+  copies the region into it (checksummed) unless it is clean (``mark_clean``),
+  then releases the region; ``discard`` regions are dropped; ``resume`` reserves
+  the capacity again (DeviceOutOfMemory if it does not fit), copies back and
+  verifies; discard regions come back zeroed;
 * a region must be touched only through ``compute(tag)``, which blocks while
   the agent holds the process locked (the freeze after a pause) and raises if
   the region is released — as a released torch-memory-saver page faults; a
@@ -29,9 +31,11 @@ import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
+from timeslice.backup import BackupBook, BackupCorrupted
 from timeslice.nodeagent.backends.errors import IllegalState
 from timeslice.nodeagent.sim.client import SimDeviceClient
 from timeslice.nodeagent.sim.device import device_id
+from timeslice.nodeagent.sim.hostpool import SimHostPool, SimMover
 
 ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
 DEFAULT_COOP_GBPS = 50.0
@@ -43,7 +47,8 @@ class SimCooperativeMemory:
 
     def __init__(self, regions: Mapping[str, tuple[int, str]], sim_dir: str | os.PathLike | None = None,
                  seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None,
-                 gpu: int | None = None):
+                 gpu: int | None = None, *, checksum: bool = True, slab_bytes: int = 1 << 30,
+                 pin_gbps: float = 0.0, pin_gate: str | None = None, resident: bool = True):
         self.tags = {t: pol for t, (_, pol) in regions.items()}
         self._size = {t: int(n) for t, (n, _) in regions.items()}
         raw = os.environ.get(ENV_COOP_GBPS)
@@ -52,24 +57,56 @@ class SimCooperativeMemory:
         self.dev = SimDeviceClient.open(sim_dir, gpu)
         self.dev.alloc(context_bytes)                      # the "CUDA context": the process is on the device
         self._dev: dict[str, bytearray | None] = {}
-        self._host: dict[str, bytearray] = {}               # retained host backups (offload regions)
         self._sha: dict[str, str] = {}
-        rng = random.Random(seed)
+        self._listener = None
+        self.host_pool = SimHostPool(slab_bytes, pin_gbps, pin_gate, on_change=self._host_changed)
+        self.mover = SimMover(self._dev, self.host_pool, self._pace)
+        self.book = BackupBook(self.host_pool, self.mover, checksum=checksum)
+        self._seed, self._allocated = seed, False
+        self._dev.update(dict.fromkeys(self._size))
+        if resident:
+            self.allocate()
+        else:
+            self._account()
+
+    def allocate(self) -> None:
+        """Put the regions on the device, filled from the seed. ``resident=False`` defers it to here:
+        like a real job, which loads its model inside its first hold (after pinning its backup)."""
+        rng = random.Random(self._seed)
         fresh = {t: bytearray(rng.randbytes(n)) for t, n in self._size.items()}
         self._dev.update(fresh)
         self._account()
+        self._allocated = True
         for t, buf in fresh.items():
             self._sha[t] = hashlib.sha256(buf).hexdigest()
+        self._host_changed()                                # the agent learns the regions' sizes
+
+    def allocated(self) -> bool:
+        return self._allocated
 
     # -- what the channel asks -------------------------------------------------------
     def device_id(self) -> str:
         return device_id(self.dev.gpu)
 
     def region_bytes(self) -> dict[str, int]:
-        return dict(self._size)
+        """Device bytes per region (0 until ``allocate``: the pool is sized from the declared sizes)."""
+        return {t: n if self._allocated else 0 for t, n in self._size.items()}
 
     def host_bytes(self) -> int:
-        return sum(len(b) for b in self._host.values())
+        return self.host_pool.size()
+
+    def host_pending_bytes(self) -> int:
+        return self.host_pool.pending_bytes()
+
+    def backup_stats(self) -> dict[str, int]:
+        return dict(self.book.stats)
+
+    def set_state_listener(self, fn) -> None:
+        self._listener = fn
+
+    def _host_changed(self) -> None:
+        if self._listener is not None:
+            self._listener()
 
     def _account(self) -> None:
         """Set this process's holding on the device: context + resident regions (raises if it does not fit)."""
@@ -82,31 +119,30 @@ class SimCooperativeMemory:
             if ahead > 0:
                 time.sleep(ahead)
 
-    def pause(self, tags: Sequence[str]) -> None:
+    def pause(self, tags: Sequence[str]) -> int:
+        moved = 0
         for t in tags:
             with self.dev._device(None):                    # copying device memory is device work: waits while locked
-                self._pause_one(t)
+                moved += self._pause_one(t)
+        return moved
 
-    def _pause_one(self, t: str) -> None:
+    def _pause_one(self, t: str) -> int:
         buf = self._dev.get(t)
         if buf is None:
-            return
-        t0 = time.monotonic()
+            return 0
+        moved = 0
         if self.tags[t] == "offload":
-            host = self._host.get(t)
-            if host is None:                            # the first pause allocates the backup, once
-                host = self._host[t] = bytearray(len(buf))
-            host[:] = buf
+            moved = self.book.pause(t)                      # copies unless clean (the pool keeps its copy)
             self._sha[t] = hashlib.sha256(buf).hexdigest()   # what a resume must bring back
-            self._pace(len(buf), t0)
         self._dev[t] = None
         self._account()                                 # only now is the device memory released
+        return moved
 
-    def resume(self, tags: Sequence[str]) -> None:
+    def resume(self, tags: Sequence[str]) -> int:
+        moved = 0
         for t in tags:
             if self._dev.get(t) is not None:
                 continue
-            t0 = time.monotonic()
             n = self._size[t]
             self._dev[t] = bytearray(n)                     # provisional: reserve the room first
             try:
@@ -115,19 +151,32 @@ class SimCooperativeMemory:
                 self._dev[t] = None
                 raise
             if self.tags[t] == "offload":
-                self._dev[t][:] = self._host[t]             # type: ignore[index]
-                self._pace(n, t0)
+                try:
+                    moved += self.book.resume(t)
+                except BackupCorrupted as e:
+                    raise IllegalState(f"simulated region {t!r}: {e}") from None
                 got = hashlib.sha256(self._dev[t]).hexdigest()   # type: ignore[arg-type]
-                if got != self._sha[t]:
+                if self.book.checksum_on and got != self._sha[t]:
                     raise IllegalState(f"simulated region {t!r} came back corrupted ({got} != {self._sha[t]})")
             else:
                 self._sha[t] = hashlib.sha256(self._dev[t]).hexdigest()  # type: ignore[arg-type]
+        return moved
+
+    def residue_bytes(self) -> int:
+        """What this process still holds on the simulated device outside its resident regions: the context."""
+        resident = sum(self._size[t] for t, b in self._dev.items() if b is not None)
+        return max(0, self.dev.device_bytes - resident)
 
     def prepin(self) -> None:
-        """Allocate the retained host backups now (the first pause would otherwise)."""
-        for t, pol in self.tags.items():
-            if pol == "offload" and t not in self._host:
-                self._host[t] = bytearray(self._size[t])
+        """Reserve the retained host pool now, one area per offload region (the first pause would otherwise)."""
+        self.book.reserve({t: n for t, n in self._size.items() if self.tags[t] == "offload"})
+
+    def mark_clean(self, tag: str) -> None:
+        """The job's promise: region ``tag`` is not written until ``mark_dirty`` (``timeslice.backup``)."""
+        self.book.mark_clean(tag)
+
+    def mark_dirty(self, tag: str) -> None:
+        self.book.mark_dirty(tag)
 
     # -- what the job does -----------------------------------------------------------
     @contextlib.contextmanager

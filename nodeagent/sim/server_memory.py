@@ -25,6 +25,7 @@ import random
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from timeslice.nodeagent.sim.client import SimDeviceClient
@@ -58,6 +59,8 @@ class ServerMemory:
         self.dev, self.regions = dev, {r.name: r for r in regions}
         self.bps = gbps * 1e9
         self.lock = threading.Lock()
+        # Called before any device bytes are released (the engine crashes if a request is on them).
+        self.guard: Callable[[str], None] = lambda _what: None
         dev.alloc(max(1, context_bytes))
         self.context_bytes = max(1, context_bytes)
         for r in regions:
@@ -103,7 +106,10 @@ class ServerMemory:
         """Release the resident regions ``tags`` (None: all); returns the device bytes freed."""
         with self.lock, self.dev.compute():
             freed = 0
-            for r in self._names(tags, resident=True):
+            todo = self._names(tags, resident=True)
+            if todo:
+                self.guard(f"released {', '.join(r.name for r in todo)}")
+            for r in todo:
                 policy = (policies or {}).get(r.name, r.policy)
                 if policy == OFFLOAD:
                     t0 = time.monotonic()
@@ -143,6 +149,11 @@ class ServerMemory:
     def any_released(self) -> bool:
         with self.lock:
             return any(not r.resident for r in self.regions.values())
+
+    def step(self) -> None:
+        """One decode step: a device operation (it waits while the context is checkpointed)."""
+        with self.dev.compute():
+            pass
 
     def device_bytes(self) -> int:
         return self.dev.device_bytes

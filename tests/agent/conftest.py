@@ -89,14 +89,16 @@ class NodeStack:
 
 @pytest.fixture
 def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
-    """lockd_node(capacity, group="g", isolation="") -> async context of a NodeStack: the test's
-    SIMULATED device resized to ``capacity`` bytes, this node's agent, one lockd replica, and
-    ``group`` over the node. The replica is stopped on the way out."""
+    """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=()) -> async context
+    of a NodeStack: the test's SIMULATED device resized to ``capacity`` bytes, this node's agent,
+    one lockd replica (their extra flags), and ``group`` over the node. The replica is stopped on
+    the way out."""
     @asynccontextmanager
-    async def make(capacity: int, group: str = "g", isolation: str = ""):
+    async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=()):
         dev = SimDevice(sim_dir, capacity_bytes=capacity)
-        lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
-        agent = agents()
+        lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
+                             extra=list(lockd_extra)).start()
+        agent = agents(extra=list(agent_extra))
         try:
             async with admin_channel(lockd.replicas[0].target) as ch:
                 stub = lpbg.LockdStub(ch)

@@ -33,6 +33,31 @@ def test_job_state_follows_the_processes():
     assert job_state({1: S.LOCKED}) == R.FROZEN          # locked in place: runs nothing (strict groups)
     assert job_state({1: S.CHECKPOINTED, 2: S.FAILED}) == R.LOST
     assert job_state({1: S.NO_CUDA}) == R.RUNNING
+    assert job_state({1: S.PARTIAL}) == R.SNAPSHOTTED          # regions released: restore before it runs
+    # A process whose state cannot be read (a cooperative worker not reconnected since the agent
+    # started) is never taken for running: it may have released regions.
+    assert job_state({1: S.UNKNOWN}) == R.UNKNOWN
+    assert job_state({1: S.RUNNING, 2: S.UNKNOWN}) == R.UNKNOWN
+
+
+def test_a_partly_paused_job_is_parked_with_memory_left_on_the_device():
+    pic = Picture({1: S.PARTIAL}, {1: 7}, {1: {"sim0": 7}}, {1: {"sim0": 13}})
+    assert (pic.state, pic.partial, pic.resident_bytes, pic.resident_devices) == (R.SNAPSHOTTED, True, 13,
+                                                                                  {"sim0": 13})
+    assert (pic.device_bytes, pic.gpu_bytes) == (7, {"sim0": 7})     # the status: what a restore needs
+    assert pic.needs(R.SNAPSHOT) and pic.needs(R.RESTORE)             # a further pause frees more
+    whole = Picture({1: S.CHECKPOINTED}, {1: 20}, {1: {"sim0": 20}})
+    assert not whole.partial and not whole.needs(R.SNAPSHOT)
+    unknown = Picture({1: S.UNKNOWN}, left={1: {"sim0": 20}})
+    assert (unknown.state, unknown.resident_devices) == (R.UNKNOWN, {"sim0": 20})
+
+
+def test_an_unreachable_cooperative_worker_fails_the_op_with_the_reason_unless_nothing_is_to_do():
+    why = "pid 1 of job 'j' is a cooperative worker that ... (--reconnect-grace-s)"
+    d = I.decide(intent("restore"), Picture({1: S.UNKNOWN}), away=why)
+    assert (d.kind, d.outcome, d.reason) == (I.REPORT, R.FAILED, why)
+    d = I.decide(intent("snapshot"), Picture({1: S.CHECKPOINTED}, {1: 5}), away=why)
+    assert d.outcome == R.OK                                           # paused already: nothing to move
 
 
 def test_decisions():
@@ -78,6 +103,38 @@ def test_corrections_keep_the_answer_and_fix_the_state():
     assert I.corrected(run, Picture({1: S.RUNNING}, {1: 9})) is None      # allocator noise: not rewritten
 
 
+def test_a_parked_jobs_residue_is_recorded_and_counted_only_while_parked():
+    """The worker's own measure of what its pause left on the device reaches the job's status
+    (and the metric) while it is parked; a running or fully checkpointed process has none."""
+    from prometheus_client import CollectorRegistry
+
+    from timeslice.nodeagent.channel import WorkerInfo
+    from timeslice.nodeagent.metrics import Metrics
+    w = WorkerInfo(pid=1, uid=0, job="j", tags={"weights": "offload"})
+    w.update({"paused": ["weights"], "residue_bytes": 1234})
+    assert w.residue_bytes == 1234
+    w.update({"paused": ["weights"], "residue_bytes": True})          # not a count: ignored
+    assert w.residue_bytes == 1234
+    w.update({"paused": []})
+    assert w.residue_bytes is None                                   # resumed: nothing is residue
+    parked = Picture({1: S.CHECKPOINTED, 2: S.RUNNING}, {1: 10, 2: 20}, residue={1: 700, 2: 5})
+    assert parked.residue_bytes == 700
+    st = I.final(intent(), I_result(), parked, 1.0)
+    assert (st.state, st.residue_bytes) == (R.SNAPSHOTTED, 700)
+    assert R.StatusValue.load(st.dump()).residue_bytes == 700
+    assert R.StatusValue.load(b'{"state": "running", "job": "j"}').residue_bytes == 0   # an older agent's
+    m = Metrics(CollectorRegistry())
+    m.note_residue({"j": 700})
+    assert m.registry.get_sample_value("timeslice_agent_job_residue_bytes", {"job": "j"}) == 700
+    m.note_residue({})
+    assert m.registry.get_sample_value("timeslice_agent_job_residue_bytes", {"job": "j"}) is None
+
+
+def I_result():
+    from timeslice.nodeagent.backends import ops
+    return ops.JobResult(R.SNAPSHOT, [ops.PidResult(1, ops.Outcome.DONE, S.RUNNING, S.CHECKPOINTED, bytes=10)])
+
+
 def test_token_book_refuses_older_tokens_per_group_and_persists(tmp_path):
     path = tmp_path / "t.json"
     book = TokenBook(path)
@@ -113,16 +170,21 @@ def test_config_from_flags_and_environment(monkeypatch):
     monkeypatch.setenv("TIMESLICE_BACKEND", "cuda-checkpoint")
     cfg = C.from_args(_parse(["--prefix", "/x/", "--listen", "127.0.0.1:0"]))
     assert (cfg.node, cfg.lock_timeout_ms, cfg.backend_name, cfg.prefix) == ("gpu-7", 250, "cuda-cli", "/x/")
+    assert cfg.reconnect_grace_s == 20.0
     assert cfg.endpoint(5000) == "127.0.0.1:5000"
     monkeypatch.setenv("TIMESLICE_NODE", "gpu-8")                       # the flag's own variable wins
     assert C.from_args(_parse([])).node == "gpu-8"
     assert C.from_args(_parse(["--node", "gpu-9"])).node == "gpu-9"  # and the flag wins over both
+    drain = C.from_args(_parse(["--app-drain-s", "5", "--app-drain-expired", "abort"]))
+    assert (drain.app_drain_s, drain.app_drain_expired) == (5.0, "abort")
 
 
 @pytest.mark.parametrize("argv", [
     ["--backend", "gpu"], ["--prefix", "nope"], ["--lock-timeout-ms", "0"], ["--listen", "nohost"],
     ["--host-reserve-bytes", "-1"], ["--refresh-interval", "30"], ["--agent-lease-ttl", "1"],
     ["--sim-capacity-bytes", "0"], ["--log-level", "loud"], ["--sim-restore-gbps", "-2"],
+    ["--reconnect-grace-s", "0"], ["--reconnect-grace-s", "601"],
+    ["--app-drain-s", "-1"], ["--app-drain-s", "200", "--swap-deadline-s", "100"],
 ])
 def test_invalid_settings_fail_at_start(argv):
     with pytest.raises(ConfigError):

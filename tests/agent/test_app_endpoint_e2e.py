@@ -3,7 +3,8 @@
 
 The sampler (41 MiB on a 64 MiB device) and a trainer (40 MiB) do not fit together:
 the trainer's acquire makes the agent put the server to sleep (vLLM ``/sleep?level=1``,
-SGLang ``/release_memory_occupation``; the weights to host memory), the trainer allocates in the room that made; when the sampler
+SGLang ``/release_memory_occupation``; the weights to host memory) once a request
+still in flight has drained, the trainer allocates in the room that made; when the sampler
 acquires again the trainer is checkpointed and the server woken, its weights bit-exact.
 """
 from __future__ import annotations
@@ -19,7 +20,8 @@ from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nodeagent"))
-from inference_helpers import SimServer  # noqa: E402
+from inference_helpers import Request, SimServer  # noqa: E402
+from simhelpers import wait_until  # noqa: E402
 
 MiB = 1 << 20
 
@@ -48,8 +50,17 @@ def test_sampler_sleeps_for_the_trainer_and_wakes_bit_exact(cluster, flavor):
             sampler.register_worker(pid=srv.pid, node="n1", device_bytes=41 * MiB, swap=flavor,
                                     endpoint=srv.url, tags={"weights": "offload", "kv_cache": "discard"})
             sampler.yield_("g")
+            # A request still in flight (another client of the server): the agent must drain
+            # it before the sleep, or the server dies as the real ones do.
+            straggler = Request(srv, tokens=60)
+            assert wait_until(lambda: srv.requests()["running"] == 1, timeout=10)
 
             g = trainer.acquire("g", timeout=60, device_bytes_hint=40 * MiB)
+            if flavor == "vllm":     # vLLM: finished before the sleep; SGLang: retracted, continues later
+                assert straggler.finish_reason() == "length"
+            else:
+                assert srv.requests()["retracted"] == 1
+            assert srv.requests()["crashed"] == ""
             mem = srv.memory()
             assert not mem["regions"]["weights"]["resident"] and mem["regions"]["weights"]["offloaded"]
             assert mem["device_bytes"] == 1 * MiB and g.restored is False
@@ -60,6 +71,7 @@ def test_sampler_sleeps_for_the_trainer_and_wakes_bit_exact(cluster, flavor):
 
             back = sampler.acquire("g", timeout=60, device_bytes_hint=41 * MiB)
             assert back.restored is True
+            assert straggler.finish_reason() == "length" and srv.requests()["failed"] == 0
             weights = srv.memory()["regions"]["weights"]
             assert weights["resident"] and weights["matches_fill"]
             sampler.yield_("g")

@@ -8,63 +8,19 @@ leaves nothing behind (no status, no device bytes) and the other job goes on.
 """
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from agenthelpers import MiB, NODE, status, wait_agent
+from jobhelpers import Job, wait_for
 from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.common import records as R
 from timeslice.testing.lockd import LockdCluster
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SCRIPT = os.path.join(os.path.dirname(HERE), "scripts", "coop_job.py")
 WEIGHTS, KV = 4 * MiB, 2 * MiB
 FOOTPRINT = 1 * MiB + WEIGHTS + KV          # context + regions: two do not fit in 10 MiB
-
-
-class Job:
-    def __init__(self, target: str, job: str, sim_dir, sock: str, regions: str = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"):
-        self.p = subprocess.Popen([sys.executable, SCRIPT, target, job, NODE, str(sim_dir), sock, regions],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                  env={**os.environ, "TIMESLICE_NODE_NAME": NODE})
-        self.pid = self._read(60)["ready"]
-
-    def _read(self, timeout: float) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.p.stdout.readline()
-            if not line:
-                raise AssertionError(f"job process exited ({self.p.poll()})")
-            if line.startswith("{"):
-                return json.loads(line)
-        raise AssertionError("no answer from the job process")
-
-    def __call__(self, cmd: str, timeout: float = 90) -> dict:
-        self.p.stdin.write(cmd + "\n")
-        self.p.stdin.flush()
-        return self._read(timeout)
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGKILL)
-            self.p.wait(10)
-
-
-async def wait_for(pred, timeout: float = 20.0, what: str = ""):
-    import asyncio
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = await pred()
-        if got:
-            return got
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"never happened: {what}")
+REGIONS = f"weights:{WEIGHTS}:offload,kv:{KV}:discard"
 
 
 class Stack:
@@ -80,8 +36,8 @@ class Stack:
         with OrchestratorClient(target=self.target, job_id="admin") as admin:
             admin.create_group("g", nodes=[NODE])
 
-    def job(self, name: str, **kw) -> Job:
-        j = Job(self.target, name, self.sim_dir, self.agent.socket, **kw)
+    def job(self, name: str, regions: str = REGIONS, env: dict | None = None) -> Job:
+        j = Job(self.target, name, self.sim_dir, self.agent.socket, regions, env=env)
         self.jobs.append(j)
         return j
 
@@ -119,6 +75,16 @@ async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client
     # A was paused through its channel: its offload region was copied, its discard region dropped.
     st = await status(client, keys, NODE, "coop-a")
     assert (st.state, st.outcome, st.bytes) == (R.SNAPSHOTTED, R.OK, WEIGHTS)
+    # What the pause left on the device (the simulated CUDA context), as A measured it, is on
+    # record: in A's node status and in `timeslice status`.
+    assert st.residue_bytes == 1 * MiB
+    from timeslice import OrchestratorClient
+    from timeslice.render import human_bytes, status_text
+    with OrchestratorClient(target=stack.target, job_id="watcher") as watcher:
+        gs = watcher.status("g")
+    (job,) = [j for n in gs.node_status for j in n.jobs if j.job_id == "coop-a"]
+    assert job.residue_bytes == 1 * MiB
+    assert "RESIDUE" in status_text(gs) and human_bytes(MiB) in status_text(gs)
     sa = a("swaps")
     assert sa["paused"] == ["weights", "kv"] or sorted(sa["paused"]) == ["kv", "weights"]
     assert sa["host_bytes"] == WEIGHTS           # the retained backup: offload regions only

@@ -127,6 +127,7 @@ def test_constructor_spellings_take_the_environment(lockd, group, uid, clients, 
     c.yield_(group)
 
     monkeypatch.delenv("TIMESLICE_JOB_ID")
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     gen = clients(TimeSliceOrchestratorClient(target=lockd.targets[0]))
     assert gen.config.job_id_generated and gen.job_id
     assert gen.acquire(group).job_id == gen.job_id

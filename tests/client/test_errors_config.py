@@ -78,6 +78,7 @@ def test_targets(monkeypatch):
 
 
 def test_job_id_sources(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.setenv("TIMESLICE_JOB_ID", "from-env")
     assert resolve_job_id("explicit") == ("explicit", False)
     assert resolve_job_id(None) == ("from-env", False)
@@ -88,6 +89,23 @@ def test_job_id_sources(monkeypatch):
     check_id("job", a)
     with pytest.raises(E.InvalidArgumentError):
         resolve_job_id("bad/id")
+
+
+def test_job_id_from_slurm_after_the_explicit_ones(monkeypatch):
+    """Inside a Slurm job the id defaults to $SLURM_JOB_ID; the argument and $TIMESLICE_JOB_ID still win."""
+    monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert resolve_job_id(None) == ("4242", False)
+    assert ClientConfig.build("h:1", None, session_ttl=10, timeout=5).job_id == "4242"
+    monkeypatch.setenv("TIMESLICE_JOB_ID", "from-env")
+    assert resolve_job_id(None) == ("from-env", False)
+    assert resolve_job_id("explicit") == ("explicit", False)
+    monkeypatch.delenv("TIMESLICE_JOB_ID")
+    monkeypatch.setenv("SLURM_JOB_ID", "  ")
+    assert resolve_job_id(None)[1], "a blank SLURM_JOB_ID is no id"
+    monkeypatch.setenv("SLURM_JOB_ID", "bad/id")
+    with pytest.raises(E.InvalidArgumentError):
+        resolve_job_id(None)
 
 
 def test_node_name(monkeypatch):
@@ -137,6 +155,7 @@ def test_generated_job_id_is_logged_as_a_structured_event(monkeypatch):
     from timeslice import OrchestratorClient
     import structlog
     monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     was_configured = structlog.is_configured()
     try:
         with capture_logs() as events:
@@ -158,6 +177,7 @@ def test_without_structlog_setup_events_go_to_stdlib_logging_not_stdout(monkeypa
     from timeslice import OrchestratorClient
     monkeypatch.setattr(structlog, "is_configured", lambda: False)
     monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     with caplog.at_level("WARNING", logger="timeslice"):
         c = OrchestratorClient("127.0.0.1:1")
     c.close()

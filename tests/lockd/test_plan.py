@@ -399,3 +399,82 @@ def test_no_grant_past_a_job_that_lost_its_session_while_on_the_gpus():
     # A job that is still registered is a resident, not an unfenced one: elided as before.
     [g] = P.plan_group(group([("B", 9, 10 * GB)]), stale, workers("H"), 0)
     assert isinstance(g, P.WriteGrant) and g.elided
+
+
+# --- the swap path never loses track of a job ------------------------------------------------------
+
+def agent_seen(free, job_bytes=None, job_gpus=None, unknown=(), total=32 * GB):
+    """One GPU (uuid gpu0) as the agent reports it: per-job bytes and GPUs, and the jobs it cannot read."""
+    return kv("agent", R.AgentValue("n1", "sim", gpus=[{"index": 0, "uuid": "gpu0", "total_bytes": total,
+                                                        "free_bytes": free}],
+                                    device_total_bytes=total, device_free_bytes=free,
+                                    job_device_bytes=job_bytes or {}, job_gpus=job_gpus or {},
+                                    job_unknown=list(unknown)))
+
+
+def test_a_partially_paused_job_is_a_resident_and_is_asked_for_the_rest():
+    """The partial-pause livelock: C's selective pause released its 7 GB discard region and kept 13 GB
+    (context + offload) on the 32 GB GPU; A needs its 20 GB snapshot back and 19 GB are free. C must be
+    asked to free the rest; today A's restore is written, refused for room, and retried until the timeout."""
+    jobs = workers("A", "C", "E")
+    ns = NodeState(agent=agent_seen(19 * GB, job_bytes={"C": 13 * GB}, job_gpus={"C": {"gpu0": 13 * GB}}),
+                   statuses={"A": snap("A", {"gpu0": 20 * GB}), "C": snap("C", {"gpu0": 7 * GB}),
+                             "E": snap("E", {"gpu0": 18 * GB})})
+    [a] = P.plan_group(group([("A", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert (a.job, a.op, a.token, a.need_bytes) == ("C", R.SNAPSHOT, 9, 1 * GB), a
+    # C is fully paused now (nothing of it listed on the device): A's restore comes.
+    ns.intents["C"] = intent("C", R.SNAPSHOT, 9, mod=30)
+    ns.statuses["C"] = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=9,
+                                                bytes=12 * GB, device_bytes=19 * GB, gpu_bytes={"gpu0": 19 * GB}))
+    ns.agent = agent_seen(31 * GB)
+    assert P.plan_group(group([("A", 9, 0)]), {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "A", R.RESTORE, 9, 0)]
+
+
+def test_a_partially_paused_head_is_restored_like_any_snapshot():
+    ns = NodeState(agent=agent_seen(19 * GB, job_bytes={"C": 13 * GB}, job_gpus={"C": {"gpu0": 13 * GB}}),
+                   statuses={"C": snap("C", {"gpu0": 7 * GB})})
+    assert P.plan_group(group([("C", 9, 0)]), {"n1": ns}, workers("C"), 0) == [
+        P.WriteIntent("n1", "C", R.RESTORE, 9, 0)]
+
+
+def test_a_parked_job_whose_session_went_with_memory_left_is_a_resident_not_an_unfenced_one():
+    """C's registrations went while a partial pause kept 13 GB of it on the GPU: it runs nothing
+    (parked), so nobody waits for it to be frozen; its regions are asked to go like any resident's."""
+    ns = NodeState(agent=agent_seen(19 * GB, job_bytes={"C": 13 * GB}, job_gpus={"C": {"gpu0": 13 * GB}}),
+                   statuses={"A": snap("A", {"gpu0": 20 * GB}), "C": snap("C", {"gpu0": 7 * GB})})
+    [a] = P.plan_group(group([("A", 9, 0)]), {"n1": ns}, workers("A"), 0)
+    assert (a.job, a.op) == ("C", R.SNAPSHOT), a
+
+
+def test_an_unknown_head_is_never_granted_before_a_restore_says_its_memory_is_back():
+    """The agent restarted and C's cooperative worker has not reconnected: C's last status says
+    running, the agent says it cannot tell. C gets a restore intent (the agent answers it once the
+    worker is back), and the grant only after its answer; today C is granted at once."""
+    ns = NodeState(agent=agent_seen(12 * GB, unknown=["C"]), statuses={"C": status("C", R.RUNNING, R.OK)})
+    assert P.plan_group(group([("C", 9, 0)]), {"n1": ns}, workers("C"), 0) == [
+        P.WriteIntent("n1", "C", R.RESTORE, 9, 0)]
+    ns.intents["C"] = intent("C", R.RESTORE, 9, mod=30)
+    assert P.plan_group(group([("C", 9, 0)]), {"n1": ns}, workers("C"), 0) == []          # waits
+    # A failed op of an unreachable worker leaves the status "unknown": the same.
+    st = {"C": status("C", R.UNKNOWN, R.FAILED, error="did not come back")}
+    assert P.plan_group(group([("C", 9, 0)]), {"n1": NodeState(agent=agent_seen(12 * GB), statuses=st)},
+                        workers("C"), 0) == [P.WriteIntent("n1", "C", R.RESTORE, 9, 0)]
+    # Answered ok: granted, even if the worker's channel dropped again since (its memory is back).
+    ns.statuses["C"] = kv("st/C", R.StatusValue(R.RUNNING, "C", op=R.RESTORE, outcome=R.OK, intent_revision=30,
+                                                token=9))
+    [g] = P.plan_group(group([("C", 9, 0)]), {"n1": ns}, workers("C"), 0)
+    assert isinstance(g, P.WriteGrant) and g.restored
+
+
+def test_an_unknown_resident_counts_as_resident_with_its_registered_footprint():
+    """A job the agent cannot read is resident: with what the meter sees of it, or (unplaced) its
+    registration on every GPU; a status "unknown" (a failed op of an unreachable worker) likewise.
+    Today a status "unknown" reads as gone, and B is granted beside C's 20 GB."""
+    jobs = {"B": JobState(session=kv("s", b"{}"), workers=worker_on("B", 1)),
+            "C": JobState(session=kv("s", b"{}"), workers=worker_on("C", 2, nbytes=20 * GB))}
+    for ns in (NodeState(agent=agent_seen(12 * GB, unknown=["C"])),
+               NodeState(agent=agent_seen(12 * GB, job_bytes={"C": 20 * GB}, job_gpus={"C": {"gpu0": 20 * GB}},
+                                          unknown=["C"])),
+               NodeState(agent=agent_seen(12 * GB), statuses={"C": status("C", R.UNKNOWN, R.FAILED)})):
+        [a] = P.plan_group(group([("B", 9, 16 * GB)]), {"n1": ns}, jobs, 0)
+        assert (a.job, a.op) == ("C", R.SNAPSHOT), (ns, a)

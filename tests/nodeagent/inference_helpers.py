@@ -11,9 +11,10 @@ from pathlib import Path
 
 class SimServer:
     def __init__(self, sim_dir: Path, flavor: str, regions: list[str], port: int = 0,
-                 context: str = "1MiB"):
+                 context: str = "1MiB", token_ms: float = 5.0):
         args = [sys.executable, "-m", "timeslice.nodeagent.sim.inference_server", "--flavor", flavor,
-                "--sim-dir", str(sim_dir), "--port", str(port), "--context-bytes", context]
+                "--sim-dir", str(sim_dir), "--port", str(port), "--context-bytes", context,
+                "--token-ms", str(token_ms)]
         for r in regions:
             args += ["--region", r]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -36,6 +37,9 @@ class SimServer:
     def memory(self) -> dict:
         return self.get("/sim/memory")
 
+    def requests(self) -> dict:
+        return self.get("/sim/requests")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -44,3 +48,43 @@ class SimServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+
+
+class Request:
+    """One generate request sent on its own thread; ``result()`` is (HTTP status, JSON body)."""
+
+    def __init__(self, srv: SimServer, tokens: int):
+        import threading
+        self._out: list[tuple[int, dict]] = []
+        if srv.ready["flavor"] == "vllm":
+            path, doc = "/v1/completions", {"prompt": "p", "max_tokens": tokens}
+        else:
+            path, doc = "/generate", {"text": "p", "sampling_params": {"max_new_tokens": tokens}}
+        self._t = threading.Thread(target=self._send, args=(srv.url + path, doc), daemon=True)
+        self._t.start()
+
+    def _send(self, url: str, doc: dict) -> None:
+        import urllib.error
+        req = urllib.request.Request(url, data=json.dumps(doc).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                self._out.append((r.status, json.loads(r.read() or b"{}")))
+        except urllib.error.HTTPError as e:
+            self._out.append((e.code, json.loads(e.read() or b"{}")))
+        except OSError as e:           # the server went away
+            self._out.append((0, {"error": str(e)}))
+
+    def result(self, timeout: float = 30.0) -> tuple[int, dict]:
+        self._t.join(timeout)
+        if not self._out:
+            raise TimeoutError("the request did not finish")
+        return self._out[0]
+
+    def finish_reason(self, timeout: float = 30.0) -> str:
+        status, doc = self.result(timeout)
+        if status != 200:
+            return f"HTTP {status}: {doc.get('error', '')}"
+        if "choices" in doc:
+            return doc["choices"][0]["finish_reason"]
+        return doc["meta_info"]["finish_reason"]["type"]

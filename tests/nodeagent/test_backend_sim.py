@@ -147,3 +147,26 @@ def test_get_state_during_a_slow_restore_does_not_free_the_device(sim_dir, tmp_p
     assert os.path.getsize(slow.dev.arena(w.pid)) == 4 * MiB
     assert slow.device_usage(w.pid) == {DEVICE_ID: 4 * MiB}
     assert w.ask("verify") == f"VERIFY OK {w.expected}"
+
+
+def test_a_failed_checkpoint_leaves_no_half_written_host_copy(sim, sim_dir):
+    """A cooperative worker's memory is not one arena the simulator could copy (its holding is its
+    context arena plus its regions): taken for a checkpoint process, the copy runs short. The device
+    must keep the bytes and no ``host-<pid>.partial`` may be left behind."""
+    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+    mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)
+    pid = os.getpid()
+    try:
+        sim.lock(pid, 2000)
+        with pytest.raises(e.SnapshotCorrupted, match="ended after"):
+            sim.checkpoint(pid)
+        left = list(sim.dev.host_dir.glob("*.partial"))
+        assert sim.dev.held(pid) == 4 * MiB and sim.get_state(pid) is ProcState.LOCKED
+    finally:
+        if sim.get_state(pid) is ProcState.LOCKED:
+            sim.unlock(pid)                  # else the memory's own device calls wait on the lock
+    try:
+        assert not left
+        assert mem.checksum("weights") == mem.expected("weights")
+    finally:
+        mem.close()

@@ -54,3 +54,13 @@ def test_admit_restore_per_device_with_headroom():
     with pytest.raises(DeviceMemoryRefused, match="unknown"):
         admit_restore({"GPU-a": 1}, None)
     admit_restore({"GPU-c": 0}, None)  # nothing to put back needs no room
+
+
+def test_host_being_reserved_for_pinned_backups_is_not_free():
+    pending = [10 * GiB]
+    host = HostMemory(PROC, reserve_bytes=4 * GiB, pending=lambda: pending[0])
+    assert host.available_bytes() == 26 * GiB
+    with pytest.raises(HostMemoryRefused, match="being reserved"):
+        host.admit_snapshot(26 * GiB + 1)
+    pending[0] = 0                                  # the reservation is done (or failed): MemAvailable tells
+    host.admit_snapshot(36 * GiB)

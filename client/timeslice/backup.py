@@ -1,0 +1,216 @@
+"""Retained host backups that the job copies itself: where each region's bytes go, and when a copy is skipped.
+
+The decisions of a cooperative pause/resume, kept apart from the bytes: a
+``Mover`` (``torch_regions.TorchMover`` on a GPU, the simulator's in
+``nodeagent.sim.coop``) lists a region's live device spans, checksums them and
+copies them; a ``HostPool`` (``pinned.PinnedPool``, or the simulator's CPU
+stand-in) is host memory made of *slabs*, each one registration. This module
+decides what goes where and whether a pause copies at all.
+
+Placement. ``reserve(sizes)`` gives every offload region its own *area* of the
+pool (logical ranges, so one region's re-layout never moves another's copy).
+A copy-out lays the region's spans into its area in order; a piece never
+crosses a slab (a single host<->device copy spanning two separately
+registered ranges fails with cudaErrorInvalidValue on the H200), nor an area.
+A region that outgrew its area gets a new slab at that pause (pinned then:
+logged as ``pinned_pool_grown``; size regions up front to avoid it).
+
+Clean regions. ``mark_clean(tag)`` is the job's promise: *from now until
+``mark_dirty(tag)`` it does not write the region* (``with writing(tag):`` does
+both around a weight sync). The promise is sticky across swaps: a sampler
+says it once after loading (or after each sync), a frozen LoRA base once for
+good. A pause skips the copy-out when the promise holds since the last copy
+(the pool's copy was taken, or put back, under this same promise) and the
+region's spans are the ones that copy was made from; the device pages are
+released and the pool keeps its copy. The first pause under a new promise
+copies (the pool holds older bytes).
+
+A wrong promise. With ``checksum`` on (the default: a reduction over the
+region at HBM bandwidth, milliseconds for tens of GB), every copy-out records
+the checksum of what it copied; a clean pause checksums the device and, if it
+differs, copies out after all (``clean_mismatches`` counts it, a warning
+``clean_claim_wrong`` says so); every resume checksums what it put back and
+raises ``BackupCorrupted`` if it is not what was copied. With ``checksum``
+off the job's word is taken: a region written under a promise comes back, at
+the next resume, as it was when the pool last copied it.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+log = structlog.get_logger(__name__)
+
+Span = tuple[int, int]                   # (device address, bytes): one live range of a region
+
+
+class BackupError(RuntimeError):
+    """The retained backup cannot do what was asked (root of this module's errors)."""
+
+
+class BackupCorrupted(BackupError):
+    """What a resume put back is not what the last copy-out took."""
+
+
+@dataclass(frozen=True)
+class Extent:
+    """Host bytes inside one slab (one registration): a copy may target it as a whole."""
+
+    slab: int
+    offset: int
+    nbytes: int
+
+
+class HostPool(Protocol):
+    def size(self) -> int: ...                                   # logical bytes reserved (all slabs)
+    def pending_bytes(self) -> int: ...                          # promised, not reserved yet
+    def reserve(self, nbytes: int) -> int: ...                   # more room; returns its logical offset
+    def split(self, offset: int, nbytes: int) -> list[Extent]: ...  # cut at slab boundaries
+
+
+class Mover(Protocol):
+    def spans(self, tag: str) -> list[Span]: ...
+    def checksum(self, spans: Sequence[Span]) -> str: ...
+    def to_host(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> None: ...
+    def to_device(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> None: ...
+
+
+@dataclass
+class _Region:
+    areas: list[tuple[int, int]] = field(default_factory=list)   # logical (offset, bytes) owned
+    layout: tuple[Span, ...] | None = None                       # spans the pool's copy was taken from
+    pieces: list[list[Extent]] = field(default_factory=list)     # where each of those spans lies
+    checksum: str | None = None                                  # of the bytes as copied
+    copy_epoch: int = -1                                         # the promise in force when copied
+    epoch: int = 0
+    claim: int | None = None                                     # epoch of the standing promise
+
+    def room(self) -> int:
+        return sum(n for _, n in self.areas)
+
+
+STAT_KEYS = ("copies_out", "bytes_out", "copies_in", "bytes_in", "clean_skips", "clean_mismatches",
+             "verified", "pool_grown")
+
+
+class BackupBook:
+    """Per offload region: its area of the pool, the layout and checksum of its copy, its promise."""
+
+    def __init__(self, pool: HostPool, mover: Mover, checksum: bool = True, grow_min_bytes: int = 64 << 20):
+        self.pool, self.mover, self.checksum_on = pool, mover, checksum
+        self.grow_min_bytes = grow_min_bytes
+        self._regions: dict[str, _Region] = {}
+        self.stats = dict.fromkeys(STAT_KEYS, 0)
+
+    def _r(self, tag: str) -> _Region:
+        return self._regions.setdefault(tag, _Region())
+
+    # -- room --------------------------------------------------------------------------
+    def reserve(self, sizes: Mapping[str, int]) -> int:
+        """Give each region at least ``sizes[tag]`` bytes of area, in one reservation. Returns bytes added."""
+        short = {t: n - self._r(t).room() for t, n in sizes.items() if n > self._r(t).room()}
+        total = sum(short.values())
+        if total <= 0:
+            return 0
+        at = self.pool.reserve(total)
+        for t, n in short.items():
+            self._r(t).areas.append((at, n))
+            at += n
+        return total
+
+    def _grow(self, tag: str, need: int) -> None:
+        extra = max(need, self.grow_min_bytes)
+        at = self.pool.reserve(extra)
+        self._r(tag).areas.append((at, extra))
+        self.stats["pool_grown"] += 1
+        log.warning("pinned_pool_grown", tag=tag, bytes=extra, hint="size the region up front (prepin) so "
+                    "that no swap pins host memory")
+
+    def _place(self, r: _Region, spans: Sequence[Span]) -> list[list[Extent]]:
+        out: list[list[Extent]] = []
+        areas = iter(r.areas)
+        at, left = next(areas, (0, 0))
+        for _, n in spans:
+            pieces: list[Extent] = []
+            while n > 0:
+                while left == 0:
+                    at, left = next(areas)
+                k = min(n, left)
+                pieces.extend(self.pool.split(at, k))
+                at, left, n = at + k, left - k, n - k
+            out.append(pieces)
+        return out
+
+    # -- the job's word ------------------------------------------------------------------
+    def mark_clean(self, tag: str) -> None:
+        r = self._r(tag)
+        r.epoch += 1
+        r.claim = r.epoch
+
+    def mark_dirty(self, tag: str) -> None:
+        self._r(tag).claim = None
+
+    @contextlib.contextmanager
+    def writing(self, tag: str) -> Iterator[None]:
+        self.mark_dirty(tag)
+        yield
+        self.mark_clean(tag)
+
+    def is_clean(self, tag: str) -> bool:
+        r = self._regions.get(tag)
+        return bool(r and r.claim is not None)
+
+    # -- swaps ---------------------------------------------------------------------------
+    def pause(self, tag: str) -> int:
+        """Bring the pool's copy of ``tag`` up to date (before its device pages go). Returns bytes copied."""
+        r = self._r(tag)
+        spans = tuple(self.mover.spans(tag))
+        now: str | None = None
+        if r.claim is not None and r.claim == r.copy_epoch and r.layout == spans and r.layout is not None:
+            if not self.checksum_on:
+                self.stats["clean_skips"] += 1
+                return 0
+            now = self.mover.checksum(spans)
+            if now == r.checksum:
+                self.stats["clean_skips"] += 1
+                return 0
+            self.stats["clean_mismatches"] += 1
+            log.warning("clean_claim_wrong", tag=tag, bytes=sum(n for _, n in spans),
+                        action="copied out after all; the region was written while marked clean")
+        total = sum(n for _, n in spans)
+        if total > r.room():
+            self._grow(tag, total - r.room())
+        pieces = r.pieces if spans == r.layout else self._place(r, spans)
+        if self.checksum_on and now is None:
+            now = self.mover.checksum(spans)
+        self.mover.to_host(spans, pieces)
+        r.layout, r.pieces, r.checksum = spans, pieces, now
+        r.copy_epoch = -1 if r.claim is None else r.claim
+        self.stats["copies_out"] += 1
+        self.stats["bytes_out"] += total
+        return total
+
+    def resume(self, tag: str) -> int:
+        """Put the pool's copy of ``tag`` back (its device pages are mapped again). Returns bytes copied."""
+        r = self._regions.get(tag)
+        if r is None or r.layout is None:
+            return 0                                   # never copied out: nothing of it to bring back
+        spans = tuple(self.mover.spans(tag))
+        if spans != r.layout:
+            raise BackupError(f"region {tag!r}: its device spans changed while paused "
+                              f"({len(r.layout)} copied, {len(spans)} now); its backup cannot be put back")
+        self.mover.to_device(spans, r.pieces)
+        total = sum(n for _, n in spans)
+        self.stats["copies_in"] += 1
+        self.stats["bytes_in"] += total
+        if self.checksum_on and r.checksum is not None:
+            got = self.mover.checksum(spans)
+            if got != r.checksum:
+                raise BackupCorrupted(f"region {tag!r} came back different from what its last pause copied "
+                                      f"({got[:16]} != {r.checksum[:16]})")
+            self.stats["verified"] += 1
+        return total

@@ -1,0 +1,13 @@
+"""Time-slicing for real training code: PyTorch loops and RL frameworks.
+
+* ``timeslice.integrations.pytorch`` — ``Placement``: puts a ``torch.nn.Module`` and
+  its optimizer (the state it creates at its first step included) into a cooperative
+  memory's tagged regions, for a plain loop decorated with ``@client.on_accelerators``;
+* ``timeslice.integrations.slicing`` — ``TimeSlice``: one job's holds on one group,
+  its memory and its worker registration, as a framework integration drives them;
+* ``timeslice.integrations.trl`` — ``TimeslicedGRPOTrainer`` (and its mixin): TRL's
+  ``GRPOTrainer`` whose GPU phases run inside the hold and whose reward functions run
+  outside it.
+
+Each imports PyTorch (and TRL) lazily, on first use: the lock never needs them.
+"""

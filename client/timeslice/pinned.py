@@ -1,0 +1,301 @@
+"""A pinned host pool for a job's retained backups, reserved fast and kept for the process lifetime.
+
+Methods, fastest first, as measured on one H200 host (``benchmarks/results/gpu_pin_probe.json``,
+``python -m benchmarks.gpu_pin_probe --gib 16 --big-gib 40 --stall-gib 16``):
+
+=========  ====================================================================  ===================
+``thp``    anonymous mmap, ``madvise(MADV_HUGEPAGE)``, faulted in by many         16 GiB 1.19 s (14.4 GB/s);
+           threads (memset in chunks, the GIL released), then ONE                40 GiB 5.45 s cold,
+           ``cudaHostRegister`` per slab (<= 64 GiB)                             2.70 s warm
+``fault``  the same without transparent huge pages                               16 GiB 2.2 s (7.7 GB/s)
+``torch``  ``torch.empty(..., pin_memory=True)`` (cudaHostAlloc) in 1 GiB slabs  16 GiB 6.5 s (2.7 GB/s)
+=========  ====================================================================  ===================
+
+``method="auto"`` takes the first that works here: ``thp`` where the kernel
+offers transparent huge pages (``/sys/kernel/mm/transparent_hugepage/enabled``
+not ``[never]``), else ``fault``; if registering fails, ``torch``. Shared-memory
+files with ``posix_fallocate`` then register were the slowest (1.4 GB/s): not offered.
+
+When to pin. Pinning in one process did not slow another process's GPU work
+(x1.003 for both ``torch`` and ``thp``), so a job may reserve while another
+job holds the GPU: no gap between holds is needed. In the *same* process,
+``torch`` pinning stalled that process's GPU work x4900 (cudaHostAlloc blocks
+the device) and ``thp`` x1.12: so the reservation runs when the worker
+cooperates, before its first acquire returns, never inside its own GPU phase
+(``TorchMemory.prepin``).
+
+One reservation at a time per host: processes take a file lock
+(``TIMESLICE_PIN_LOCK``, default ``timeslice-pin.lock`` in /dev/shm) around
+the pinning. Faulting is bound by the host's memory bandwidth, so two at once
+each take about twice as long; one after the other, the first job is ready
+(and can start its first hold) in half the time, the second no later.
+
+Host accounting: ``pending_bytes()`` is what a reservation in progress has
+promised and not finished; ``on_change`` is called when it starts and ends
+(the cooperative worker tells its node agent, whose host admission subtracts
+promised bytes from free memory from the moment a reservation starts).
+
+Slabs are the unit of registration: a copy must stay inside one slab
+(``backup.Extent``). PyTorch is imported lazily, and only by the ``torch``
+method and ``view``; the libc side (map, advise, fault) needs none.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import mmap
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from timeslice.backup import BackupError, Extent
+
+log = structlog.get_logger(__name__)
+
+GIB = 1 << 30
+HUGE = 2 << 20                            # a transparent huge page on x86-64
+MAX_SLAB = 64 * GIB                       # one cudaHostRegister call at most (vLLM measured larger calls failing)
+TORCH_SLAB = GIB                          # torch's host allocator rounds to powers of two: 1 GiB wastes none
+METHODS = ("thp", "fault", "torch")
+THP_SYSFS = "/sys/kernel/mm/transparent_hugepage/enabled"
+ENV_PIN_LOCK = "TIMESLICE_PIN_LOCK"
+_MADV_HUGEPAGE = 14
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+# register(addr, nbytes) -> None or raises; unregister(addr) -> None
+Register = Callable[[int, int], None]
+Unregister = Callable[[int], None]
+
+
+class PinnedPoolError(BackupError):
+    """No method could pin the host memory asked for (or the host does not have it)."""
+
+
+def thp_available(sysfs: str = THP_SYSFS) -> bool:
+    try:
+        return "[never]" not in Path(sysfs).read_text()
+    except OSError:
+        return False
+
+
+def mem_available(proc_root: str = "/proc") -> int:
+    for line in (Path(proc_root) / "meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def cuda_register(addr: int, nbytes: int) -> None:
+    import torch
+    err = torch.cuda.cudart().cudaHostRegister(addr, nbytes, 0)
+    if int(err) != 0:
+        raise PinnedPoolError(f"cudaHostRegister of {nbytes} bytes failed with CUDA error {int(err)}")
+
+
+def cuda_unregister(addr: int) -> None:
+    import torch
+    torch.cuda.cudart().cudaHostUnregister(addr)
+
+
+def fault_in(addr: int, nbytes: int, threads: int) -> None:
+    """Touch every page of [addr, addr+nbytes) from ``threads`` threads (ctypes.memset drops the GIL)."""
+    step = max(64 << 20, nbytes // max(1, threads * 4)) // HUGE * HUGE or HUGE
+    spans = [(addr + o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="pin-fault") as ex:
+        list(ex.map(lambda s: ctypes.memset(s[0], 0, s[1]), spans))
+
+
+def default_lock_path() -> str:
+    env = os.environ.get(ENV_PIN_LOCK)
+    if env is not None:
+        return env                         # "" turns the lock off
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    return os.path.join(base, "timeslice-pin.lock")
+
+
+@contextlib.contextmanager
+def host_lock(path: str) -> Iterator[None]:
+    """One pinning at a time on this host (flock: released if the process dies)."""
+    if not path:
+        yield
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                       # closing drops the lock
+
+
+@dataclass
+class Slab:
+    nbytes: int
+    addr: int = 0                         # libc mapping (thp/fault); 0 for torch slabs
+    tensor: Any = None                    # torch slabs: the pinned tensor; others: a view, made lazily
+    registered: bool = False
+
+
+class PinnedPool:
+    """Pinned host slabs, grown by ``reserve``; ``view(extent)`` is a CPU uint8 tensor over one piece."""
+
+    def __init__(self, method: str = "auto", threads: int | None = None, register: Register | None = None,
+                 unregister: Unregister | None = None, on_change: Callable[[], None] | None = None,
+                 check_free: bool = True, max_slab: int = MAX_SLAB, lock_path: str | None = None):
+        if method not in ("auto", *METHODS):
+            raise ValueError(f"method must be auto or one of {METHODS}, got {method!r}")
+        self.method = method
+        self.threads = threads or min(16, os.cpu_count() or 4)
+        self._register, self._unregister = register or cuda_register, unregister or cuda_unregister
+        self.on_change = on_change
+        self.check_free = check_free
+        self.max_slab = max(HUGE, max_slab // HUGE * HUGE)
+        self.lock_path = default_lock_path() if lock_path is None else lock_path
+        self.slabs: list[Slab] = []
+        self._starts: list[int] = []
+        self._pending = 0
+        self.seconds = 0.0                # time spent reserving, all reservations
+
+    def size(self) -> int:
+        return sum(s.nbytes for s in self.slabs)
+
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:             # telling the agent is best effort; the hello repeats it
+                log.warning("pinned_pool_announce_failed", exc_info=True)
+
+    def reserve(self, nbytes: int) -> int:
+        """Pin at least ``nbytes`` more; returns the logical offset of the new room."""
+        at = self.size()
+        if nbytes <= 0:
+            return at
+        nbytes = -(-nbytes // HUGE) * HUGE
+        if self.check_free:
+            free = mem_available()
+            if nbytes > free:
+                raise PinnedPoolError(f"the host has {free} bytes available, the backup pool needs {nbytes}")
+        self._pending = nbytes
+        self._changed()
+        t0 = t1 = time.monotonic()
+        try:
+            with host_lock(self.lock_path):
+                t1 = time.monotonic()
+                self._reserve(nbytes)
+        finally:
+            dt = time.monotonic() - t1
+            self._pending = 0
+            self.seconds += dt
+            self._changed()
+        log.info("pinned_pool_reserved", bytes=nbytes, method=self.method, slabs=len(self.slabs),
+                 seconds=round(dt, 3), gb_s=round(nbytes / max(dt, 1e-9) / 1e9, 2),
+                 waited_for_another_s=round(t1 - t0, 3))
+        return at
+
+    def _reserve(self, nbytes: int) -> None:
+        order = ([m for m in METHODS if m != "thp" or thp_available()] if self.method == "auto"
+                 else [self.method])
+        last: Exception | None = None
+        for m in order:
+            try:
+                made = self._torch_slabs(nbytes) if m == "torch" else self._mapped_slabs(nbytes, m == "thp")
+            except Exception as e:        # this method does not work here: the next one may
+                last = e
+                log.warning("pinned_pool_method_failed", method=m, error=str(e)[:300])
+                continue
+            for s in made:
+                self._starts.append(self.size())
+                self.slabs.append(s)
+            self.method = m               # later growth uses what worked
+            return
+        raise PinnedPoolError(f"no pinning method worked for {nbytes} bytes (tried {order}): {last}")
+
+    def _mapped_slabs(self, nbytes: int, thp: bool) -> list[Slab]:
+        made: list[Slab] = []
+        try:
+            left = nbytes
+            while left > 0:
+                n = min(left, self.max_slab)
+                addr = _libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE,
+                                  mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+                if addr in (None, ctypes.c_void_p(-1).value):
+                    raise PinnedPoolError(f"mmap of {n} bytes failed: {os.strerror(ctypes.get_errno())}")
+                s = Slab(n, int(addr))
+                made.append(s)
+                if thp and _libc.madvise(s.addr, n, _MADV_HUGEPAGE) != 0:
+                    raise PinnedPoolError("madvise(MADV_HUGEPAGE) refused")
+                fault_in(s.addr, n, self.threads)
+                self._register(s.addr, n)
+                s.registered = True
+                left -= n
+        except BaseException:
+            for s in made:
+                self._free(s)
+            raise
+        return made
+
+    def _torch_slabs(self, nbytes: int) -> list[Slab]:
+        import torch
+        made = []
+        left = nbytes
+        while left > 0:
+            n = min(left, TORCH_SLAB, self.max_slab)
+            made.append(Slab(n, tensor=torch.empty(n, dtype=torch.uint8, pin_memory=True)))
+            left -= n
+        return made
+
+    def split(self, offset: int, nbytes: int) -> list[Extent]:
+        """[offset, offset+nbytes) of the logical pool as pieces that each lie in one slab."""
+        out = []
+        i = 0
+        while nbytes > 0:
+            while i + 1 < len(self._starts) and self._starts[i + 1] <= offset:
+                i += 1
+            if i >= len(self.slabs) or offset >= self._starts[i] + self.slabs[i].nbytes:
+                raise BackupError(f"pool range {offset}+{nbytes} lies beyond its {self.size()} bytes")
+            off = offset - self._starts[i]
+            k = min(nbytes, self.slabs[i].nbytes - off)
+            out.append(Extent(i, off, k))
+            offset, nbytes = offset + k, nbytes - k
+        return out
+
+    def view(self, e: Extent):
+        """A CPU uint8 tensor over one piece (zero copy)."""
+        s = self.slabs[e.slab]
+        if s.tensor is None:
+            import numpy as np
+            import torch
+            arr = np.ctypeslib.as_array((ctypes.c_uint8 * s.nbytes).from_address(s.addr))
+            s.tensor = torch.from_numpy(arr)
+        return s.tensor[e.offset:e.offset + e.nbytes]
+
+    def _free(self, s: Slab) -> None:
+        s.tensor = None
+        if s.registered:
+            self._unregister(s.addr)
+            s.registered = False
+        if s.addr:
+            _libc.munmap(s.addr, s.nbytes)
+            s.addr = 0
+
+    def close(self) -> None:
+        """Give everything back (tests, probes; a job keeps its pool until it exits)."""
+        for s in self.slabs:
+            self._free(s)
+        self.slabs, self._starts = [], []

@@ -1,0 +1,175 @@
+"""What the real-model GRPO examples share: a model from a config, a tokenizer made in code, a reward.
+
+Nothing is downloaded: the model is a Qwen2-architecture transformers model with
+random weights (the kernels, memory and timings of the real thing; convergence is
+judged by bit-equality with the same job run alone), and the tokenizer is a word-level
+one built here, with one token per character of the prompts and filler tokens up to
+the model's vocabulary size.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import string
+import time
+
+#: Qwen2-architecture sizes: (hidden, layers, heads, kv heads, intermediate, vocab, tied embeddings)
+SIZES = {
+    "tiny": (32, 2, 4, 2, 64, 96, True),
+    "0.5b": (896, 24, 14, 2, 4864, 151936, True),
+    "1.5b": (1536, 28, 12, 2, 8960, 151936, True),
+    "3b": (2048, 36, 16, 2, 11008, 151936, True),
+    "7b": (3584, 28, 28, 4, 18944, 152064, False),
+}
+CHARS = string.ascii_lowercase + string.digits + " .,:;!?+-*/=()"
+PAD, EOS = 0, 1
+
+
+def deterministic() -> list[str]:
+    """Bit-reproducible kernels; returns the list that collects the warnings of operations
+    that have no deterministic implementation (they run anyway: ``warn_only``, so a run is
+    never lost to one; the list says whether it happened). CUBLAS_WORKSPACE_CONFIG must be set
+    before CUDA starts (the scripts set it before importing torch). TRL's ``full_determinism``
+    is not used: it also sets CUDA_LAUNCH_BLOCKING, which serialises every kernel launch."""
+    import warnings
+
+    import torch
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    seen: list[str] = []
+    show = warnings.showwarning
+
+    def record(message, category, *args, **kwargs):
+        if "determinis" in str(message):
+            seen.append(str(message)[:300])
+        show(message, category, *args, **kwargs)
+    warnings.showwarning = record
+    return seen
+
+
+ENV_BARRIER = "TIMESLICE_EXAMPLE_BARRIER"      # "<dir>:<n>": wait until n jobs reached it
+
+
+def rendezvous(timeout: float = 300.0) -> None:
+    """Start a pair's loops together (tests and benchmarks set $TIMESLICE_EXAMPLE_BARRIER): the
+    imports of one job can take longer than the whole run of the other, and then nothing is
+    time-sliced. Each job leaves a file in the folder and waits until ``n`` are there."""
+    raw = os.environ.get(ENV_BARRIER, "")
+    if not raw:
+        return
+    folder, n = raw.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    end = time.monotonic() + timeout
+    while len(os.listdir(folder)) < int(n):
+        if time.monotonic() > end:
+            raise TimeoutError(f"only {len(os.listdir(folder))} of {n} jobs reached the barrier in {folder}")
+        time.sleep(0.05)
+
+
+def tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<pad>": PAD, "<eos>": EOS}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"<{len(vocab)}>"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")     # one token per character
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def config(size: str):
+    from transformers import Qwen2Config
+    hidden, layers, heads, kv, inter, vocab, tied = SIZES[size]
+    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                       num_key_value_heads=kv, intermediate_size=inter, max_position_embeddings=4096,
+                       tie_word_embeddings=tied, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS,
+                       attn_implementation="eager")
+
+
+def build_model(size: str, device: str, seed: int, dtype: str = "float32"):
+    """Random weights from ``seed``, made directly on ``device`` (call it inside the weights region)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))       # made in its dtype: no second copy in the region
+    try:
+        with torch.device(device):
+            model = Qwen2ForCausalLM(config(size))
+    finally:
+        torch.set_default_dtype(default)
+    model.generation_config.pad_token_id = PAD
+    model.generation_config.eos_token_id = EOS
+    return model
+
+
+def footprint(size: str, dtype: str = "float32") -> int:
+    """The bytes a job of this size keeps on the device once AdamW has its state: weights and
+    buffers, two moments per parameter and a step counter per tensor (from a meta-device model)."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device("meta"):
+            model = Qwen2ForCausalLM(config(size))
+    finally:
+        torch.set_default_dtype(default)
+    params = {id(p): p for p in model.parameters()}.values()
+    weights = sum(p.numel() * p.element_size() for p in params)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    return 3 * weights + buffers + 4 * len(params)
+
+
+def prompts(n: int, length: int, seed: int) -> list[str]:
+    import random
+    rng = random.Random(seed)
+    return ["".join(rng.choice(CHARS) for _ in range(length)) for _ in range(n)]
+
+
+def reward_of(ids) -> float:
+    """The reward of one completion from its token ids: deterministic, and varied even for random weights."""
+    return sum(1.0 for t in ids if t % 3 == 0) / max(1, len(ids))
+
+
+def burn_cpu(seconds: float) -> int:
+    """CPU-bound work for ``seconds`` (a reward model's cost on the CPU); returns rounds done."""
+    end, n, h = time.monotonic() + seconds, 0, b"reward"
+    while time.monotonic() < end:
+        for _ in range(2000):
+            h = hashlib.sha256(h).digest()
+        n += 1
+    return n
+
+
+def state_bytes(model, optimizer) -> int:
+    """Bytes of the model's parameters and buffers and the optimizer's state (each storage once)."""
+    seen: dict[int, int] = {}
+    tensors = [*model.parameters(), *model.buffers()]
+    tensors += [v for st in optimizer.state.values() for v in st.values() if hasattr(v, "untyped_storage")]
+    for t in tensors:
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+def weights_digest(model) -> str:
+    """A hash of every parameter's bytes, in name order (touches the device: call it inside a hold).
+    xxh3-128 where xxhash is installed (a dependency of datasets; GiBs of weights in about a
+    second), sha256 otherwise; the name says which."""
+    import torch
+    try:
+        import xxhash
+        h, name = xxhash.xxh3_128(), "xxh3_128"
+    except ImportError:
+        h, name = hashlib.sha256(), "sha256"
+    for pname, p in sorted(model.named_parameters()):
+        h.update(pname.encode())
+        h.update(p.detach().reshape(-1).contiguous().view(torch.uint8).cpu().numpy().data)
+    return f"{name}:{h.hexdigest()}"

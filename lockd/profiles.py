@@ -1,0 +1,131 @@
+"""Job profiles from the lock's own history: hold, gap and wait times, footprints, swap costs; sans-IO.
+
+The leader already keeps a bounded record of every finished hold in etcd
+(lockd/history.py, ``history/<group>/<token>``: the grant, the queue entry's
+enqueue time, the release, and the agents' answers to that grant's swap
+intents). A profile is read off those records, per (group, job), so it lives
+where a new leader finds it and costs no write of its own:
+
+* **hold**: grant to release, as the leader saw them;
+* **busy**: the same hold as the job measured it (its Acquire returning to its
+  Yield call; the job sends it with its next Acquire, ``last_hold_ms``, and the
+  next record carries it): the GPU phase without the lock's round trips;
+* **wait**: enqueue to grant (queueing and swaps);
+* **gap**: release to the job's next enqueue in the group (its CPU phase);
+* **snapshot** / **restore**: the agents' answers naming the job (a snapshot is
+  answered under the grant of the job that needed the room);
+* **footprint**: the largest bytes per ``<node>/<device>`` seen at a release
+  (the agents' reports then), in those answers and in the agents' live reports
+  (``AgentValue.job_gpus``); the queue hint else.
+
+Only the newest ``phases`` samples of each list are kept.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from timeslice.common import records as R
+
+DEFAULT_PHASES = 64
+
+
+@dataclass
+class Profile:
+    job: str
+    group: str
+    hold_ms: list[int] = field(default_factory=list)
+    gap_ms: list[int] = field(default_factory=list)
+    wait_ms: list[int] = field(default_factory=list)
+    snapshot_ms: list[int] = field(default_factory=list)
+    restore_ms: list[int] = field(default_factory=list)
+    swap_bytes: list[int] = field(default_factory=list)
+    busy_ms: list[int] = field(default_factory=list)
+    gpu_bytes: dict[str, int] = field(default_factory=dict)
+    device_bytes: int = 0
+    host_bytes: int = 0
+    grants: int = 0
+    elided: int = 0
+    restored: int = 0
+    first_ms: int = 0
+    updated_ms: int = 0
+
+    def trim(self, n: int) -> Profile:
+        for name in ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms"):
+            del getattr(self, name)[:-n]
+        return self
+
+
+def fractions(p: Profile) -> tuple[float, float]:
+    """(busy, wait) share of the job's recent cycle: hold / (hold + gap + wait), wait / (same)."""
+    hold, gap, wait = (sum(xs) / len(xs) if xs else 0.0 for xs in (p.hold_ms, p.gap_ms, p.wait_ms))
+    cycle = hold + gap + wait
+    return (hold / cycle, wait / cycle) if cycle > 0 else (0.0, 0.0)
+
+
+def _ms(v: float) -> int:
+    return max(0, round(v))
+
+
+def build(records: Iterable[R.HoldRecord], agents: Mapping[str, R.AgentValue] | None = None,
+          nodes_of: Mapping[str, list[str]] | None = None, phases: int = DEFAULT_PHASES) -> list[Profile]:
+    """The profiles of every (group, job) in ``records``; ``agents``: node -> its live report,
+    ``nodes_of``: group -> its nodes (live footprints are read from those agents)."""
+    by: dict[tuple[str, str], list[R.HoldRecord]] = {}
+    for rec in records:
+        by.setdefault((rec.group, rec.job), []).append(rec)
+    out: dict[tuple[str, str], Profile] = {}
+    for (group, job), recs in by.items():
+        recs.sort(key=lambda r: r.token)
+        p = out[(group, job)] = Profile(job, group, first_ms=recs[0].granted_ms, updated_ms=recs[-1].released_ms)
+        prev: R.HoldRecord | None = None
+        for r in recs:
+            hold = r.released_ms - r.granted_ms
+            p.hold_ms.append(_ms(hold))
+            if r.enqueued_ms:
+                p.wait_ms.append(_ms(r.granted_ms - r.enqueued_ms))
+            if prev is not None and r.enqueued_ms >= prev.released_ms:
+                p.gap_ms.append(_ms(r.enqueued_ms - prev.released_ms))
+                if 0 < r.prev_busy_ms <= prev.released_ms - prev.granted_ms:
+                    p.busy_ms.append(r.prev_busy_ms)      # the job's own measure of that previous hold
+            p.grants += 1
+            p.elided += int(r.elided)
+            p.restored += int(r.restored)
+            p.device_bytes = max(p.device_bytes, r.hint_bytes)
+            per_node: dict[str, dict] = {}
+            for k, b in r.gpu_bytes.items():
+                node, _, dev = str(k).partition("/")
+                per_node.setdefault(node, {})[dev] = b
+            for node, per_dev in per_node.items():
+                _peaks(p, node, per_dev)
+            prev = r
+    for rec in sorted((r for rs in by.values() for r in rs), key=lambda r: r.token):
+        for a in rec.swaps:
+            moved = out.get((rec.group, str(a.get("job", ""))))
+            op = a.get("op")
+            if moved is None or op not in (R.SNAPSHOT, R.RESTORE):
+                continue                                  # a job of another group made room here
+            (moved.snapshot_ms if op == R.SNAPSHOT else moved.restore_ms).append(_ms(float(a.get("elapsed_ms", 0))))
+            nbytes = int(a.get("bytes", 0))
+            moved.swap_bytes.append(nbytes)
+            if op == R.SNAPSHOT:
+                moved.host_bytes = max(moved.host_bytes, nbytes)
+            _peaks(moved, str(a.get("node", "")), a.get("gpu_bytes") or {})
+    for (group, job), prof in out.items():
+        for node in (nodes_of or {}).get(group, []):
+            av = (agents or {}).get(node)
+            live = av.job_gpus.get(job) if av is not None and isinstance(av.job_gpus, dict) else None
+            if isinstance(live, dict):
+                _peaks(prof, node, live)
+        prof.trim(phases)
+    return [out[k] for k in sorted(out)]
+
+
+def _peaks(p: Profile, node: str, per_dev: Mapping) -> None:
+    total = 0
+    for dev, b in list(per_dev.items())[:64]:
+        if isinstance(b, int | float) and b > 0:
+            k = f"{node}/{dev}"
+            p.gpu_bytes[k] = max(p.gpu_bytes.get(k, 0), int(b))
+            total += int(b)
+    p.device_bytes = max(p.device_bytes, total)

@@ -1,0 +1,158 @@
+"""The cooperative backup pool through the whole system, on the SIMULATED device: real etcd, lockd, agent and
+job processes; the pool is the simulator's CPU stand-in (nodeagent.sim.hostpool: real bytes, every copy counted).
+
+* a reservation counts against the agent's host admission from the moment it starts (and stops counting
+  when it fails);
+* a job that cooperates before its first acquire has its pool pinned before its first grant, while the
+  other job keeps working on the device;
+* a clean region's pause moves no bytes; a wrong "clean" claim is caught by the checksum and copied after all.
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+from agenthelpers import NODE, MiB, answered, intent, register, status
+from test_cooperative_channel import SECRET, session
+from test_cooperative_e2e import FOOTPRINT, WEIGHTS, Stack
+
+from timeslice.common import records as R
+from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.nodeagent.sim.hostpool import ENV_PIN_GATE
+
+TiB = 1 << 40
+
+
+RESERVING = r"""
+import sys
+from timeslice.cooperative import CooperativeWorker
+from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+job, secret, node, sock, sim_dir, gate, nbytes = sys.argv[1:8]
+mem = SimCooperativeMemory({"weights": (int(nbytes), "offload")}, sim_dir, gbps=0, resident=False, pin_gate=gate)
+w = CooperativeWorker(job, secret, mem, node, sock).start()
+print("READY", w.pid, flush=True)
+try:
+    w.prepin()
+    print("PINNED", flush=True)
+except Exception as e:
+    print("FAILED", type(e).__name__, e, flush=True)
+sys.stdin.read()
+"""
+
+
+def _said(p: subprocess.Popen) -> str:
+    """The script's next answer (its log lines go to stdout too)."""
+    for line in p.stdout:
+        if line.split(" ", 1)[0] in ("READY", "PINNED", "FAILED"):
+            return line.strip()
+    raise AssertionError(f"the pinning process exited ({p.poll()})")
+
+
+async def test_a_reservation_counts_against_host_admission_from_the_moment_it_starts(client, keys, agents, workers,
+                                                                                    sim_dir, tmp_path):
+    agent = agents()
+    await session(client, keys, "pin-a")
+    gate = tmp_path / "gate"
+    other = workers(4 * MiB)                       # a checkpointed job, not a child of the one that pins
+    await register(client, keys, "ckpt-b", NODE, other.pid)
+    # 1 TiB declared, not yet on the device: more than any host running this test has.
+    pinning = subprocess.Popen([sys.executable, "-c", RESERVING, "pin-a", SECRET, NODE, agent.socket, str(sim_dir),
+                                str(gate), str(TiB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert _said(pinning).startswith("READY")
+        ev = await asyncio.to_thread(agent.wait_event, "host_reservation_started", 20, pid=pinning.pid)
+        assert ev["reserving"] == TiB
+        rev = await intent(client, keys, NODE, "ckpt-b", R.SNAPSHOT, token=2)
+        st = await answered(client, keys, NODE, "ckpt-b", rev)
+        assert (st.outcome, st.state, st.bytes) == (R.REFUSED, R.RUNNING, 0), st
+        assert "being reserved" in st.error
+        gate.write_text("abort")                    # the reservation fails: its promise is withdrawn
+        assert (await asyncio.to_thread(_said, pinning)).startswith("FAILED BackupError")
+        await asyncio.to_thread(agent.wait_event, "host_reservation_done", 20, pid=pinning.pid)
+        rev = await intent(client, keys, NODE, "ckpt-b", R.SNAPSHOT, token=3)
+        st = await answered(client, keys, NODE, "ckpt-b", rev)
+        assert (st.outcome, st.state) == (R.OK, R.SNAPSHOTTED), st
+    finally:
+        if not gate.exists():
+            gate.write_text("abort")                # never leave the reservation waiting
+        pinning.kill()
+        pinning.wait(10)
+
+
+@pytest.fixture
+def stack_of(etcd, key_prefix, agents, sim_dir, tmp_path):
+    made = []
+
+    def make(capacity: int) -> Stack:
+        SimDevice(sim_dir, capacity_bytes=capacity)
+        made.append(Stack(etcd, key_prefix, agents, sim_dir, tmp_path))
+        return made[-1]
+    yield make
+    for s in made:
+        s.stop()
+
+
+async def test_the_pool_is_pinned_before_the_first_grant_while_the_other_job_works(client, keys, stack_of, tmp_path):
+    stack = stack_of(10 * MiB)                     # room for one job's regions: every handover pauses
+    a = stack.job("hold-a")
+    assert a(f"acquire g {FOOTPRINT}")["ok"]
+    gate = tmp_path / "gate-b"
+    b = stack.job("pin-b", env={ENV_PIN_GATE: str(gate)})
+    b.send("cooperate")                            # before any hold: channel, registration, pool
+    ev = await asyncio.to_thread(stack.agent.wait_event, "host_reservation_started", 30, pid=b.pid)
+    assert ev["reserving"] == WEIGHTS              # the offload region only; kv is discarded
+    # While B pins, A holds the group and works on the device: nothing of A waits behind it.
+    assert a("write weights 0badcafe")["ok"] and a("verify weights")["match"]
+    gate.write_text("go")
+    coop = b._read(30)
+    assert coop["ok"] and coop["host_bytes"] == WEIGHTS, coop
+    await asyncio.to_thread(stack.agent.wait_event, "host_reservation_done", 20, pid=b.pid)
+    assert a("yield g")["ok"]
+    gb = b(f"acquire g {FOOTPRINT}")
+    assert gb["ok"] and not gb["restored"], gb
+    [(_, pinned_at, n)] = coop["reservations"]
+    assert n == WEIGHTS and pinned_at <= coop["at"] < gb["at"]      # pinned before the first grant
+    assert b("verify weights")["match"] and b("yield g")["ok"]
+    for _ in range(2):                             # swaps in both directions: nobody pins again
+        ga = a(f"acquire g {FOOTPRINT}")
+        assert ga["ok"] and ga["restored"] and a("verify weights")["match"] and a("yield g")["ok"]
+        assert (await status(client, keys, NODE, "pin-b")).bytes == WEIGHTS
+        gb = b(f"acquire g {FOOTPRINT}")
+        assert gb["ok"] and gb["restored"] and b("verify weights")["match"] and b("yield g")["ok"]
+    sb = b("swaps")
+    assert len(sb["reservations"]) == 1 and sb["backup"]["pool_grown"] == 0, sb
+    assert sb["backup"]["copies_out"] == 2 and sb["backup"]["verified"] == 2
+
+
+async def test_clean_pauses_move_no_bytes_and_a_wrong_claim_is_copied_after_all(client, keys, stack_of):
+    stack = stack_of(10 * MiB)
+    a, b = stack.job("clean-a"), stack.job("clean-b")
+
+    async def b_takes_the_gpu() -> R.StatusValue:
+        gb = b(f"acquire g {FOOTPRINT}")
+        assert gb["ok"], gb
+        assert b("yield g")["ok"]
+        st = await status(client, keys, NODE, "clean-a")
+        assert (st.state, st.outcome) == (R.SNAPSHOTTED, R.OK), st
+        return st
+
+    def a_back() -> None:
+        ga = a(f"acquire g {FOOTPRINT}")
+        assert ga["ok"] and ga["restored"] and a("verify weights")["match"], ga
+
+    assert a(f"acquire g {FOOTPRINT}")["ok"] and a("clean weights")["ok"] and a("yield g")["ok"]
+    assert (await b_takes_the_gpu()).bytes == WEIGHTS          # the first pause under the promise copies
+    a_back()
+    assert a("yield g")["ok"]
+    assert (await b_takes_the_gpu()).bytes == 0                # clean: released, the pool's copy kept
+    s = a("swaps")["backup"]
+    assert (s["copies_out"], s["clean_skips"], s["clean_mismatches"]) == (1, 1, 0), s
+    a_back()                                                   # and it comes back bit-exact
+    assert a("write weights 0badcafe")["ok"] and a("yield g")["ok"]    # written, though promised clean
+    assert (await b_takes_the_gpu()).bytes == WEIGHTS          # caught: copied after all
+    s = a("swaps")["backup"]
+    assert (s["copies_out"], s["clean_skips"], s["clean_mismatches"]) == (2, 1, 1), s
+    a_back()                                                   # what A wrote is what came back
+    assert a("yield g")["ok"] and a("quit")["ok"]

@@ -1,0 +1,104 @@
+"""timeslice.pinned without a GPU: the libc side is real (mmap, THP advice, multi-threaded fault-in, munmap);
+registration is a recorder here, cudaHostRegister on a GPU. What the node agent is told while reserving."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from timeslice import pinned as P
+
+MiB = 1 << 20
+
+
+class Registrar:
+    def __init__(self, fail: bool = False):
+        self.fail, self.calls, self.gone = fail, [], []
+
+    def register(self, addr: int, n: int) -> None:
+        if self.fail:
+            raise P.PinnedPoolError("registration refused (test)")
+        self.calls.append((addr, n))
+
+    def unregister(self, addr: int) -> None:
+        self.gone.append(addr)
+
+
+def test_fault_and_register_one_call_per_slab_and_the_pending_bytes_while_it_runs():
+    reg = Registrar()
+    seen = []
+    pool = P.PinnedPool("fault", threads=4, register=reg.register, unregister=reg.unregister, max_slab=4 * MiB)
+    pool.on_change = lambda: seen.append((pool.pending_bytes(), pool.size()))
+    assert pool.reserve(9 * MiB) == 0
+    assert seen == [(10 * MiB, 0), (0, 10 * MiB)]          # promised first (2 MiB multiples), then reserved
+    assert [n for _, n in reg.calls] == [4 * MiB, 4 * MiB, 2 * MiB] and pool.method == "fault"
+    for s in pool.slabs:                                    # faulted in and writable: the memory is ours
+        assert ctypes.string_at(s.addr + s.nbytes - 8, 8) == b"\0" * 8
+        ctypes.memset(s.addr, 0x5A, s.nbytes)
+    assert pool.reserve(MiB) == 10 * MiB                    # growth: the next logical offset
+    pool.close()
+    assert sorted(reg.gone) == sorted(a for a, _ in reg.calls) and pool.size() == 0
+
+
+def test_pieces_never_cross_a_slab():
+    reg = Registrar()
+    pool = P.PinnedPool("fault", threads=2, register=reg.register, unregister=reg.unregister, max_slab=4 * MiB)
+    pool.reserve(10 * MiB)
+    got = pool.split(3 * MiB, 6 * MiB)
+    assert [(e.slab, e.offset, e.nbytes) for e in got] == [(0, 3 * MiB, MiB), (1, 0, 4 * MiB), (2, 0, MiB)]
+    with pytest.raises(P.BackupError):
+        pool.split(9 * MiB, 2 * MiB)
+    pool.close()
+
+
+@pytest.mark.skipif(not P.thp_available(), reason="this kernel offers no transparent huge pages")
+def test_auto_takes_huge_pages_where_the_kernel_offers_them():
+    reg = Registrar()
+    pool = P.PinnedPool("auto", threads=2, register=reg.register, unregister=reg.unregister)
+    pool.reserve(4 * MiB)
+    assert pool.method == "thp"
+    pool.close()
+
+
+def test_when_registering_fails_every_method_is_tried_and_the_error_says_which(monkeypatch):
+    reg = Registrar(fail=True)
+    pool = P.PinnedPool("auto", threads=2, register=reg.register, unregister=reg.unregister)
+    seen = []
+    pool.on_change = lambda: seen.append(pool.pending_bytes())
+    try:
+        import torch  # noqa: F401
+        pytest.skip("torch is installed here: its pin_memory would be the fallback that works")
+    except ImportError:
+        pass
+    with pytest.raises(P.PinnedPoolError, match=r"no pinning method worked .*'fault'.*'torch'"):
+        pool.reserve(4 * MiB)
+    assert pool.size() == 0 and seen == [4 * MiB, 0]        # the promise is withdrawn when it fails
+
+
+def test_a_pool_the_host_cannot_hold_is_refused_before_anything_is_promised():
+    reg = Registrar()
+    pool = P.PinnedPool("fault", register=reg.register, unregister=reg.unregister)
+    seen = []
+    pool.on_change = lambda: seen.append(pool.pending_bytes())
+    with pytest.raises(P.PinnedPoolError, match="available"):
+        pool.reserve(P.mem_available() + (64 << 30))
+    assert seen == [] and reg.calls == []
+
+
+def test_one_pinning_at_a_time_per_host(tmp_path):
+    import threading
+    import time
+    reg = Registrar()
+    lock = str(tmp_path / "pin.lock")
+    pool = P.PinnedPool("fault", threads=2, register=reg.register, unregister=reg.unregister, lock_path=lock)
+    with P.host_lock(lock):                                 # another process is pinning
+        t = threading.Thread(target=pool.reserve, args=(4 * MiB,))
+        t.start()
+        deadline = time.monotonic() + 10
+        while pool.pending_bytes() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.pending_bytes() == 4 * MiB              # promised (the agent counts it) ...
+        assert pool.size() == 0 and reg.calls == []         # ... but not pinned while the other one pins
+    t.join(10)
+    assert pool.size() == 4 * MiB and len(reg.calls) == 1
+    pool.close()

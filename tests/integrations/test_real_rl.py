@@ -1,0 +1,67 @@
+"""Real RL frameworks through timeslice, on the SIMULATED device: a plain transformers GRPO loop
+and TRL's GRPOTrainer, jobs time-sliced through lockd and the node agent (real etcd). (The TRL
+pair in every regime: tests/test_gpu_rl_real_dry_run.py, the GPU benchmark's dry run.)
+
+Each job's model and optimizer state live in ``SimTorchMemory``, a SIMULATOR whose pause
+copies them out and overwrites them with NaN, so a phase that ran outside its hold would
+change what the job computes. The check is the strongest "no model degradation" there is:
+each sliced job's per-step losses and final weights equal, bit for bit, those of the same
+job run alone with the same seed; and the device really was handed over (the jobs were
+paused and restored). A negative control shows the poisoning is seen: a job whose reward
+function runs the model outside its hold computes with NaN and ends with other weights.
+"""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="the real-framework tests need the test extra (torch, trl)")
+pytest.importorskip("trl", reason="the real-framework tests need the test extra (torch, trl)")
+
+CONTEXT = 256 << 10          # SimTorchMemory's default context: what a parked job keeps on the device
+
+
+def capacity_for(alone: list[dict]) -> int:
+    """Room for both contexts and one job's regions, never for both jobs' regions."""
+    regions = [d["state_bytes"] for d in alone]
+    assert all(r > 0 for r in regions), regions
+    return 2 * CONTEXT + max(regions) + min(regions) // 2
+
+
+def holds(doc: dict) -> list[dict]:
+    return [e for e in doc["events"] if e["ev"] == "hold"]
+
+
+def check_pair(alone: list[dict], sliced: list[dict]) -> None:
+    for a, s in zip(alone, sliced):
+        assert s["steps"] == a["steps"] and a["steps"] > 0
+        assert s["losses"] == a["losses"], (s["job"], s["losses"], a["losses"])   # exact floats
+        assert s["digest"] == a["digest"], s["job"]
+        assert s["swaps"] >= 2, (s["job"], s["swaps"])      # paused and resumed at least once
+        assert sum(s["region_bytes"].values()) == s["state_bytes"] == a["state_bytes"]   # all of it in regions
+        assert any(h["restored"] for h in holds(s)), s["job"]
+    assert alone[0]["digest"] != alone[1]["digest"]        # two different jobs (seeds)
+
+
+TRL_A = ["--seed", "1", "--steps", "2"]
+
+
+def test_the_nan_stand_in_catches_a_phase_run_outside_the_hold(rl_stack, alone):
+    """Negative control: job A's reward function runs the model while A is parked (a GPU phase
+    outside the hold). It computes with NaN, and its weights end unlike those of A run alone.
+    (The positive case, TRL pairs equal to their standalone runs in every regime, is
+    tests/test_gpu_rl_real_dry_run.py.)"""
+    (base,) = alone([("trl_job.py", "alone-a", TRL_A, True)])
+    jobs, _agent = rl_stack(capacity_for([base, base]))
+    stray, fine = jobs.run([("trl_job.py", "stray-a", [*TRL_A, "--stray", "--reward-s", "0.5"], False),
+                            ("trl_job.py", "fine-b", ["--seed", "2", "--steps", "2"], False)])
+    assert stray["stray"]["nan"] >= 1, stray["stray"]         # it computed with NaN weights
+    assert stray["digest"] != base["digest"]                  # and the bit-equality check sees it
+    assert fine["steps"] == 2 and fine["swaps"] >= 2
+
+
+def test_two_plain_transformers_grpo_loops_time_sliced_equal_their_standalone_runs(rl_stack, alone):
+    args_a, args_b = ["--seed", "1", "--steps", "3"], ["--seed", "2", "--steps", "3"]
+    base = alone([("real_job.py", "alone-a", args_a, True), ("real_job.py", "alone-b", args_b, True)])
+    jobs, _agent = rl_stack(capacity_for(base))
+    sliced = jobs.run([("real_job.py", "plain-a", args_a, False), ("real_job.py", "plain-b", args_b, False)])
+    check_pair(base, sliced)
