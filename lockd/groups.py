@@ -22,7 +22,7 @@ MAX_SPEC_BYTES = 128 * 1024  # a group's spec as stored (etcd's own request limi
 MAX_GROUPS = 4096            # groups in the system
 MAX_DELETE_TRIES = 8         # reads a DeleteGroup makes while jobs keep queueing on the group
 
-log = structlog.get_logger("lockd.groups")
+log = structlog.get_logger(__name__)
 
 
 class Groups:

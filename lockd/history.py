@@ -37,7 +37,7 @@ from timeslice.common.etcd.election import Leadership
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 
-log = structlog.get_logger("lockd.history")
+log = structlog.get_logger(__name__)
 
 PER_GROUP = 256
 TOTAL = 8192

@@ -35,7 +35,7 @@ from timeslice.lockd import slots as S
 from timeslice.lockd.errors import AlreadyExists, BadSecret, LimitExceeded
 from timeslice.lockd.index import StateIndex
 
-log = structlog.get_logger("lockd.sessions")
+log = structlog.get_logger(__name__)
 
 CLOSED_MARKER_TTL_S = 60            # how long CloseSession's marker outlives the session (see close)
 

@@ -30,7 +30,7 @@ from timeslice.common import records as R
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
 
-log = structlog.get_logger("lockd.traces")
+log = structlog.get_logger(__name__)
 
 MAX_OPEN = 4096
 MAX_INTENTS = 256

@@ -43,7 +43,7 @@ from typing import Any
 
 from timeslice.logs import get_logger
 
-log = get_logger("timeslice.integrations")
+log = get_logger(__name__)
 
 
 def module_tensors(module) -> Iterator[Any]:

@@ -32,7 +32,7 @@ from timeslice.hooks import release_framework_cache
 from timeslice.integrations.pytorch import Placement
 from timeslice.logs import get_logger
 
-log = get_logger("timeslice.integrations")
+log = get_logger(__name__)
 SWAPS = ("cooperative", "checkpoint", "none")
 
 

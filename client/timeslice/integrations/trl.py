@@ -54,7 +54,7 @@ from timeslice.integrations.pytorch import expected_state_bytes, module_tensors,
 from timeslice.integrations.slicing import TimeSlice
 from timeslice.logs import get_logger
 
-log = get_logger("timeslice.integrations")
+log = get_logger(__name__)
 TESTED_TRL = ((1, 16), (1, 17))            # [min, max) of the TRL versions this was tested with
 HOOKS = ("_calculate_rewards", "_generate_single_turn", "_generate_and_score_completions", "create_optimizer",
          "training_step", "compute_loss")
