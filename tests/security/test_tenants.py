@@ -289,3 +289,26 @@ async def test_the_public_client_carries_its_tenants_token(lockd, stubs, monkeyp
         assert c.job_id in seen and set(seen.values()) == {"team-b"}             # team-b's jobs only
     finally:
         await c.close()
+
+
+async def test_profiles_show_a_tenant_its_own_jobs(stubs):
+    import asyncio
+    admin = stubs("admin")
+    g = await _group(admin, "prof", tenants=["*"])
+    a_stub, b_stub = stubs(TOKENS["team-a"]), stubs(TOKENS["team-b"])
+    a, b = await _job(a_stub, "a"), await _job(b_stub, "b")
+    for j in (a, b):
+        held = await j.acquire(g)
+        await j.release(g, held.token)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while True:                                   # the leader records finished holds in batches
+        every = {p.job_id for p in (await admin.GetProfiles(lpb.ProfilesRequest(group_id=g), timeout=10)).profiles}
+        if {a.job_id, b.job_id} <= every:
+            break
+        assert loop.time() < deadline, f"no profiles of both jobs: {every}"
+        await asyncio.sleep(0.2)
+    seen = await b_stub.GetProfiles(lpb.ProfilesRequest(group_id=g), metadata=_md(b_stub.token), timeout=10)
+    assert {p.job_id for p in seen.profiles} == {b.job_id}
+    e = await rpc_error(stubs().GetProfiles(lpb.ProfilesRequest(), timeout=10))
+    assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
