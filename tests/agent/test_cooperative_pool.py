@@ -16,10 +16,9 @@ import sys
 import pytest
 from agenthelpers import NODE, MiB, answered, intent, register, status
 from test_cooperative_channel import SECRET, session
-from test_cooperative_e2e import FOOTPRINT, WEIGHTS, Stack
+from test_cooperative_e2e import FOOTPRINT, WEIGHTS, stack_of  # noqa: F401 - stack_of: the e2e tests' fixture
 
 from timeslice.common import records as R
-from timeslice.nodeagent.sim.device import SimDevice
 from timeslice.nodeagent.sim.hostpool import ENV_PIN_GATE
 
 TiB = 1 << 40
@@ -79,19 +78,6 @@ async def test_a_reservation_counts_against_host_admission_from_the_moment_it_st
             gate.write_text("abort")                # never leave the reservation waiting
         pinning.kill()
         pinning.wait(10)
-
-
-@pytest.fixture
-def stack_of(etcd, key_prefix, agents, sim_dir, tmp_path):
-    made = []
-
-    def make(capacity: int) -> Stack:
-        SimDevice(sim_dir, capacity_bytes=capacity)
-        made.append(Stack(etcd, key_prefix, agents, sim_dir, tmp_path))
-        return made[-1]
-    yield make
-    for s in made:
-        s.stop()
 
 
 async def test_the_pool_is_pinned_before_the_first_grant_while_the_other_job_works(client, keys, stack_of, tmp_path):
