@@ -65,6 +65,24 @@ class Extent:
     nbytes: int
 
 
+def split_extents(starts: Sequence[int], sizes: Sequence[int], offset: int, nbytes: int) -> list[Extent]:
+    """``[offset, offset+nbytes)`` of a pool made of slabs (slab ``i`` starts at ``starts[i]`` and
+    holds ``sizes[i]`` bytes) as pieces that each lie in one slab: a copy never crosses a
+    registration. One rule for the pinned pool and the simulated one."""
+    out = []
+    i = 0
+    while nbytes > 0:
+        while i + 1 < len(starts) and starts[i + 1] <= offset:
+            i += 1
+        if i >= len(sizes) or offset >= starts[i] + sizes[i]:
+            raise BackupError(f"pool range {offset}+{nbytes} lies beyond its {sum(sizes)} bytes")
+        off = offset - starts[i]
+        k = min(nbytes, sizes[i] - off)
+        out.append(Extent(i, off, k))
+        offset, nbytes = offset + k, nbytes - k
+    return out
+
+
 class HostPool(Protocol):
     def size(self) -> int: ...                                   # logical bytes reserved (all slabs)
     def pending_bytes(self) -> int: ...                          # promised, not reserved yet

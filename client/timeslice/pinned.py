@@ -56,7 +56,7 @@ from typing import Any
 
 import structlog
 
-from timeslice.backup import BackupError, Extent
+from timeslice.backup import BackupError, Extent, split_extents
 
 log = structlog.get_logger(__name__)
 
@@ -262,18 +262,7 @@ class PinnedPool:
 
     def split(self, offset: int, nbytes: int) -> list[Extent]:
         """[offset, offset+nbytes) of the logical pool as pieces that each lie in one slab."""
-        out = []
-        i = 0
-        while nbytes > 0:
-            while i + 1 < len(self._starts) and self._starts[i + 1] <= offset:
-                i += 1
-            if i >= len(self.slabs) or offset >= self._starts[i] + self.slabs[i].nbytes:
-                raise BackupError(f"pool range {offset}+{nbytes} lies beyond its {self.size()} bytes")
-            off = offset - self._starts[i]
-            k = min(nbytes, self.slabs[i].nbytes - off)
-            out.append(Extent(i, off, k))
-            offset, nbytes = offset + k, nbytes - k
-        return out
+        return split_extents(self._starts, [s.nbytes for s in self.slabs], offset, nbytes)
 
     def view(self, e: Extent):
         """A CPU uint8 tensor over one piece (zero copy)."""

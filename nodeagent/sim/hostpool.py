@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from timeslice.backup import BackupError, Extent, Span
+from timeslice.backup import BackupError, Extent, Span, split_extents
 
 ENV_PIN_GATE = "TIMESLICE_SIM_PIN_GATE"
 GATE_WAIT_S = 120.0
@@ -97,18 +97,7 @@ class SimHostPool:
             raise BackupError("simulated pinning aborted (gate says abort)")
 
     def split(self, offset: int, nbytes: int) -> list[Extent]:
-        out = []
-        i = 0
-        while nbytes > 0:
-            while i + 1 < len(self._starts) and self._starts[i + 1] <= offset:
-                i += 1
-            if i >= len(self.slabs) or offset >= self._starts[i] + len(self.slabs[i]):
-                raise BackupError(f"pool range {offset}+{nbytes} lies beyond its {self.size()} bytes")
-            off = offset - self._starts[i]
-            k = min(nbytes, len(self.slabs[i]) - off)
-            out.append(Extent(i, off, k))
-            offset, nbytes = offset + k, nbytes - k
-        return out
+        return split_extents(self._starts, [len(s) for s in self.slabs], offset, nbytes)
 
 
 class SimMover:
