@@ -76,7 +76,8 @@ class Agent:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
-                                     self._worker_left, self._worker_back, on_attested=self._worker_attested)
+                                     self._worker_left, self._worker_back, on_attested=self._worker_attested,
+                                     on_state=self._worker_grew)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
         self._unattested: dict[int, str] = {}                         # pid -> job, warned once
         self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
@@ -209,6 +210,10 @@ class Agent:
         """A cooperative worker said hello (after an agent restart, its word on what it has paused):
         report its job's picture at once, so the leader stops planning around an unknown worker."""
         self.upkeep.soon.set()
+
+    async def _worker_grew(self, info) -> None:
+        """A cooperative worker's memory changed inside its hold and it waits until we report it."""
+        await self.upkeep.refresh_after()
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.

@@ -169,9 +169,11 @@ class ChannelServer:
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
                  on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
                  on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
-                 on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
+        self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
         self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
@@ -341,6 +343,20 @@ class ChannelServer:
             self.on_connect(info)
         return conn
 
+    async def _sync(self, conn: WorkerConn, sync: int) -> None:
+        """A state frame asked to be counted before the worker goes on (its region grew inside a
+        hold): the report to etcd is made first, then ``synced``. Without it, the next grant could be
+        planned on a report from before the growth and put another job on a full device. One
+        connection's frames are read one at a time, so a peer cannot stack up refreshes."""
+        if self.on_state is not None:
+            try:
+                await self.on_state(conn.info)
+            except Exception as e:  # the worker waits a bounded time, then goes on and says so
+                log.warning("state_sync_failed", pid=conn.info.pid, job=conn.info.job, error=str(e)[:200])
+                return
+        conn.writer.write(C.encode({"type": "synced", "id": sync}))
+        await conn.writer.drain()
+
     async def _serve(self, conn: WorkerConn) -> None:
         """A welcomed worker's frames until it leaves; the disconnect handling runs however it ends."""
         info, why = conn.info, "closed"
@@ -357,6 +373,8 @@ class ChannelServer:
                         log.info("host_reservation_started" if info.host_reserving else "host_reservation_done",
                                  pid=info.pid, job=info.job, reserving=info.host_reserving,
                                  host_bytes=info.host_bytes)
+                    if msg.get("sync") is not None:
+                        await self._sync(conn, msg["sync"])
         except asyncio.IncompleteReadError:
             pass
         except C.ChannelError as e:             # out of protocol: say why, then cut it off

@@ -57,6 +57,9 @@ def check_state(msg: dict) -> None:
     if backup is not None and (not isinstance(backup, dict) or len(backup) > MAX_TAGS):
         raise ChannelError(f"'backup' must be an object of at most {MAX_TAGS} counters")
     _text(msg, "state")
+    sync = msg.get("sync")
+    if sync is not None and (type(sync) is not int or not 0 < sync <= MAX_COUNT):
+        raise ChannelError("'sync' must be the positive integer id the synced answer carries")
 
 
 def check_done(msg: dict) -> None:

@@ -41,6 +41,8 @@ class Upkeep:
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
         self.soon = asyncio.Event()         # refresh now rather than at the next tick
         self.force_put = False              # rewrite the key even if unchanged (new lease)
+        self.begun = self.finished = 0      # refreshes started / the last one finished (by number)
+        self._after = asyncio.Lock()        # callers of refresh_after: one drives, the rest ride along
         # Duty cycle per GPU, read at scrape time: NVML, or the simulated device's busy fraction.
         if agent.backend.name == "sim":
             from timeslice.nodeagent.sim.utilization import SimUtilization
@@ -88,9 +90,19 @@ class Upkeep:
         a.metrics.device_free.set(value.device_free_bytes)
         return value
 
+    async def refresh_after(self) -> None:
+        """Return once a refresh that began after this call has finished. A burst of callers
+        (several workers' growths, a flood) shares one refresh instead of queueing one each."""
+        want = self.begun + 1
+        async with self._after:
+            if self.finished < want:
+                await self.refresh()
+
     async def refresh(self, force: bool = False) -> None:
         a = self.agent
         async with self.lock:
+            self.begun += 1
+            number = self.begun
             # First: a job whose session went while on a GPU is frozen *before* the report that
             # drops it from the running jobs, which is what lets the leader grant past it.
             try:
@@ -102,6 +114,7 @@ class Upkeep:
             if force or self.force_put or differs(a.reporter.last_agent, value):
                 self.force_put = False
                 await a.reporter.put_agent(value)
+            self.finished = number
         a.jobs.prune_adopted({j: {p for p, s in pic.states.items() if s is ProcState.GONE}
                               for j, pic in pictures.items() if j in a.jobs.adopted})
         for job, pic in pictures.items():

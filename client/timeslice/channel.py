@@ -18,7 +18,9 @@ longer one is cut off. Messages (``type`` field):
     agent  -> worker  pause    {id, tags | null, token, deadline_ms}
                       resume   {id, token, deadline_ms}
                       ping     {id}
-    worker -> agent   state    {paused, host_bytes, region_bytes}   unasked, e.g. after prepin
+    worker -> agent   state    {paused, host_bytes, region_bytes, sync?}   unasked, e.g. after prepin
+    agent  -> worker  synced   {id}               answers a state with ``sync: id``: the agent's
+                                                  report to etcd now counts what the state says
     worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms,
                                 tags, host_bytes, region_bytes, error, code}
 

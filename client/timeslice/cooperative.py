@@ -35,6 +35,7 @@ memory can say (``residue_bytes()``) — and reports it with the pause's answer
 from __future__ import annotations
 
 import collections
+import itertools
 import random
 import socket
 import threading
@@ -50,6 +51,7 @@ log = structlog.get_logger(__name__)
 
 OFFLOAD, DISCARD = "offload", "discard"
 POLICIES = (OFFLOAD, DISCARD)
+SYNC_TIMEOUT_S = 5.0     # how long announce(sync=True) waits for the agent's report (one refresh: ms)
 
 
 class SwapMemory(Protocol):
@@ -156,6 +158,8 @@ class CooperativeWorker:
         self._thread: threading.Thread | None = None
         self._mu = threading.Lock()                    # one request at a time
         self._send_mu = threading.Lock()               # frames from two threads never interleave
+        self._syncs = itertools.count(1)
+        self._synced: dict[int, threading.Event] = {}  # sync id -> set when the agent answered it
 
     # -- connection ------------------------------------------------------------------
     def _hello(self) -> dict:
@@ -204,17 +208,35 @@ class CooperativeWorker:
             prepin()
         self.announce()
 
-    def announce(self) -> None:
+    def announce(self, sync: bool = False, timeout: float = SYNC_TIMEOUT_S) -> bool:
         """Tell the agent what changed on our side (e.g. the host backup allocated by prepin),
-        so its host-memory admission counts the retained backup instead of asking for it again."""
+        so its host-memory admission counts the retained backup instead of asking for it again.
+
+        ``sync``: wait (at most ``timeout`` s) until the agent's report to etcd counts it. Memory
+        that grew inside a hold (an optimizer's first step) must be on that report before the hold
+        ends, or the next grant is planned on an older one, as if the memory were still free.
+        Returns whether the agent confirmed it (always True without ``sync``)."""
         s = self._sock
         if s is None:
-            return
+            return not sync                            # the serving thread reconnects; its hello says it all
+        rid, done = (next(self._syncs), threading.Event()) if sync else (0, None)
+        if done is not None:
+            self._synced[rid] = done
         try:
             with self._send_mu:
-                C.send(s, {"type": "state", **self._state()})
+                C.send(s, {"type": "state", **self._state(), **({"sync": rid} if sync else {})})
+            if done is None:
+                return True
+            if not done.wait(timeout):
+                log.warning("cooperative_state_unconfirmed", job=self.job_id, timeout_s=timeout,
+                            hint="the node agent did not confirm the new sizes in time; the next grant "
+                                 "may be planned without them")
+                return False
+            return True
         except (OSError, C.ChannelError):
-            pass                                       # the serving thread reconnects; its hello says it all
+            return False
+        finally:
+            self._synced.pop(rid, None)
 
     def close(self) -> None:
         self._closed.set()
@@ -239,6 +261,12 @@ class CooperativeWorker:
                     delay = 0.1
                     continue
                 msg = C.recv(s)
+                if msg.get("type") == "synced":          # the answer to announce(sync=True), not a request
+                    rid = msg.get("id")
+                    ev = self._synced.get(rid) if type(rid) is int else None
+                    if ev is not None:
+                        ev.set()
+                    continue
                 reply = self.handle(msg)
                 with self._send_mu:
                     C.send(s, reply)

@@ -78,18 +78,18 @@ def alone(tmp_path_factory):
 
 @pytest.fixture
 def rl_stack(etcd, key_prefix, tmp_path):
-    """rl_stack(capacity, isolation="") -> (Jobs, target): the SIMULATED device resized to ``capacity``
+    """rl_stack(capacity, isolation="", agent_extra=()) -> (Jobs, agent): the SIMULATED device resized to ``capacity``
     bytes, its agent, one lockd replica and group ``rl-gpus`` (the jobs' default) over the node. Stopped on the way out."""
     made: list = []
 
-    def make(capacity: int, isolation: str = ""):
+    def make(capacity: int, isolation: str = "", agent_extra: tuple[str, ...] = ()):
         sim, host = tmp_path / "sim", tmp_path / "host"
         SimDevice(sim, host, capacity_bytes=capacity)
         lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
         made.append(lockd)
         agent = AgentProcess(etcd.endpoints_str, key_prefix, NODE, str(tmp_path), sim_dir=sim,
                              env={"TIMESLICE_SIM_HOST_DIR": str(host)},
-                             extra=["--sim-checkpoint-gbps", "0", "--sim-restore-gbps", "0"]).start()
+                             extra=["--sim-checkpoint-gbps", "0", "--sim-restore-gbps", "0", *agent_extra]).start()
         made.append(agent)
         from timeslice import OrchestratorClient
         with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:

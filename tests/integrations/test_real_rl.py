@@ -60,8 +60,12 @@ def test_the_nan_stand_in_catches_a_phase_run_outside_the_hold(rl_stack, alone):
 
 
 def test_two_plain_transformers_grpo_loops_time_sliced_equal_their_standalone_runs(rl_stack, alone):
+    """Also: a job's optimizer state, made inside its first train hold, is on the agent's report
+    before that hold ends. The agent's periodic refresh is made rarer than a phase here, so a
+    grant planned on a report from before the growth would put the other job on a full device
+    (its first optimizer step ran out of simulated memory: the CI failure this test once had)."""
     args_a, args_b = ["--seed", "1", "--steps", "3"], ["--seed", "2", "--steps", "3"]
     base = alone([("real_job.py", "alone-a", args_a, True), ("real_job.py", "alone-b", args_b, True)])
-    jobs, _agent = rl_stack(capacity_for(base))
+    jobs, _agent = rl_stack(capacity_for(base), agent_extra=("--refresh-interval", "9"))
     sliced = jobs.run([("real_job.py", "plain-a", args_a, False), ("real_job.py", "plain-b", args_b, False)])
     check_pair(base, sliced)

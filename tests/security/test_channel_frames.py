@@ -53,6 +53,7 @@ AFTER_WELCOME = {
     "a string for a count": obj({"type": "done", "id": 1, "ok": True, "bytes_moved": "lots"}),
     "paused that is not a list": obj({"type": "state", "paused": "w"}),
     "region sizes that are not numbers": obj({"type": "state", "region_bytes": {"w": [1]}}),
+    "a sync id that is not a positive integer": obj({"type": "state", "paused": [], "sync": [1]}),
     "a frame past the size limit": struct.pack(">I", 1 << 30),
     "a body that is not JSON": frame(b"\xff\xfe not json"),
 }

@@ -28,7 +28,9 @@ loop, and this helper covers both:
 
 When a region grows (the first step), the retained host backup of the new state
 is pinned at once, inside the hold (``memory.prepin``), and the node agent is
-told the new sizes (``worker.announce()``), so its first swap costs no pinning.
+told the new sizes (``worker.announce(sync=True)``), so its first swap costs no pinning
+and the hold ends only once the agent's report counts them: a grant planned after
+it never takes the new state for free device memory.
 
 On the CPU stand-in (``timeslice.nodeagent.sim.torch_memory.SimTorchMemory``, a
 SIMULATOR) the same calls *adopt* the tensors instead, which lets CI check that
@@ -181,6 +183,6 @@ class Placement:
         if self.worker is not None and prepin is not None and self.memory.tags.get(tag) == "offload":
             prepin([tag])
         if self.worker is not None:
-            self.worker.announce()
+            self.worker.announce(sync=True)            # counted by the agent's report before the hold ends
         if self.on_grow is not None:
             self.on_grow(tag, time.monotonic() - t0)
