@@ -115,12 +115,9 @@ class Runner:
         """
         self.metrics.inflight.inc()
         t0 = time.monotonic()
-        prepare = getattr(self.backend, "prepare", None)
-        finish = getattr(self.backend, "finish", None)      # prepare's pair (backends.composite)
         try:
             try:
-                if prepare is not None:
-                    await asyncio.to_thread(prepare, op, list(pids), isolation, need_bytes)
+                await asyncio.to_thread(self.backend.prepare, op, list(pids), isolation, need_bytes)
                 res, rollback = await asyncio.to_thread(self._run, op, list(pids))
             except Exception as e:  # a bug or an I/O error becomes the job's report
                 log.exception("op_crashed", op=op, job=job, pids=list(pids))
@@ -131,8 +128,7 @@ class Runner:
             elapsed = (time.monotonic() - t0) * 1000
             after = await self.picture(pids)
         finally:
-            if prepare is not None and finish is not None:
-                finish(list(pids))
+            self.backend.finish(list(pids))      # prepare's pair, whatever happened
             self.metrics.inflight.dec()
         rr = RunResult(res, rollback, after, elapsed)
         self.metrics.ops.labels(op, rr.outcome, source).inc()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -63,6 +63,16 @@ class Backend(abc.ABC):
     # Extra free bytes a restore needs beyond the recorded snapshot, per device
     # (see nodeagent.hostmem.admit_restore). Real drivers rebuild a context.
     restore_headroom_bytes: int = 0
+
+    # -- per-op context -----------------------------------------------------
+    def prepare(self, op: str, pids: Sequence[int], isolation: str = "", need_bytes: int = 0) -> None:  # noqa: B027
+        """Called by the runner before ``op`` on ``pids``: the group's isolation and the device bytes
+        the incoming job needs here (0: all). A whole-process checkpoint needs neither (a no-op);
+        the cooperative swaps use both (``nodeagent.backends.composite``). Blocking."""
+
+    def finish(self, pids: Sequence[int]) -> None:  # noqa: B027
+        """``prepare``'s pair: called once the op on ``pids`` ended, whether or not it (or
+        ``prepare``) failed, to drop what ``prepare`` kept."""
 
     # -- the state machine -------------------------------------------------
     @abc.abstractmethod
