@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 import hmac
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import structlog
@@ -31,22 +32,21 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
-from timeslice.nodeagent import attest, fencing, traces
 from timeslice.nodeagent import intents as I
-from timeslice.nodeagent import orphans as O
+from timeslice.nodeagent import traces
 from timeslice.nodeagent.attestations import Attestations
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
-from timeslice.nodeagent.discovery import local_registered_pids
+from timeslice.nodeagent.fencing import Fence
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.inventory import Inventory
 from timeslice.nodeagent.jobs import LocalJobs
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.nodelock import NodeLock
-from timeslice.nodeagent.protected import protected_reason
+from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
@@ -66,6 +66,15 @@ def make_backend(cfg: AgentConfig) -> Backend:
     return pick_backend(cfg.backend_name, **opts)
 
 
+def duty_meter(backend: CompositeBackend) -> Callable[[], Mapping[str, float] | None]:
+    """Duty cycle per GPU, read at scrape time: NVML, or the simulated device's busy fraction."""
+    if backend.name == "sim":
+        from timeslice.nodeagent.sim.utilization import SimUtilization
+        return SimUtilization(backend.dev.root).fraction
+    from timeslice.nodeagent.metrics import nvml_utilization
+    return nvml_utilization
+
+
 class Agent:
     def __init__(self, cfg: AgentConfig, backend: Backend | None = None, metrics: Metrics | None = None):
         self.cfg, self.node, self.keys = cfg, cfg.node, Keys(cfg.prefix)
@@ -79,9 +88,6 @@ class Agent:
                                      self._worker_left, self._worker_back, on_attested=self._worker_attested,
                                      on_state=self._worker_grew)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
-        self._unattested: dict[int, str] = {}                         # pid -> job, warned once
-        self._orphans_path = Path(cfg.state_dir) / f"frozen-{cfg.node}.json"
-        self.orphans = O.Orphans.load(self._orphans_path)             # sessions gone, processes on a GPU
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
                                         cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
@@ -96,6 +102,8 @@ class Agent:
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
         self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
                                  cfg.app_drain_s or None, cfg.app_drain_expired)
+        self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
+                                      cfg.require_attestation)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
         self.attestations = Attestations(self.client, self.keys, self.node, lambda: self.live_session().lease_id)
         self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
@@ -106,11 +114,21 @@ class Agent:
         self._answered: dict[str, int] = {}          # job -> intent revision answered by this process
         self._session_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
-        self.upkeep = Upkeep(self)
+        # Sessions gone, processes on a GPU: frozen at the device, remembered on disk.
+        self.fence = Fence(self.backend, self.keys, self.jobs, self.jobs_mirror, self.processes,
+                           Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self._busy)
+        self.metrics.duty.gpu_utilization = duty_meter(self.backend)
+        self.upkeep = Upkeep(cfg, self.backend, self.metrics, self.jobs, self.channel, self.processes, self.inventory,
+                             self.reporter, self.fence, self.live_session, self.renew_session, self._busy,
+                             lambda job: self.pending(job) is not None)
+
+    def _busy(self, job: str) -> bool:
+        """An op (intent or direct) or an intent driver works on ``job``: its status is theirs."""
+        return self.runner.busy(job) or self.driving(job)
 
     # --- life cycle ----------------------------------------------------------
     async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
-        self.endpoint = endpoint
+        self.endpoint = self.upkeep.endpoint = endpoint
         await self.nodelock.acquire()
         self.session = await Session(self.client, self.cfg.session).open()
         for m in (self.node_mirror, self.jobs_mirror):
@@ -168,8 +186,7 @@ class Agent:
             s.orphan()
             self.session = new = await Session(self.client, self.cfg.session).open()
             log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{new.lease_id:x}")
-            self.upkeep.force_put = True        # the liveness key must move to the new lease
-            self.upkeep.soon.set()
+            self.upkeep.lease_renewed()         # the liveness key must move to the new lease
 
     # --- cooperative workers ------------------------------------------------------
     async def _authorize(self, job: str, secret: str) -> str | None:
@@ -200,11 +217,6 @@ class Agent:
     async def _worker_attested(self, info) -> None:
         """A worker proved its job: say so in etcd before it is welcomed (nodeagent/attestations.py)."""
         await self.attestations.publish(info.pid, info.job, info.start_time)
-
-    async def fence(self) -> None:
-        """Freeze and thaw at the device the processes of jobs that lost or left their sessions
-        (nodeagent/fencing.py)."""
-        await fencing.fence(self)
 
     def _worker_back(self, info) -> None:
         """A cooperative worker said hello (after an agent restart, its word on what it has paused):
@@ -293,43 +305,6 @@ class Agent:
         finally:
             self._drivers.pop(job, None)
 
-    async def registrations(self, job: str) -> list[R.WorkerValue]:
-        """``job``'s worker registrations on this node, read fresh from etcd."""
-        prefix = self.keys.workers(job) + f"{self.node}/".encode()
-        r = await self.client.range(ops.range_req(prefix, prefix=True))
-        read = []
-        for kv in r.kvs:
-            try:
-                read.append((kv, R.WorkerValue.load(kv.value)))
-            except Exception:  # a malformed registration names no process
-                log.warning("bad_worker_key", key=kv.key.decode(errors="replace"))
-        self.swappers.note(job, read)                    # ahead of the jobs mirror, maybe
-        return [reg for _, reg in read]
-
-    async def pids(self, job: str, regs: list[R.WorkerValue] | None = None) -> tuple[list[int], list[int]]:
-        """(registered, remembered) pids of ``job`` here; registrations read fresh from etcd."""
-        entries = [w.__dict__ for w in (regs if regs is not None else await self.registrations(job))]
-        registered = set(await asyncio.to_thread(local_registered_pids, entries, self.node))
-        registered |= self.jobs.adopted.get(job, set())
-        # A cooperative worker is the job's as long as it lives, registered or not (its job closed its
-        # session, or the session went while it was parked): its memory moves only through it.
-        registered |= {p for p, j in self.channel.cooperative_pids().items() if j == job}
-        # A job may register any pid; the agent never acts on init, itself or the system's servers.
-        for pid in [p for p in registered if protected_reason(p)]:
-            log.warning("protected_pid_registered", job=job, pid=pid, why=protected_reason(pid))
-            registered.discard(pid)
-        registered = set(self.trusted_pids(job, registered))
-        return sorted(registered), sorted(self.jobs.remembered(job) - registered)
-
-    def trusted_pids(self, job: str, pids) -> list[int]:
-        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attest.py)."""
-        keep, refused = attest.trusted(job, pids, self.channel.job_of, self.cfg.require_attestation)
-        for pid, why in refused.items():
-            if self._unattested.get(pid) != job:
-                self._unattested[pid] = job
-                log.warning("worker_not_attested", job=job, pid=pid, why=why)
-        return keep
-
     async def _handle(self, intent: I.Intent) -> None:
         ctx = intent.log_ctx()
         # The backend's own log lines (in worker threads) carry the job and token too.
@@ -338,8 +313,8 @@ class Agent:
                 await self._handle_locked(intent, ctx)
 
     async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
-        regs = await self.registrations(intent.job)
-        registered, remembered = await self.pids(intent.job, regs)
+        regs = await self.processes.registrations(intent.job)
+        registered, remembered = await self.processes.pids(intent.job, regs)
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
         # Cooperative workers with no channel (not reconnected since this agent started, or closing):
         # their state is theirs to say. Wait for each to come back or exit (bounded), then look.

@@ -1,7 +1,7 @@
 """The jobs of this node as etcd shows them: intents, statuses, registered workers.
 
 Read from the agent's two mirrors, never from etcd directly (the op path
-reads registrations fresh; see ``Agent.pids``). A job's pids here come from
+reads registrations fresh; see ``JobProcesses.pids``). A job's pids here come from
 three places:
 
 * registered: ``jobs/<job>/workers/<node>/<pid>``, leased to the job's

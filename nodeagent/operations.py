@@ -92,7 +92,7 @@ class Operations:
         if self.agent.stopping:
             raise AgentStopping("the agent is stopping; retry on its successor")
         runner = self.agent.runner
-        registered, remembered = await self.agent.pids(job)
+        registered, remembered = await self.agent.processes.pids(job)
         if pids:
             chosen = sorted(set(pids))
             pic = await runner.picture(chosen)
