@@ -1,13 +1,16 @@
-"""The node agent: intents in, checkpoint ops out, revisioned statuses back.
+"""The node agent, wired: intents in, checkpoint ops out, revisioned statuses back.
+
+This module builds the agent's rooms, each taking its collaborators in its
+constructor, starts and stops them in order, and answers the node-local
+channel's callbacks (who may connect, a worker gone or grown). The work is in
+the rooms: the intent loop in ``nodeagent.driver``, which processes are a
+job's in ``nodeagent.processes``, the liveness key and drifted statuses in
+``nodeagent.upkeep``, freezing orphans in ``nodeagent.fencing``, every etcd
+write in ``nodeagent.reporter``.
 
 Two mirrors (``Reflector``: read at revision R, watch from R+1, re-read on
 compaction) keep the agent's view of etcd: ``nodes/<node>/`` (its intents and
 statuses) and ``jobs/`` (worker registrations, to know each job's pids here).
-The intent loop is level-triggered: for a job, the *current* intent is run
-unless the job's status already answers it, so the newest intent per job wins,
-a repeated event is harmless, and a restarted agent simply runs whatever is
-still unanswered. One driver task per job runs its intents one at a time;
-different jobs run concurrently.
 
 Nothing the agent remembers matters across a restart: etcd holds the intents
 and statuses (with the fencing tokens), the processes hold their own
@@ -18,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -32,14 +34,13 @@ from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
-from timeslice.nodeagent import intents as I
-from timeslice.nodeagent import traces
 from timeslice.nodeagent.attestations import Attestations
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
+from timeslice.nodeagent.driver import IntentDriver
 from timeslice.nodeagent.fencing import Fence
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.inventory import Inventory
@@ -110,8 +111,6 @@ class Agent:
                                  self.renew_session)
         self.endpoint = ""
         self.stopping = False
-        self._drivers: dict[str, asyncio.Task] = {}
-        self._answered: dict[str, int] = {}          # job -> intent revision answered by this process
         self._session_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         # Sessions gone, processes on a GPU: frozen at the device, remembered on disk.
@@ -120,11 +119,15 @@ class Agent:
         self.metrics.duty.gpu_utilization = duty_meter(self.backend)
         self.upkeep = Upkeep(cfg, self.backend, self.metrics, self.jobs, self.channel, self.processes, self.inventory,
                              self.reporter, self.fence, self.live_session, self.renew_session, self._busy,
-                             lambda job: self.pending(job) is not None)
+                             lambda job: self.driver.pending(job) is not None)
+        # The intent loop: one driver per job (nodeagent/driver.py).
+        self.driver = IntentDriver(self.node, self.keys, self.client, self.backend.name, self.jobs, self.node_mirror,
+                                   self.processes, self.swappers, self.reconnects, self.tokens, self.runner,
+                                   self.upkeep, self.reporter, self.metrics, lambda: self.stopping)
 
     def _busy(self, job: str) -> bool:
         """An op (intent or direct) or an intent driver works on ``job``: its status is theirs."""
-        return self.runner.busy(job) or self.driving(job)
+        return self.runner.busy(job) or self.driver.driving(job)
 
     # --- life cycle ----------------------------------------------------------
     async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
@@ -141,23 +144,23 @@ class Agent:
         self.tokens.recover(self.jobs.statuses())
         await self.upkeep.reconcile()
         await self.upkeep.refresh(force=True)
-        self.node_mirror.add_listener(self._on_node_batch)
+        self.node_mirror.add_listener(self.driver.on_node_batch)
         self.jobs_mirror.add_listener(self._on_jobs_batch)
         self._tasks.append(asyncio.create_task(self.upkeep.loop(), name="agent-refresh"))
         self._tasks.append(asyncio.create_task(self.attestations.loop(self.channel.attested, self.cfg.refresh_interval),
                                                name="agent-attestations"))
-        self._kick_all()
+        self.driver.kick_all()
         log.info("agent_started", node=self.node, backend=self.backend.name, why=self.backend.why,
                  lease=f"{self.session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
 
     async def stop(self, grace: float = 30.0) -> None:
         """Finish the ops in flight (up to ``grace`` s), then give the lease back."""
         self.stopping = True
-        if self._drivers:
-            await asyncio.wait(list(self._drivers.values()), timeout=grace)
-        for t in [*self._tasks, *self._drivers.values()]:
+        await self.driver.settle(grace)
+        tasks = [*self._tasks, *self.driver.tasks()]
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, *self._drivers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.channel.stop()
         for m in (self.node_mirror, self.jobs_mirror):
             await m.stop()
@@ -249,127 +252,7 @@ class Agent:
         except Exception as e:  # gone already, most likely
             log.info("cooperative_unfreeze_skipped", pid=info.pid, job=info.job, error=str(e))
 
-    # --- triggers (mirror listeners: synchronous, called for every batch) -------
-    def _on_node_batch(self, events, reset: bool) -> None:
-        if reset:
-            self._kick_all()
-            return
-        for ev in events:
-            job = self.jobs.intent_job(ev.kv.key)
-            if job is not None and ev.is_put:
-                self._kick(job)
-
+    # --- triggers (the jobs mirror's listener: synchronous, called for every batch) -------
     def _on_jobs_batch(self, events, reset: bool) -> None:
         if reset or any(self.jobs.is_local_worker(ev.kv.key) for ev in events):
             self.upkeep.soon.set()
-
-    def _kick_all(self) -> None:
-        for job in self.jobs.intent_jobs():
-            self._kick(job)
-
-    def _kick(self, job: str) -> None:
-        if not self.stopping and job not in self._drivers:
-            self._drivers[job] = asyncio.create_task(self._drive(job), name=f"intent-{job}")
-
-    # --- the intent loop ---------------------------------------------------------
-    def driving(self, job: str) -> bool:
-        """True while an intent driver works on ``job`` (its status is the driver's to write)."""
-        return job in self._drivers
-
-    def pending(self, job: str) -> I.Intent | None:
-        """The job's current intent if nobody has answered it yet."""
-        kv = self.jobs.intent_kv(job)
-        if kv is None:
-            return None
-        intent = I.Intent.from_kv(job, kv)
-        if self._answered.get(job) == intent.revision or I.answered(intent, self.jobs.status(job)):
-            return None
-        return intent
-
-    async def _drive(self, job: str) -> None:
-        delay = 0.1
-        try:
-            while not self.stopping:
-                intent = self.pending(job)
-                if intent is None:
-                    return              # no await since the check: a new event starts a new driver
-                try:
-                    await self._handle(intent)
-                    delay = 0.1
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # etcd down, a bug: retry the intent later
-                    log.exception("intent_retry", **intent.log_ctx(), error=str(e))
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 5.0)
-        finally:
-            self._drivers.pop(job, None)
-
-    async def _handle(self, intent: I.Intent) -> None:
-        ctx = intent.log_ctx()
-        # The backend's own log lines (in worker threads) carry the job and token too.
-        with structlog.contextvars.bound_contextvars(job=intent.job, token=intent.token, op=intent.op):
-            async with self.runner.lock(intent.job):
-                await self._handle_locked(intent, ctx)
-
-    async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
-        regs = await self.processes.registrations(intent.job)
-        registered, remembered = await self.processes.pids(intent.job, regs)
-        stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
-        # Cooperative workers with no channel (not reconnected since this agent started, or closing):
-        # their state is theirs to say. Wait for each to come back or exit (bounded), then look.
-        coop = [p for p in [*registered, *remembered] if self.swappers.cooperative(p)]
-        away = "" if stale or intent.error or not coop else await self.reconnects.wait_all(coop, intent.job)
-        pic = await self.runner.picture(registered, remembered)
-        d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0,
-                     I.checkpoint_refusal(regs), away)
-        if d.kind != I.RUN:
-            st = I.status(intent, pic.state, d.outcome, device_bytes=pic.device_bytes, gpu_bytes=pic.gpu_bytes,
-                          token=d.fence,
-                          error="" if d.outcome == R.OK else d.reason, pids=pic.live_pids)
-            if await self._answer(intent, st):
-                self.metrics.ops.labels(intent.op or "?", d.outcome, "intent").inc()
-                say = log.warning if d.kind == I.REFUSE else log.info
-                say("intent_refused" if d.kind == I.REFUSE else "intent_reported", **ctx,
-                    outcome=d.outcome, state=pic.state, reason=d.reason)
-            return
-        await asyncio.to_thread(self.tokens.note, intent.group, intent.token)
-        # A freeze or thaw moves nothing and takes a few ms: no in-progress report (an agent that dies
-        # mid-way runs the unanswered intent again; a lock or unlock done already is "already"), and
-        # no refreshed agent key with the answer (the device figures do not change). Each saves a
-        # write in the elided handoff of a strict group, which waits for these answers.
-        moves = intent.op in (R.SNAPSHOT, R.RESTORE)
-        if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
-            return
-        log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
-        assert intent.value is not None                   # decide() runs only a readable intent
-        t0_ns = time.time_ns()
-        rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
-                                   isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
-        st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
-        rev = await self._answer(intent, st, refresh=moves)
-        # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
-        await traces.op_spans(self.client, self.keys, self.node, self.backend.name, intent, pic, rr, t0_ns)
-        say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
-        say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
-            device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
-
-    async def _answer(self, intent: I.Intent, st: R.StatusValue, refresh: bool = True) -> int:
-        """Write ``st`` for ``intent`` (with the refreshed agent key if ``refresh``); 0 if superseded."""
-        if not refresh:
-            rev = await self.reporter.answer(intent, st)
-        else:
-            async with self.upkeep.lock:
-                agent = await self.upkeep.agent_value()
-                rev = await self.reporter.answer(intent, st, agent)
-        if rev and st.outcome:
-            self._answered[intent.job] = intent.revision
-        if not rev:
-            self.metrics.superseded.inc()
-            # Let the mirror catch up with the intent that replaced this one
-            # before looking again, or the driver would chase the old one.
-            try:
-                await self.node_mirror.wait_revision(self.reporter.newer_revision, timeout=5)
-            except asyncio.TimeoutError:
-                pass
-        return rev
