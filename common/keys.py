@@ -115,10 +115,14 @@ class Keys:
     def workers(self, job: str) -> bytes:
         return self.job(job) + b"workers/"
 
+    def node_workers(self, job: str, node: str) -> bytes:
+        """Prefix of ``job``'s worker registrations on ``node``."""
+        return self.workers(job) + f"{check_id('node', node)}/".encode()
+
     def worker(self, job: str, node: str, pid: int) -> bytes:
         if not isinstance(pid, int) or pid <= 0:
             raise ValueError(f"pid must be a positive integer, got {pid!r}")
-        return self.workers(job) + f"{check_id('node', node)}/{pid}".encode()
+        return self.node_workers(job, node) + str(pid).encode()
 
     def closed(self, job: str) -> bytes:
         """Marker written by CloseSession just before it revokes the job's lease (leased for a minute):
@@ -190,3 +194,26 @@ class Keys:
         if not s.startswith(self.prefix):
             raise ValueError(f"key {s!r} is not below prefix {self.prefix!r}")
         return tuple(s[len(self.prefix):].split("/"))
+
+    def _parts(self, key: bytes) -> tuple[str, ...]:
+        try:
+            return self.parse(key)
+        except ValueError:                   # not below the prefix, or not UTF-8
+            return ()
+
+    def intent_job(self, key: bytes, node: str) -> str | None:
+        """The job an intent key of ``node`` is for (``nodes/<node>/intents/<job>``), else None."""
+        p = self._parts(key)
+        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == node and p[2] == "intents" else None
+
+    def status_job(self, key: bytes, node: str) -> str | None:
+        """The job a status key of ``node`` is for (``nodes/<node>/status/<job>``), else None."""
+        p = self._parts(key)
+        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == node and p[2] == "status" else None
+
+    def worker_of(self, key: bytes, node: str) -> tuple[str, int] | None:
+        """(job, pid) of a worker registration on ``node`` (``jobs/<job>/workers/<node>/<pid>``), else None."""
+        p = self._parts(key)
+        if len(p) == 5 and p[0] == "jobs" and p[2] == "workers" and p[3] == node and p[4].isdigit():
+            return p[1], int(p[4])
+        return None

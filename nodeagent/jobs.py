@@ -43,29 +43,19 @@ class LocalJobs:
         self._published: tuple[int, dict[int, tuple[str, R.WorkerValue]]] = (0, {})
         jobs_mirror.add_listener(self._on_jobs_batch)
 
-    # --- keys -------------------------------------------------------------------
-    def _parts(self, key: bytes) -> tuple[str, ...]:
-        try:
-            return self.keys.parse(key)
-        except ValueError:
-            return ()
-
+    # --- keys (spelled and parsed by timeslice.common.keys) ------------------------------
     def intent_job(self, key: bytes) -> str | None:
-        p = self._parts(key)
-        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == self.node and p[2] == "intents" else None
+        return self.keys.intent_job(key, self.node)
 
     def _status_job(self, key: bytes) -> str | None:
-        p = self._parts(key)
-        return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == self.node and p[2] == "status" else None
+        return self.keys.status_job(key, self.node)
 
-    def _local_worker(self, key: bytes) -> tuple[str, int] | None:
-        p = self._parts(key)
-        if len(p) == 5 and p[0] == "jobs" and p[2] == "workers" and p[3] == self.node and p[4].isdigit():
-            return p[1], int(p[4])
-        return None
+    def local_worker(self, key: bytes) -> tuple[str, int] | None:
+        """(job, pid) if ``key`` registers a worker on this node."""
+        return self.keys.worker_of(key, self.node)
 
     def is_local_worker(self, key: bytes) -> bool:
-        return self._local_worker(key) is not None
+        return self.local_worker(key) is not None
 
     # --- intents and statuses --------------------------------------------------------
     def intent_jobs(self) -> list[str]:
@@ -113,14 +103,14 @@ class LocalJobs:
         if reset:
             self._regs = {}
             for key, kv in self.jobs_mirror.items(self.keys.jobs()):
-                hit = self._local_worker(key)
+                hit = self.local_worker(key)
                 if hit:
                     self._regs.setdefault(hit[1], {})[hit[0]] = kv
             self._publish(set(self._regs), replace=True)
             return
         changed = set()
         for ev in events:
-            hit = self._local_worker(ev.kv.key)
+            hit = self.local_worker(ev.kv.key)
             if hit is None:
                 continue
             job, pid = hit

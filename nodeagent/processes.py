@@ -39,7 +39,7 @@ class JobProcesses:
 
     async def registrations(self, job: str) -> list[R.WorkerValue]:
         """``job``'s worker registrations on this node, read fresh from etcd."""
-        prefix = self.keys.workers(job) + f"{self.node}/".encode()
+        prefix = self.keys.node_workers(job, self.node)
         # Linearizable (the client's default): the op acts on what the job registered up to now.
         r = await self.client.range(ops.range_req(prefix, prefix=True))
         read = []

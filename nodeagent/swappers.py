@@ -47,9 +47,9 @@ class Swappers:
         seen = self.jobs.workers_revision
         fresh = {p: v for p, v in self._fresh.items() if v[0] > seen}   # drop what the mirror has
         for kv, reg in read:
-            pid = kv.key.rsplit(b"/", 1)[-1]
-            if pid.isdigit() and kv.mod_revision > seen:
-                fresh[int(pid)] = (kv.mod_revision, job, reg)
+            named = self.jobs.local_worker(kv.key)              # (job, pid) the key registers
+            if named is not None and kv.mod_revision > seen:
+                fresh[named[1]] = (kv.mod_revision, job, reg)
         self._fresh = fresh
 
     def registration(self, pid: int) -> tuple[str, R.WorkerValue] | None:

@@ -195,3 +195,18 @@ def test_cli_exits_2_on_bad_configuration(capsys):
     assert cli.main(["serve", "--node", "bad/name"]) == 2
     assert "invalid configuration" in capsys.readouterr().err
     assert cli.main(["serve", "--node", "n", "--backend", "tpu"]) == 2
+
+
+def test_the_agents_keys_are_spelled_and_parsed_by_common_keys():
+    """The node's intent, status and worker keys are told apart by ``Keys`` alone: another
+    node's, another prefix's, a malformed or non-UTF-8 key names no job."""
+    from timeslice.common.keys import Keys
+    k = Keys("/p/")
+    assert k.node_workers("j", "n") == b"/p/jobs/j/workers/n/"
+    assert k.worker("j", "n", 42) == b"/p/jobs/j/workers/n/42"
+    assert k.intent_job(k.intent("n", "j"), "n") == "j" and k.intent_job(k.intent("m", "j"), "n") is None
+    assert k.status_job(k.status("n", "j"), "n") == "j" and k.status_job(k.intent("n", "j"), "n") is None
+    assert k.worker_of(k.worker("j", "n", 42), "n") == ("j", 42)
+    assert k.worker_of(k.worker("j", "m", 42), "n") is None
+    for bad in (b"/q/nodes/n/intents/j", b"/p/nodes/n/intents/j/x", b"/p/jobs/j/workers/n/4x", b"/p/\xff/n"):
+        assert k.intent_job(bad, "n") is None and k.worker_of(bad, "n") is None and k.status_job(bad, "n") is None

@@ -9,7 +9,9 @@ image), and again whenever a GPU node is added. It creates, or brings up to date
                                                        <prefix>nodes/<node>/ (its agent key and
                                                        the statuses it reports)
 
-and then enables authentication. Passwords are read from files, never from the
+and then enables authentication. It runs with the timeslice package installed (the
+keys are spelled by ``timeslice.common.keys``, as every component spells them; node
+names and the prefix follow the same grammar). Passwords are read from files, never from the
 command line: ``--root-password-file``, ``--lockd-password-file`` and
 ``--agents-dir`` (one file per node, named after the node, holding that node's
 agent password — the same value the node's agent reads from its own host file).
@@ -21,34 +23,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
 import grpc
 from aetcd.rpc import auth_pb2, rpc_pb2, rpc_pb2_grpc
 
-NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")   # a Kubernetes node name
-
-
-def range_end(prefix: bytes) -> bytes:
-    """The end of the key range that holds every key starting with ``prefix``."""
-    b = bytearray(prefix)
-    for i in range(len(b) - 1, -1, -1):
-        if b[i] < 0xFF:
-            b[i] += 1
-            return bytes(b[: i + 1])
-    return b"\0"
+from timeslice.common.errors import InvalidIdError
+from timeslice.common.ids import check_id
+from timeslice.common.keys import Keys, prefix_range_end
 
 
 def plan(prefix: str, nodes: list[str]) -> dict[str, list[tuple[int, bytes, bytes]]]:
-    """role -> [(permission type, key, range_end)]; the whole policy, in one place."""
-    p = prefix.encode()
+    """role -> [(permission type, key, range_end)]; the whole policy, in one place. The keys are
+    spelled by ``timeslice.common.keys``, as every component spells them."""
+    keys = Keys(prefix)
+    p = keys.root()
     read, rw = auth_pb2.Permission.READ, auth_pb2.Permission.READWRITE
-    roles = {"timeslice-lockd": [(rw, p, range_end(p))]}
+    roles = {"timeslice-lockd": [(rw, p, prefix_range_end(p))]}
     for n in nodes:
-        own = p + f"nodes/{n}/".encode()
-        roles[f"timeslice-agent-{n}"] = [(read, p, range_end(p)), (rw, own, range_end(own))]
+        own = keys.node(n)
+        roles[f"timeslice-agent-{n}"] = [(read, p, prefix_range_end(p)), (rw, own, prefix_range_end(own))]
     return roles
 
 
@@ -99,16 +94,18 @@ def agents(agents_dir: str | None) -> dict[str, str]:
     for f in sorted(Path(agents_dir).iterdir()):
         if f.name.startswith(".") or not f.is_file():
             continue        # Kubernetes secret volumes hold ..data links beside the keys
-        if not NODE_RE.match(f.name):
-            raise SystemExit(f"{f.name[:64]!r} is not a node name")
+        try:
+            check_id("node", f.name)        # the grammar of every node id (timeslice.common.ids)
+        except InvalidIdError:
+            raise SystemExit(f"{f.name[:64]!r} is not a node name") from None
         out[f.name] = read_secret(f)
     return out
 
 
 def setup(channel: grpc.Channel, prefix: str, root_pw: str, lockd_pw: str, agent_pws: dict[str, str]) -> list[str]:
     """Create or update the roles and users, then enable auth. Returns the users set."""
-    if not prefix.endswith("/"):
-        raise SystemExit("prefix must end with '/'")
+    if not prefix.startswith("/") or not prefix.endswith("/"):
+        raise SystemExit("prefix must start and end with '/'")   # as every component's (timeslice.common.keys)
     a = Auth(channel)
     try:
         a.login("root", root_pw)          # works only once auth is on (AuthStatus is 3.5+ only)
