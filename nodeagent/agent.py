@@ -5,7 +5,7 @@ constructor, starts and stops them in order, and answers the node-local
 channel's callbacks (who may connect, a worker gone or grown). The work is in
 the rooms: the intent loop in ``nodeagent.driver``, which processes are a
 job's in ``nodeagent.processes``, the liveness key and drifted statuses in
-``nodeagent.upkeep``, freezing orphans in ``nodeagent.fencing``, every etcd
+``nodeagent.upkeep``, freezing orphans in ``nodeagent.exclusion``, every etcd
 write in ``nodeagent.reporter``.
 
 Two mirrors (``Reflector``: read at revision R, watch from R+1, re-read on
@@ -41,7 +41,7 @@ from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.driver import IntentDriver
-from timeslice.nodeagent.fencing import Fence
+from timeslice.nodeagent.exclusion import DeviceExclusion
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.inventory import Inventory
 from timeslice.nodeagent.jobs import LocalJobs
@@ -114,11 +114,11 @@ class Agent:
         self._session_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         # Sessions gone, processes on a GPU: frozen at the device, remembered on disk.
-        self.fence = Fence(self.backend, self.keys, self.jobs, self.jobs_mirror, self.processes,
-                           Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self._busy)
+        self.exclusion = DeviceExclusion(self.backend, self.keys, self.jobs, self.jobs_mirror, self.processes,
+                                         Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self._busy)
         self.metrics.duty.gpu_utilization = duty_meter(self.backend)
         self.upkeep = Upkeep(cfg, self.backend, self.metrics, self.jobs, self.channel, self.processes, self.inventory,
-                             self.reporter, self.fence, self.live_session, self.renew_session, self._busy,
+                             self.reporter, self.exclusion, self.live_session, self.renew_session, self._busy,
                              lambda job: self.driver.pending(job) is not None)
         # The intent loop: one driver per job (nodeagent/driver.py).
         self.driver = IntentDriver(self.node, self.keys, self.client, self.backend.name, self.jobs, self.node_mirror,

@@ -22,7 +22,7 @@ from timeslice.common.grpc_metrics import GrpcServerMetrics
 from timeslice.common.serving import health_loop
 from timeslice.nodeagent.agent import Agent
 from timeslice.nodeagent.config import AgentConfig
-from timeslice.nodeagent.operations import Operations
+from timeslice.nodeagent.direct import Operations
 from timeslice.nodeagent.servicer import NodeAgentServicer
 from timeslice.proto import nodeagent_pb2_grpc as pbg
 
@@ -48,6 +48,12 @@ def authority_of(cfg: AgentConfig) -> Authority:
     return a
 
 
+def direct_ops(agent: Agent) -> Operations:
+    """The direct API's operations, on the agent's runner and reports (nodeagent/direct.py)."""
+    return Operations(agent.node, agent.runner, agent.processes, agent.jobs, agent.reporter, agent.upkeep,
+                      lambda: agent.stopping)
+
+
 def create_server(agent: Agent, listen: str, operations: Operations | None = None,
                   health_servicer: health.aio.HealthServicer | None = None,
                   cfg: AgentConfig | None = None) -> tuple[grpc.aio.Server, int]:
@@ -59,7 +65,7 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
     authority = authority_of(cfg) if cfg is not None else Authority(None)
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[GrpcServerMetrics(agent.metrics.registry), Gate(authority, ADMIN_METHODS)])
     pbg.add_NodeAgentServicer_to_server(
-        NodeAgentServicer(agent, operations or Operations(agent), authority), server)
+        NodeAgentServicer(agent.upkeep, operations or direct_ops(agent), authority), server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer or health.aio.HealthServicer(), server)
     if cfg is not None and cfg.tls_cert and cfg.tls_key is not None:     # config: cert and key come together
         creds = grpc.ssl_server_credentials(
@@ -86,7 +92,7 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
     tracing.setup("nodeagent", {"timeslice.node": cfg.node})
     agent = Agent(cfg)
-    operations = Operations(agent)
+    operations = direct_ops(agent)
     hs = health.aio.HealthServicer()
     server, port = create_server(agent, cfg.listen, operations, hs, cfg)
     await agent.start(endpoint=cfg.endpoint(port))

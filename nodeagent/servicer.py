@@ -1,4 +1,4 @@
-"""The direct gRPC API (proto/nodeagent.proto): proto in, agent call, proto out.
+"""The direct gRPC API (proto/nodeagent.proto): proto in, a call to the agent's rooms, proto out.
 
 Errors are TimesliceErrors carrying the name of their gRPC status (admission
 refusals are RESOURCE_EXHAUSTED, unknown ids NOT_FOUND, bad input
@@ -12,7 +12,8 @@ from __future__ import annotations
 from timeslice.common import records as R
 from timeslice.common.auth import Authority
 from timeslice.common.serving import rpc
-from timeslice.nodeagent.operations import Operation, Operations
+from timeslice.nodeagent.direct import Operation, Operations
+from timeslice.nodeagent.upkeep import Upkeep
 from timeslice.proto import nodeagent_pb2 as pb
 from timeslice.proto import nodeagent_pb2_grpc as pbg
 
@@ -23,8 +24,8 @@ def _op(o: Operation) -> pb.Operation:
 
 
 class NodeAgentServicer(pbg.NodeAgentServicer):
-    def __init__(self, agent, operations: Operations, authority: Authority | None = None):
-        self.agent, self.ops = agent, operations
+    def __init__(self, upkeep: Upkeep, operations: Operations, authority: Authority | None = None):
+        self.upkeep, self.ops = upkeep, operations
         self.authority = authority or Authority(None)
 
     @rpc
@@ -41,8 +42,8 @@ class NodeAgentServicer(pbg.NodeAgentServicer):
 
     @rpc
     async def Status(self, req, context):
-        pictures = await self.agent.upkeep.pictures()
-        value = await self.agent.upkeep.agent_value(pictures)
+        pictures = await self.upkeep.pictures()
+        value = await self.upkeep.agent_value(pictures)
         out = pb.AgentStatus(node=value.node, backend=value.backend, version=value.version,
                              host_free_bytes=value.host_free_bytes)
         out.gpus.extend(pb.Gpu(index=g["index"], uuid=g["uuid"], total_bytes=g["total_bytes"],

@@ -31,7 +31,7 @@ from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
-from timeslice.nodeagent.fencing import Fence
+from timeslice.nodeagent.exclusion import DeviceExclusion
 from timeslice.nodeagent.inventory import Inventory, differs
 from timeslice.nodeagent.jobs import LocalJobs, load_status
 from timeslice.nodeagent.metrics import Metrics
@@ -45,14 +45,14 @@ log = structlog.get_logger(__name__)
 class Upkeep:
     def __init__(self, cfg: AgentConfig, backend: CompositeBackend, metrics: Metrics, jobs: LocalJobs,
                  channel: ChannelServer, processes: JobProcesses, inventory: Inventory, reporter: Reporter,
-                 fence: Fence, session: Callable[[], Session], renew: Callable[[], Awaitable[None]],
+                 exclusion: DeviceExclusion, session: Callable[[], Session], renew: Callable[[], Awaitable[None]],
                  busy: Callable[[str], bool], unanswered: Callable[[str], bool]):
         """``session()``: the agent's lease now, ``renew()`` replaces a lost one; ``busy(job)``: an op or
         an intent driver works on ``job`` (its status is theirs to write); ``unanswered(job)``: the
         job has an intent nobody answered yet (an op will finish what a dead agent left half-done)."""
         self.cfg, self.node, self.backend, self.metrics = cfg, cfg.node, backend, metrics
         self.jobs, self.channel, self.processes, self.inventory = jobs, channel, processes, inventory
-        self.reporter, self.fence, self.session, self.renew = reporter, fence, session, renew
+        self.reporter, self.exclusion, self.session, self.renew = reporter, exclusion, session, renew
         self.busy, self.unanswered = busy, unanswered
         self.endpoint = ""                  # the agent's direct API, named in the liveness key (set at start)
         self._warned: dict[str, int] = {}      # job -> the parking (status updated_ms) already warned of
@@ -73,7 +73,7 @@ class Upkeep:
         # keeps its cooperative workers' memory on the device until they exit: still its own.
         for pid, job in self.channel.cooperative_pids().items():
             reg, rem = local.get(job, ([], []))
-            if pid not in reg and self.fence.let_go(job):
+            if pid not in reg and self.exclusion.let_go(job):
                 local[job] = (sorted({*reg, pid}), [p for p in rem if p != pid])
 
         def work():
@@ -121,7 +121,7 @@ class Upkeep:
             # First: a job whose session went while on a GPU is frozen *before* the report that
             # drops it from the running jobs, which is what lets the leader grant past it.
             try:
-                await self.fence.run()
+                await self.exclusion.run()
             except Exception as e:  # never stop reporting for it
                 log.error("fence_failed", error=str(e)[:300])
             pictures = await self.pictures()
@@ -186,7 +186,7 @@ class Upkeep:
 
     async def reconcile(self) -> None:
         for job, pic in (await self.pictures()).items():
-            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED and p not in self.fence.frozen()]
+            locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED and p not in self.exclusion.frozen()]
             if not locked or self.unanswered(job) or I.frozen_by_intent(self.jobs.status(job)):
                 continue                    # an op will finish it, or the freeze is deliberate (kept)
             for pid in locked:

@@ -31,7 +31,7 @@ from timeslice.nodeagent.processes import JobProcesses
 log = structlog.get_logger(__name__)
 
 
-class Fence:
+class DeviceExclusion:
     def __init__(self, backend: CompositeBackend, keys: Keys, jobs: LocalJobs, jobs_mirror: Reflector,
                  processes: JobProcesses, orphans_path: Path, busy: Callable[[str], bool]):
         """``busy(job)``: an op or an intent driver works on ``job`` now (its thaw waits a refresh)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -23,8 +24,12 @@ from timeslice.common.errors import InvalidIdError, TimesliceError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
-from timeslice.nodeagent.jobs import load_status
+from timeslice.nodeagent.jobs import LocalJobs, load_status
+from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.protected import protected_reason
+from timeslice.nodeagent.reporter import Reporter
+from timeslice.nodeagent.runner import Runner, RunResult
+from timeslice.nodeagent.upkeep import Upkeep
 
 log = structlog.get_logger(__name__)
 
@@ -64,8 +69,11 @@ class Operation:
 
 
 class Operations:
-    def __init__(self, agent, keep: int = 1000):
-        self.agent = agent
+    def __init__(self, node: str, runner: Runner, processes: JobProcesses, jobs: LocalJobs, reporter: Reporter,
+                 upkeep: Upkeep, stopping: Callable[[], bool], keep: int = 1000):
+        """``stopping()``: the agent is stopping (no new operation is taken)."""
+        self.node, self.runner, self.processes, self.jobs = node, runner, processes, jobs
+        self.reporter, self.upkeep, self.stopping = reporter, upkeep, stopping
         self.keep = keep
         self._ops: OrderedDict[str, Operation] = OrderedDict()
         self._tasks: set[asyncio.Task] = set()
@@ -89,25 +97,25 @@ class Operations:
         bad = [p for p in pids if not 0 < p <= MAX_PID]
         if bad:
             raise InvalidIdError(f"pids must be in 1..{MAX_PID}, got {bad[:8]}")
-        if self.agent.stopping:
+        if self.stopping():
             raise AgentStopping("the agent is stopping; retry on its successor")
-        runner = self.agent.runner
-        registered, remembered = await self.agent.processes.pids(job)
+        runner = self.runner
+        registered, remembered = await self.processes.pids(job)
         if pids:
             chosen = sorted(set(pids))
             pic = await runner.picture(chosen)
             gone = [p for p, s in pic.states.items() if s is ProcState.GONE]
             if gone:
-                raise NoProcesses(f"no such process on node {self.agent.node}: {gone[:8]}")
+                raise NoProcesses(f"no such process on node {self.node}: {gone[:8]}")
             strangers = sorted(set(chosen) - set(registered) - set(remembered))
             if strangers:
                 raise NotJobsProcess(f"pid(s) {strangers[:8]} are not registered workers of job {job!r} on node "
-                                     f"{self.agent.node}; the agent acts only on a job's own registered processes")
+                                     f"{self.node}; the agent acts only on a job's own registered processes")
         else:
             pic = await runner.picture(registered, remembered)
             chosen = pic.live_pids
             if not chosen:
-                raise NoProcesses(f"job {job!r} has no live registered process on node {self.agent.node}; "
+                raise NoProcesses(f"job {job!r} has no live registered process on node {self.node}; "
                                   "register its workers first")
         for p in chosen:
             why = protected_reason(p)
@@ -126,11 +134,10 @@ class Operations:
         return o
 
     async def _run(self, o: Operation) -> None:
-        agent = self.agent
         try:
-            async with agent.runner.lock(o.job_id):
+            async with self.runner.lock(o.job_id):
                 o.state = RUNNING
-                rr = await agent.runner.run(o.op, o.job_id, o.pids, "direct")
+                rr = await self.runner.run(o.op, o.job_id, o.pids, "direct")
                 o.bytes, o.elapsed_ms = rr.bytes_moved, round(rr.elapsed_ms, 3)
                 o.error = rr.result.error
                 if rr.outcome == R.PROCESS_GONE:
@@ -147,10 +154,9 @@ class Operations:
         log.info("direct_op_done", operation=o.operation_id, op=o.op, job=o.job_id, state=o.state,
                  bytes=o.bytes, elapsed_ms=o.elapsed_ms, error=o.error)
 
-    async def _record(self, o: Operation, rr) -> None:
+    async def _record(self, o: Operation, rr: RunResult) -> None:
         """Bring the job's status in etcd (and the liveness key) in line with what the op did."""
-        agent = self.agent
-        skv = agent.jobs.status_kv(o.job_id)
+        skv = self.jobs.status_kv(o.job_id)
         old = load_status(skv.value) if skv else None
         if old is not None and old.intent_revision:
             new = I.corrected(old, rr.after)
@@ -160,8 +166,8 @@ class Operations:
                 device_bytes=rr.after.device_bytes, elapsed_ms=o.elapsed_ms, error=o.error,
                 pids=rr.after.live_pids, updated_ms=R.now_ms())
         if new is not None:
-            await agent.reporter.correct(o.job_id, new, skv.mod_revision if skv else 0)
-        await agent.upkeep.refresh()
+            await self.reporter.correct(o.job_id, new, skv.mod_revision if skv else 0)
+        await self.upkeep.refresh()
 
     async def stop(self, grace: float = 30.0) -> None:
         """Let the operations in flight finish (up to ``grace`` s), then cancel the rest."""
