@@ -2,7 +2,7 @@
 
 This module builds the agent's rooms, each taking its collaborators in its
 constructor, starts and stops them in order, and answers the node-local
-channel's callbacks (who may connect, a worker gone or grown). The work is in
+channel's callbacks (a worker attested, back, gone or grown). The work is in
 the rooms: the intent loop in ``nodeagent.driver``, which processes are a
 job's in ``nodeagent.processes``, the liveness key and drifted statuses in
 ``nodeagent.upkeep``, freezing orphans in ``nodeagent.exclusion``, every etcd
@@ -19,17 +19,13 @@ checkpoint state, and ``start`` rebuilds everything from those two.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import structlog
 
 from timeslice.channel import default_socket_path
-from timeslice.common import records as R
 from timeslice.common.errors import ConfigError, TimesliceError
-from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.etcd.session import Session
@@ -54,6 +50,7 @@ from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.swappers import Swappers
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
+from timeslice.nodeagent.worker_auth import WorkerAuth
 
 log = structlog.get_logger(__name__)
 
@@ -85,7 +82,8 @@ class Agent:
         except OSError as e:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
-        self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node, self._authorize,
+        self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node,
+                                     lambda job, secret: self.auth.authorize(job, secret),
                                      self._worker_left, self._worker_back, on_attested=self._worker_attested,
                                      on_state=self._worker_grew)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
@@ -103,6 +101,8 @@ class Agent:
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
         self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
                                  cfg.app_drain_s or None, cfg.app_drain_expired)
+        # Who may open the channel for a job: the holder of its session secret.
+        self.auth = WorkerAuth(self.client, self.keys, self.jobs)
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
                                       cfg.require_attestation)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
@@ -192,31 +192,6 @@ class Agent:
             self.upkeep.lease_renewed()         # the liveness key must move to the new lease
 
     # --- cooperative workers ------------------------------------------------------
-    async def _authorize(self, job: str, secret: str) -> str | None:
-        """None if ``secret`` is the session secret of ``job`` (lockd keeps only its SHA-256).
-
-        etcd decides, read fresh: the jobs mirror may lag a session opened a moment ago, or one
-        opened again under the same job id by a restarted job (a new secret, which the mirror's
-        old digest would refuse while it let the old secret in). Only while etcd cannot be read
-        does the mirror's last known digest stand in (a worker reconnecting must not be refused
-        over an etcd blip). A worker connects once per process start or agent restart.
-        """
-        try:
-            # Linearizable (the client's default): a serializable read could come from a lagging member.
-            r = await self.client.range(ops.range_req(self.keys.session(job)))
-            raw = r.kvs[0].value if r.kvs else None
-            digest = R.SessionValue.load(raw).secret_sha256 if raw is not None else None
-        except TimesliceError as e:
-            log.warning("session_read_failed", job=job, error=str(e)[:200], fallback="mirror")
-            digest = self.jobs.session_digest(job)
-        except Exception:
-            digest = None                                # a session key that is not a session
-        if digest is None:
-            return f"job {job!r} has no live session"
-        if not hmac.compare_digest(hashlib.sha256(secret.encode()).hexdigest(), digest):
-            return f"wrong session secret for job {job!r}"
-        return None
-
     async def _worker_attested(self, info) -> None:
         """A worker proved its job: say so in etcd before it is welcomed (nodeagent/attestations.py)."""
         await self.attestations.publish(info.pid, info.job, info.start_time)
