@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import functools
 import os
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import grpc
@@ -44,7 +44,7 @@ from timeslice.admin import Admin
 from timeslice.config import DEFAULT_TIMEOUT, DEFAULT_TTL, ClientConfig
 from timeslice.core import ClientCore
 from timeslice.holds import Holds, Withdrawals
-from timeslice.model import Grant
+from timeslice.model import Grant, GroupStatus
 from timeslice.retry import RetryPolicy
 from timeslice.revocations import Revocations
 from timeslice.scope import AcceleratorScope, Scopes
@@ -201,7 +201,16 @@ class AsyncOrchestratorClient:
     delete_group = _in("_admin", Admin.delete_group)
     jobs = _in("_admin", Admin.jobs)
     profiles = _in("_admin", Admin.profiles)
-    watch = _sync_in("_admin", Admin.watch)      # the room's async generator itself
+
+    async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncGenerator[GroupStatus, None]:
+        stream = self._admin.watch(group_id, timeout=timeout)
+        try:
+            async for status in stream:
+                yield status
+        finally:                          # the caller stopped early (or failed): the stream ends now
+            await stream.aclose()
+
+    watch.__doc__ = Admin.watch.__doc__
 
     async def reset_session(self) -> None:
         """Forget a lost session (or close a live one) so that the next call opens a new one."""
