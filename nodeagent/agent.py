@@ -25,10 +25,9 @@ from pathlib import Path
 import structlog
 
 from timeslice.channel import default_socket_path
-from timeslice.common.errors import ConfigError, TimesliceError
+from timeslice.common.errors import ConfigError
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.session import Session
 from timeslice.common.keys import Keys
 from timeslice.nodeagent.attestations import Attestations
 from timeslice.nodeagent.backends import pick_backend
@@ -41,6 +40,7 @@ from timeslice.nodeagent.exclusion import DeviceExclusion
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.inventory import Inventory
 from timeslice.nodeagent.jobs import LocalJobs
+from timeslice.nodeagent.lease import AgentLease
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.nodelock import NodeLock
 from timeslice.nodeagent.processes import JobProcesses
@@ -95,7 +95,8 @@ class Agent:
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
         self.client = EtcdClient(cfg.etcd)
-        self.session: Session | None = None
+        # Everything that must vanish with the agent is leased to this one session.
+        self.lease = AgentLease(self.client, cfg.session, lambda: self.upkeep.lease_renewed())
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
@@ -106,19 +107,17 @@ class Agent:
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
                                       cfg.require_attestation)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
-        self.attestations = Attestations(self.client, self.keys, self.node, lambda: self.live_session().lease_id)
-        self.reporter = Reporter(self.client, self.keys, self.node, lambda: self.live_session().lease_id,
-                                 self.renew_session)
+        self.attestations = Attestations(self.client, self.keys, self.node, self.lease.lease_id)
+        self.reporter = Reporter(self.client, self.keys, self.node, self.lease.lease_id, self.lease.renew)
         self.endpoint = ""
         self.stopping = False
-        self._session_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         # Sessions gone, processes on a GPU: frozen at the device, remembered on disk.
         self.exclusion = DeviceExclusion(self.backend, self.keys, self.jobs, self.jobs_mirror, self.processes,
                                          Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self._busy)
         self.metrics.duty.gpu_utilization = duty_meter(self.backend)
         self.upkeep = Upkeep(cfg, self.backend, self.metrics, self.jobs, self.channel, self.processes, self.inventory,
-                             self.reporter, self.exclusion, self.live_session, self.renew_session, self._busy,
+                             self.reporter, self.exclusion, self.lease.live, self.lease.renew, self._busy,
                              lambda job: self.driver.pending(job) is not None)
         # The intent loop: one driver per job (nodeagent/driver.py).
         self.driver = IntentDriver(self.node, self.keys, self.client, self.backend.name, self.jobs, self.node_mirror,
@@ -133,7 +132,7 @@ class Agent:
     async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
         self.endpoint = self.upkeep.endpoint = endpoint
         await self.nodelock.acquire()
-        self.session = await Session(self.client, self.cfg.session).open()
+        session = await self.lease.open()
         for m in (self.node_mirror, self.jobs_mirror):
             m.start()
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
@@ -151,7 +150,7 @@ class Agent:
                                                name="agent-attestations"))
         self.driver.kick_all()
         log.info("agent_started", node=self.node, backend=self.backend.name, why=self.backend.why,
-                 lease=f"{self.session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
+                 lease=f"{session.lease_id:x}", tokens=self.tokens.snapshot(), endpoint=endpoint)
 
     async def stop(self, grace: float = 30.0) -> None:
         """Finish the ops in flight (up to ``grace`` s), then give the lease back."""
@@ -164,32 +163,11 @@ class Agent:
         await self.channel.stop()
         for m in (self.node_mirror, self.jobs_mirror):
             await m.stop()
-        if self.session is not None:
-            try:
-                await self.session.close()      # the liveness key goes with the lease
-            except TimesliceError as e:
-                log.warning("session_close_failed", error=str(e))
+        await self.lease.close()                # the liveness key goes with the lease
         self.inventory.close()
         self.backend.close()
         await self.client.close()
         self.nodelock.release()
-
-    def live_session(self) -> Session:
-        """The agent's etcd session (opened by start(); replaced by renew_session())."""
-        if self.session is None:
-            raise RuntimeError("the agent has not started")
-        return self.session
-
-    async def renew_session(self, failed_lease: int | None = None) -> None:
-        """Replace a lost lease (etcd unreachable past the TTL, or said so by a write)."""
-        async with self._session_lock:
-            s = self.live_session()
-            if (s.lease_id != failed_lease) if failed_lease is not None else s.alive:
-                return                          # renewed already, or nothing wrong
-            s.orphan()
-            self.session = new = await Session(self.client, self.cfg.session).open()
-            log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{new.lease_id:x}")
-            self.upkeep.lease_renewed()         # the liveness key must move to the new lease
 
     # --- cooperative workers ------------------------------------------------------
     async def _worker_attested(self, info) -> None:

@@ -83,7 +83,7 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
 async def _etcd_ok(agent: Agent, timeout: float = 2.0) -> bool:
     try:
         await agent.client.range(ops.range_req(agent.keys.agent(agent.node), count_only=True), timeout=timeout)
-        return agent.session is not None and agent.session.alive
+        return agent.lease.alive()
     except Exception:
         return False
 
