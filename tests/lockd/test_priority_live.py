@@ -211,3 +211,83 @@ async def test_leader_failover_mid_queue_keeps_the_order(lockd3, etcd):
     assert new_leader is not leader and new_epoch > epoch
     await run.close()
     await ch.close()
+
+
+async def test_moved_waiter_cancelled_leaves_no_ghost(lockd3, etcd):
+    """L is overtaken and moved under a fresh key; its Acquire follows it, and once cancelled
+    removes it there: no waiter left behind, no marker either."""
+    t = lockd3.targets
+    ch, stub = await make_group(t[0], priorities=True)
+    run = Run(t, stub)
+    for i, name in enumerate(["A", "L", "H"]):
+        await run.job(name, i)
+    a = await run.jobs["A"].acquire("g")
+    call_l = run.jobs["L"].stub.Acquire(pb.AcquireRequest(job_id="L", session_secret=run.jobs["L"].secret,
+                                                          group_id="g"), timeout=60)
+    st = await wait_status(stub, lambda s: [w.job_id for w in s.waiters] == ["L"], "L queued")
+    first_key = st.waiters[0].token
+    fut_h = await run.queue("H", 5, 2)
+    await run.jobs["A"].yield_("g", a.token)
+    h = await fut_h
+    assert h.token > first_key
+    st = await wait_status(stub, lambda s: [w.job_id for w in s.waiters] == ["L"] and s.waiters[0].token > h.token,
+                           "L moved under a key above H's token")
+    keys = Keys(lockd3.prefix)
+    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+    call_l.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call_l
+    await wait_status(stub, lambda s: not s.waiters, "no ghost waiter")
+    assert not (await c.range(ops.range_req(keys.moving("g", "L")))).kvs
+    assert not (await c.range(ops.range_req(keys.queue_entry("g", "L")))).kvs
+    # The group goes on: H yields, nobody is left to grant; a new waiter is granted at once.
+    await run.jobs["H"].yield_("g", h.token)
+    g = await run.jobs["L"].acquire("g", timeout=10)
+    assert g.token > h.token
+    await run.close()
+    await ch.close()
+
+
+async def test_waiter_cancelled_while_its_entry_is_out_leaves_nothing(lockd3, etcd):
+    """The leader stops between moving L's entry out and in (played by hand while it is paused):
+    L's Acquire, cancelled then, removes the marker, so no leader moves a ghost in afterwards."""
+    from timeslice.lockd import rekey as RK
+
+    leader, _ = lockd3.leader(etcd)
+    followers = [r for r in lockd3.replicas if r is not leader]
+    ch, stub = await make_group(followers[0].target, priorities=True)
+    a = await Job(followers[0].target, "A").open()
+    lj = await Job(followers[1].target, "L", ttl=30).open()     # outlives the waits below
+    ga = await a.acquire("g")
+    call_l = lj.stub.Acquire(pb.AcquireRequest(job_id="L", session_secret=lj.secret, group_id="g"), timeout=60)
+    _, l_stub = await admin(followers[1].target)
+    await wait_status(stub, lambda s: [w.job_id for w in s.waiters] == ["L"], "L queued", target_stub=l_stub)
+    keys = Keys(lockd3.prefix)
+    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+    spec = (await c.range(ops.range_req(keys.spec("g")))).kvs[0]
+    kv = (await c.range(ops.range_req(keys.queue_entry("g", "L")))).kvs[0]
+    leader.pause()
+    try:
+        out = RK.MoveOut("L", kv.create_revision, kv.mod_revision, kv.lease, RK.moved_value(kv.value, kv.create_revision))
+        cmp, put = RK.txn(keys, "g", out, spec.create_revision)
+        assert (await c.txn(cmp, put)).succeeded
+        marker = (await c.range(ops.range_req(keys.moving("g", "L")))).kvs[0]
+        await wait_status(stub, lambda s: [(w.job_id, w.token) for w in s.waiters] == [("L", marker.create_revision)],
+                          "L out, on L's replica", target_stub=l_stub)
+        call_l.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call_l
+        deadline = time.monotonic() + 10
+        # Neither the marker nor an entry moved in from it (a new leader may be elected meanwhile).
+        while (await c.range(ops.range_req(keys.moving("g", "L")))).kvs or \
+                (await c.range(ops.range_req(keys.queue_entry("g", "L")))).kvs:
+            assert time.monotonic() < deadline, "the cancelled waiter's entry stayed (marker, or moved in)"
+            await asyncio.sleep(0.02)
+    finally:
+        leader.resume()
+    await a.yield_("g", ga.token)
+    b = await Job(followers[0].target, "B").open()
+    gb = await b.acquire("g", timeout=20)          # granted: no ghost L moved in ahead of it
+    assert gb.token > ga.token
+    assert not (await c.range(ops.range_req(keys.queue_entry("g", "L")))).kvs
+    await a.close(), await lj.close(), await b.close(), await ch.close()
