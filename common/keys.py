@@ -101,8 +101,11 @@ class Keys:
     def turns(self, group: str) -> bytes:
         return self.group(group) + b"turns"
 
+    def movings(self, group: str) -> bytes:
+        return self.group(group) + b"moving/"
+
     def moving(self, group: str, job: str) -> bytes:
-        return self.group(group) + b"moving/" + check_id("job", job).encode()
+        return self.movings(group) + check_id("job", job).encode()
 
     def attempt(self, group: str, job: str) -> bytes:
         return self.group(group) + b"attempts/" + check_id("job", job).encode()

@@ -86,21 +86,29 @@ class Groups:
         ``force``) the group is busy. Never a hold nobody is told of, never a queue left without a spec."""
         check_id("group", group)
         spec_key, queue = self.keys.spec(group), self.keys.queue(group)
+        moving = self.keys.movings(group)
         for _ in range(MAX_DELETE_TRIES):
-            # Spec and queue at one revision: the picture the guarded delete below compares with.
-            r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True)])
-            spec_kvs, queued = r.responses[0].response_range.kvs, r.responses[1].response_range.kvs
+            # Spec, queue, grant and entries being moved (priority groups: rekey.py) at one revision:
+            # the picture the guarded delete below compares with.
+            r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True), ops.get(self.keys.grant(group)),
+                                           ops.get(moving, prefix=True)])
+            spec_kvs, queued = r.responses[0].response_range.kvs, list(r.responses[1].response_range.kvs)
+            grant_kvs, queued_moving = r.responses[2].response_range.kvs, r.responses[3].response_range.kvs
             if not spec_kvs:
                 raise NotFound(f"unknown group {group!r}")
+            jobs = {self.keys.parse(q.key)[3] for q in queued}
+            queued += [kv for kv in queued_moving if self.keys.parse(kv.key)[3] not in jobs]    # out, not back yet
             if queued and not force:
                 raise GroupBusy(f"group {group!r} has {len(queued)} queued job(s); pass force to delete anyway")
             if queued:
                 # Notices first: a holder's next Yield (and every KeepAlive) says the group was deleted.
-                await self.revocations.notify(group, queued)
+                holder = R.GrantValue.load(grant_kvs[0].value).job if grant_kvs else None
+                await self.revocations.notify(group, queued, holder)
             # Only if nothing was queued or changed since the read (Acquire's enqueue is guarded by
             # the spec, so none can land after this): else read again.
             resp = await self.client.txn(
-                [ops.mod_rev(spec_key, "==", spec_kvs[0].mod_revision), ops.mod_revs_below(queue, r.header.revision + 1)],
+                [ops.mod_rev(spec_key, "==", spec_kvs[0].mod_revision), ops.mod_revs_below(queue, r.header.revision + 1),
+                 ops.mod_revs_below(moving, r.header.revision + 1)],
                 [ops.delete(self.keys.group(group), prefix=True)])
             if resp.succeeded:
                 return resp.responses[0].response_delete_range.deleted > 0

@@ -9,6 +9,7 @@ import pytest
 
 from chaos_tests.checker import check
 from tests.lockd.conftest import Job, admin
+from timeslice.common import records as R
 from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
 from timeslice.common.keys import Keys
 from timeslice.proto import lockd_pb2 as pb
@@ -274,6 +275,11 @@ async def test_waiter_cancelled_while_its_entry_is_out_leaves_nothing(lockd3, et
         marker = (await c.range(ops.range_req(keys.moving("g", "L")))).kvs[0]
         await wait_status(stub, lambda s: [(w.job_id, w.token) for w in s.waiters] == [("L", marker.create_revision)],
                           "L out, on L's replica", target_stub=l_stub)
+        # A waiter whose entry is out still counts: the group is busy (A's entry aside, too).
+        await a.yield_("g", ga.token)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.DeleteGroup(pb.DeleteGroupRequest(group_id="g"))
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "1 queued" in e.value.details()
         call_l.cancel()
         with pytest.raises(asyncio.CancelledError):
             await call_l
@@ -285,9 +291,12 @@ async def test_waiter_cancelled_while_its_entry_is_out_leaves_nothing(lockd3, et
             await asyncio.sleep(0.02)
     finally:
         leader.resume()
-    await a.yield_("g", ga.token)
     b = await Job(followers[0].target, "B").open()
     gb = await b.acquire("g", timeout=20)          # granted: no ghost L moved in ahead of it
     assert gb.token > ga.token
     assert not (await c.range(ops.range_req(keys.queue_entry("g", "L")))).kvs
+    # Deleted under its holder, the notices name who held it (the grant, not the oldest key).
+    await stub.DeleteGroup(pb.DeleteGroupRequest(group_id="g", force=True))
+    note = R.RevokedValue.load((await c.range(ops.range_req(keys.revoked("B", "g")))).kvs[0].value)
+    assert note.held and note.token == gb.token
     await a.close(), await lj.close(), await b.close(), await ch.close()
