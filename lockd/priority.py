@@ -165,6 +165,15 @@ def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterabl
     return Head(w.job, w.kv, raise_to=tok if overtakes else 0)
 
 
+def planned_head(gs: GroupState, now_ms: int) -> tuple[str, KV] | None:
+    """The head as the planner picks it (FIFO groups: the oldest entry), for metrics and traces
+    (no swap under way is looked at)."""
+    if gs.parsed is None or not gs.parsed.priorities:
+        return gs.head()
+    h = head_of(gs, gs.parsed, now_ms)
+    return (h.job, h.kv) if h is not None and h.ready else None
+
+
 def order(gs: GroupState, spec: R.GroupSpec, now_ms: int) -> list[tuple[str, KV]]:
     """The queue as it will be served, for status (holder first): by the rule above, without
     simulating the aging of the waits to come."""

@@ -19,6 +19,7 @@ from timeslice.common.etcd.election import Leadership
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.keys import Keys
 from timeslice.lockd import plan as P
+from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
 from timeslice.lockd.cleanup import plan_cleanup
 from timeslice.lockd.index import StateIndex
@@ -141,7 +142,7 @@ class Scheduler:
 
     def _note_head(self, group: str, gs) -> None:
         self.metrics.queue_depth.labels(group).set(len(gs.queue))
-        head = gs.head()
+        head = PR.planned_head(gs, R.now_ms())
         if head:
             tok = head[1].create_revision
             if self._head_seen.get(group, (0, 0))[0] != tok:

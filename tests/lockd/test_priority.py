@@ -161,3 +161,12 @@ def test_status_order():
     assert [j for j, _ in PR.order(gs, SPEC, 0)] == ["L", "H", "M"]
     gs = group([("L", 5, 0, 0), ("H", 9, 3, 2), ("M", 11, 3, 2)], turns=(0, 2))
     assert [j for j, _ in PR.order(gs, SPEC, 0)] == ["L", "H", "M"]
+
+
+def test_planned_head_for_metrics_and_traces():
+    gs = group([("L", 5, 0), ("H", 9, 3)])
+    gs.parsed = SPEC
+    assert PR.planned_head(gs, 0)[0] == "H"
+    fifo = group([("L", 5, 0), ("H", 9, 3)], spec=R.GroupSpec([]))
+    fifo.parsed = R.GroupSpec([])
+    assert PR.planned_head(fifo, 0)[0] == "L"
