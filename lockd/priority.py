@@ -13,9 +13,9 @@ increasing in grant order (the agents refuse an intent older than one they acted
 nodeagent/tokens.py). A later, higher-class waiter H has a larger create revision than the
 earlier waiters it overtakes, so those must not be granted under their old keys after H. Hence:
 
-  1. Before the first intent or grant of a head that overtakes a waiter (one whose key lies between
-     the group's ``turns`` token and the head's), the leader raises ``groups/<g>/turns``.token
-     to the head's token (``RaiseTurns``), alone, then plans again.
+  1. Before the first intent or grant of a head that overtakes a waiter (one whose key lies from
+     the group's ``turns`` token, included, up to the head's), the leader raises
+     ``groups/<g>/turns``.token to the head's token (``RaiseTurns``), alone, then plans again.
   2. An entry whose key is below ``turns``.token is *stale*: never a head. The leader writes it
      again under a fresh key (lockd/rekey.py: out to ``moving/<job>`` and back in, two guarded
      transactions), so its new create revision is above every token issued so far. Its arrival
@@ -161,7 +161,9 @@ def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterabl
     tok = w.kv.create_revision
     if w.moving or tok < turns.token:
         return Head(w.job, w.kv, ready=False)              # overtaken before: it re-keys, then goes
-    overtakes = any(turns.token < kv.create_revision < tok for kv in gs.queue.values())
+    # Any other key from the turns token up (that one included: an earlier raise's head not granted
+    # yet) to ours is overtaken: granted after us, its token would be smaller than ours.
+    overtakes = any(turns.token <= kv.create_revision < tok for j, kv in gs.queue.items() if j != w.job)
     return Head(w.job, w.kv, raise_to=tok if overtakes else 0)
 
 

@@ -71,6 +71,13 @@ def test_marker_beside_an_entry_is_dropped():
     assert plan(gs) == [RK.DropMarker("L", 13)]
 
 
+def test_the_last_raised_head_overtaken_in_turn():
+    # turns were raised to H's key (9) and H is not granted yet; X (class 9, key 12) now goes
+    # first: H (key 9 = the turns token, not stale) is overtaken, so turns go up again.
+    gs = group([("H", 9, 3), ("X", 12, 9)], turns=(9, 1))
+    assert plan(gs) == [P.RaiseTurns(12, 3, b"")]
+
+
 def test_no_raise_when_nobody_is_overtaken():
     gs = group([("H", 5, 3), ("L", 9, 0)])
     acts = plan(gs)
