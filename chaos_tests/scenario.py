@@ -140,7 +140,8 @@ class World(ClientsView):
         if self.observe:
             from chaos_tests.observer import GrantObserver
 
-            self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir).start()
+            self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir,
+                                          enqueued=self.max_overtakes is not None).start()
         for kind in self.kinds:
             for _ in range(kind.count):
                 self.spawn_client(duration, kind=kind)

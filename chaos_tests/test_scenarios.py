@@ -67,7 +67,10 @@ def test_priority_classes_through_leader_kills(world):
     """Groups with priority classes, every turn a random class: overtaken waiters are moved under
     fresh keys while the leader is killed twice; tokens still increase in grant order (the fence
     never refuses a fresh grant), no waiter is lost, the mutex holds."""
-    w = world("priority-leader-kill", seed=505, max_overtakes=3, client_args=["--priorities", "0,9"]).start(duration=18)
+    # observe: the observer writes when each entry was created (``enqueued``), which the priority
+    # rules (FIFO within a class, at most 3 overtakes) judge from.
+    w = world("priority-leader-kill", seed=505, max_overtakes=3, client_args=["--priorities", "0,9"],
+              observe=True).start(duration=18)
     for _ in range(2):
         w.sleep(3, 5)
         leader, epoch = w.lockd_leader()
@@ -80,6 +83,7 @@ def test_priority_classes_through_leader_kills(world):
     report = w.finish()
     verdict(w, report)
     assert report.fence_rejections == 0, "a grant's token was below one the fence had accepted"
+    assert sum(e["ev"] == "enqueued" for e in w.all_events) >= report.grants // 2, "too few entries observed"
 
 
 def test_lockd_leader_sigstop_past_its_lease(world):
