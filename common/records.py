@@ -91,9 +91,10 @@ class Record:
 
     def dump(self) -> bytes:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            if f.name in self._omit_default and data[f.name] == f.default:
-                del data[f.name]
+        if self._omit_default:
+            for f in dataclasses.fields(self):  # type: ignore[arg-type]
+                if f.name in self._omit_default and data[f.name] == f.default:
+                    del data[f.name]
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
