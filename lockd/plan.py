@@ -37,7 +37,7 @@ from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
-from timeslice.lockd.residency import RESIDENT, parked_left, residency, unfenced
+from timeslice.lockd.residency import RESIDENT, parked_left, residency, residue_holders, unfenced
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class WriteIntent:
     expect_mod_revision: int              # 0: the intent key must be absent
     # snapshot: room the incoming job needs here (0: release all); advisory, so not part of equality
     need_bytes: int = field(default=0, compare=False)
+    # "" = the group's isolation; "full" = also checkpoint what a cooperative pause left (its residue)
+    isolation: str = ""
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,20 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                     + sum((view.seen(j) or {}).get(g, 0) for j in evict) for g in short):
                 pending = True
                 continue
+        if not evict and (short and b_where != "snapshotted" if refused_restore is None
+                          else not _evicted_since(ns, token, refused_restore)):
+            # Nobody resident to pause, and still no room: what parked cooperative jobs left on the
+            # device outside their regions (their residue: CUDA context, allocator blocks) is in the
+            # way. It goes by the checkpoint full isolation uses, for this swap only, rather than
+            # the head being granted without room or its restore refused until the swap timeout.
+            # (A head to restore asks the agent first: it admits per GPU on exact figures, and our
+            # need counts the head's own residue, which is on the device already. After a refusal,
+            # the residents go first; a residue only when nothing was evicted since.)
+            rest = residue_holders(view, ns, where, jobs, short or set(b_gpus), spec.isolation)
+            if rest:
+                actions += [_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL) for j in rest]
+                pending = True
+                continue
         if refused_restore is not None:
             step = _after_refused_restore(ns, node, head_job, head_kv, token, evict, refused_restore,
                                           now_ms, policy)
@@ -287,11 +303,8 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
     if residents:
         return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
     st = status_of(ns, head_job)
-    evicted_since = any(
-        kv.mod_revision > refused.mod_revision and (i := R.IntentValue.load(kv.value)).op == R.SNAPSHOT
-        and i.token == token for kv in ns.intents.values())
     retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision)
-    if evicted_since:
+    if _evicted_since(ns, token, refused):
         return [retry]
     if now_ms - R.QueueValue.load(head_kv.value).enqueued_ms < policy.swap_timeout_ms:
         return [retry] if st is None or now_ms - st.updated_ms >= policy.refused_retry_ms else None
@@ -299,11 +312,17 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
 
 
+def _evicted_since(ns: NodeState, token: int, refused) -> bool:
+    """A snapshot of this swap was written after the head's restore was refused (retry the restore)."""
+    return any(kv.mod_revision > refused.mod_revision and (i := R.IntentValue.load(kv.value)).op == R.SNAPSHOT
+               and i.token == token for kv in ns.intents.values())
+
+
 def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int,
-            need_bytes: int = 0) -> WriteIntent | None:
+            need_bytes: int = 0, isolation: str = "") -> WriteIntent | None:
     kv = ns.intents.get(job) if ns else None
     if kv is not None:
         cur = R.IntentValue.load(kv.value)
-        if cur.op == op and cur.token == token:
+        if cur.op == op and cur.token == token and (not isolation or cur.isolation == isolation):
             return None                                   # already issued: wait for its report
-    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0, need_bytes)
+    return WriteIntent(node, job, op, token, kv.mod_revision if kv else 0, need_bytes, isolation)

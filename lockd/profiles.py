@@ -23,35 +23,20 @@ Only the newest ``phases`` samples of each list are kept.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from timeslice.common import records as R
+from timeslice.common.profile import SAMPLE_LISTS, ProfileFigures
 
 DEFAULT_PHASES = 64
 
 
 @dataclass
-class Profile:
-    job: str
-    group: str
-    hold_ms: list[int] = field(default_factory=list)
-    gap_ms: list[int] = field(default_factory=list)
-    wait_ms: list[int] = field(default_factory=list)
-    snapshot_ms: list[int] = field(default_factory=list)
-    restore_ms: list[int] = field(default_factory=list)
-    swap_bytes: list[int] = field(default_factory=list)
-    busy_ms: list[int] = field(default_factory=list)
-    gpu_bytes: dict[str, int] = field(default_factory=dict)
-    device_bytes: int = 0
-    host_bytes: int = 0
-    grants: int = 0
-    elided: int = 0
-    restored: int = 0
-    first_ms: int = 0
-    updated_ms: int = 0
+class Profile(ProfileFigures):
+    first_ms: int = 0                                      # the first hold's grant
 
     def trim(self, n: int) -> Profile:
-        for name in ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms"):
+        for name in SAMPLE_LISTS:
             del getattr(self, name)[:-n]
         return self
 

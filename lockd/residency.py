@@ -11,6 +11,7 @@ from __future__ import annotations
 from timeslice.common import records as R
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import JobState, NodeState, status_of
+from timeslice.lockd.placement import NodeView
 
 RESIDENT = ("running", "partial", "unknown")      # residencies that hold memory on the device
 
@@ -59,3 +60,25 @@ def parked_left(ns: NodeState | None, agent: R.AgentValue | None, on_node: set[s
 def _parked(ns: NodeState | None, job: str) -> bool:
     st = status_of(ns, job)
     return st is not None and st.state in (R.SNAPSHOTTED, R.RESTORING)
+
+
+def residue_holders(view: NodeView, ns: NodeState | None, where: dict[str, str], jobs: dict[str, JobState],
+                    gpus: set[int] | frozenset[int], isolation: str) -> list[str]:
+    """Parked jobs on ``gpus`` whose cooperative pause left device memory outside their regions
+    (``StatusValue.residue_bytes``, the worker's own measure), and whose residue the checkpoint of
+    full isolation may take: none in a group that checkpoints it at every pause already, and never
+    a job with a ``collective`` worker (a driver restore of a CUDA IPC / NCCL context loses it)."""
+    if R.checkpoints_rest(isolation):
+        return []
+    out = []
+    for j, w in sorted(where.items()):
+        st = status_of(ns, j)
+        if w != "snapshotted" or st is None or st.residue_bytes <= 0:
+            continue
+        js = jobs.get(j)
+        if any(wk.collective for wk in view.workers(js)):
+            continue
+        on = view.placement(j, js, st) or view.all_gpus
+        if on & set(gpus):
+            out.append(j)
+    return out

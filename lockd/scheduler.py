@@ -173,7 +173,8 @@ class Scheduler:
             gs = self.index.groups.get(group)
             spec = R.GroupSpec.load(gs.spec.value) if gs is not None and gs.spec is not None else None
             intent_val = R.IntentValue(a.op, a.job, group, a.token, epoch, R.now_ms(),
-                                isolation=spec.isolation if spec else R.ISOLATION_NONE, need_bytes=a.need_bytes)
+                                isolation=a.isolation or (spec.isolation if spec else R.ISOLATION_NONE),
+                                need_bytes=a.need_bytes)
             resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, intent_val.dump())])
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))

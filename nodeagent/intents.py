@@ -123,7 +123,12 @@ def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int 
         return Decision(REFUSE, R.REFUSED, stale_reason, fence)
     if picture.state == R.GONE:
         return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
-    if not picture.needs(intent.op):
+    # A snapshot asking for full isolation has work on a job paused cooperatively with memory left
+    # outside its regions (its residue): the checkpoint of the rest (the planner asks for it when
+    # that residue is in the next job's way).
+    rest = (intent.op == R.SNAPSHOT and intent.value is not None and R.checkpoints_rest(intent.value.isolation)
+            and picture.state == R.SNAPSHOTTED and picture.residue_bytes > 0)
+    if not picture.needs(intent.op) and not rest:
         return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
     if away:
         return Decision(REPORT, R.FAILED, away)

@@ -14,7 +14,7 @@ import grpc
 
 from timeslice import errors as E
 from timeslice.auth import metadata_for
-from timeslice.core import ALREADY_APPLIED
+from timeslice.core import ALREADY_APPLIED, ClientCore
 from timeslice.model import Group, GroupStatus, JobInfo
 from timeslice.placement.profile import ProfileSet
 from timeslice.proto import lockd_pb2 as pb
@@ -22,16 +22,21 @@ from timeslice.retry import Call, CallState, TryAgain
 from timeslice.transport import Transport
 
 
-class Admin(Transport):
+class Admin:
+    """Calls that need no session: reads, and the group changes an admin makes."""
+
+    def __init__(self, core: ClientCore, transport: Transport):
+        self.core, self.transport = core, transport
+
     async def groups(self) -> list[Group]:
         """Every group, with its nodes."""
-        r = await self._invoke(Call.LIST_GROUPS, pb.ListGroupsRequest, deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.LIST_GROUPS, pb.ListGroupsRequest, deadline=self.core.deadline(self.core.config.timeout))
         return [Group.from_pb(g) for g in r.groups]
 
     async def status(self, group_id: str) -> GroupStatus:
         """The group's holder, grant, waiters in order, and per-node residency."""
-        r = await self._invoke(Call.GROUP_STATUS, lambda: pb.GroupRef(group_id=group_id),
-                               deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.GROUP_STATUS, lambda: pb.GroupRef(group_id=group_id),
+                               deadline=self.core.deadline(self.core.config.timeout))
         return GroupStatus.from_pb(r)
 
     async def create_group(self, group_id: str, nodes=None, *, isolation: str = "", tenants=(),
@@ -44,37 +49,37 @@ class Admin(Transport):
         ``priorities``: Acquire may name a class (0..9; else pure FIFO); a waiter goes first once
         ``max_overtakes`` grants were made since it joined (0: lockd's default) or it waited
         ``max_wait_s`` (0: no time bound). Re-creating it with the same settings is a no-op."""
-        req = self._create_req(group_id, nodes, isolation, tenants, admins)
+        req = self.core.create_req(group_id, nodes, isolation, tenants, admins)
         if max_overtakes < 0 or max_wait_s < 0:
             raise E.InvalidArgumentError("max_overtakes and max_wait_s must be >= 0")
         req.priorities, req.max_overtakes, req.max_wait_s = priorities, max_overtakes, max_wait_s
-        r = await self._invoke(Call.CREATE_GROUP, lambda: req, deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.CREATE_GROUP, lambda: req, deadline=self.core.deadline(self.core.config.timeout))
         return Group.from_pb(r)
 
     async def delete_group(self, group_id: str, force: bool = False) -> bool:
         """Delete ``group_id``; refused while jobs are queued unless ``force`` (their holds end,
         and each is told: see ``on_grant_revoked``)."""
-        r = await self._invoke(Call.DELETE_GROUP, lambda: pb.DeleteGroupRequest(group_id=group_id, force=force),
-                               deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.DELETE_GROUP, lambda: pb.DeleteGroupRequest(group_id=group_id, force=force),
+                               deadline=self.core.deadline(self.core.config.timeout))
         return True if r is ALREADY_APPLIED else r.deleted
 
     async def jobs(self) -> list[JobInfo]:
         """Jobs with a live session."""
-        r = await self._invoke(Call.LIST_JOBS, pb.ListJobsRequest, deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.LIST_JOBS, pb.ListJobsRequest, deadline=self.core.deadline(self.core.config.timeout))
         return [JobInfo.from_pb(j) for j in r.jobs]
 
     async def profiles(self, job_id: str = "", group_id: str = "") -> ProfileSet:
         """The jobs' phase profiles per group as lockd records them (empty ids: all), with the
         groups and the nodes' capacities: what ``timeslice advise`` plans with."""
-        r = await self._invoke(Call.GET_PROFILES, lambda: pb.ProfilesRequest(job_id=job_id, group_id=group_id),
-                               deadline=self._deadline(self.config.timeout))
+        r = await self.transport.invoke(Call.GET_PROFILES, lambda: pb.ProfilesRequest(job_id=job_id, group_id=group_id),
+                               deadline=self.core.deadline(self.core.config.timeout))
         return ProfileSet.from_pb(r)
 
     async def watch(self, group_id: str, *, timeout: float | None = None) -> AsyncGenerator[GroupStatus, None]:
         """Iterate over the group's status now and after every change, until the caller stops
         (or ``timeout`` seconds pass). Replicas that fail are left for the next one; the
         stream restarts there with a full picture, and unchanged pictures are not repeated."""
-        deadline = self._deadline(timeout)
+        deadline = self.core.deadline(timeout)
         last: GroupStatus | None = None
         while True:
             holder: dict[str, Any] = {}
@@ -89,7 +94,7 @@ class Admin(Transport):
                 return first
 
             try:
-                first = await self._invoke(Call.WATCH_GROUP, lambda: pb.GroupRef(group_id=group_id),
+                first = await self.transport.invoke(Call.WATCH_GROUP, lambda: pb.GroupRef(group_id=group_id),
                                            deadline=deadline, cap=0, attempt=open_stream)
             except E.DeadlineError:
                 return
@@ -107,7 +112,7 @@ class Admin(Transport):
                 if code in ("DEADLINE_EXCEEDED", "CANCELLED"):
                     return
                 try:
-                    self.react(CallState(Call.WATCH_GROUP), idx, code, e.details() or "")
+                    self.core.react(CallState(Call.WATCH_GROUP), idx, code, e.details() or "")
                 except TryAgain:
                     continue
             finally:

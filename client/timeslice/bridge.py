@@ -2,7 +2,7 @@
 
 ``LoopThread.call(coro)`` runs ``coro`` on the loop and blocks the calling
 thread until it is done, meanwhile running on the calling thread whatever the
-coroutine hands it (hooks, blocking library code: transport.py's
+coroutine hands it (hooks, blocking library code: usercode.py's
 ``CallerThread``). If the caller is interrupted (KeyboardInterrupt, or any
 exception raised in its thread), the coroutine is cancelled and given a moment
 to wind down, exactly as a cancelled task of the async client would be: an
@@ -22,7 +22,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from timeslice import errors as E
-from timeslice.transport import CALLER, CallerThread
+from timeslice.usercode import CALLER, CallerThread
 
 T = TypeVar("T")
 _WAKE = 0.5          # s; how often a waiting caller checks that the loop thread still runs

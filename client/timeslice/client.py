@@ -59,15 +59,15 @@ def _bridged(fn: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]) -> Calla
 
     @functools.wraps(fn)
     def method(self: OrchestratorClient, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._loop.call(getattr(self._core, name)(*args, **kwargs))
+        return self._loop.call(getattr(self._aio, name)(*args, **kwargs))
     return method
 
 
-def _close_at_exit(core_ref: weakref.ref, loop: LoopThread) -> None:
-    core = core_ref()
+def _close_at_exit(aio_ref: weakref.ref, loop: LoopThread) -> None:
+    aio = aio_ref()
     with contextlib.suppress(Exception):          # at interpreter exit: the lease expires anyway
-        if core is not None and loop.started() and not loop.forked():
-            loop.call(core.close(2.0))
+        if aio is not None and loop.started() and not loop.forked():
+            loop.call(aio.close(2.0))
         loop.stop()
 
 
@@ -83,13 +83,13 @@ class OrchestratorClient:
                  after_acquire: Callable[[Grant], Any] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, retry: RetryPolicy | None = None,
                  on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None = None):
-        self._core = AsyncOrchestratorClient(
+        self._aio = AsyncOrchestratorClient(
             target, job_id, session_ttl=session_ttl, timeout=timeout, on_session_lost=on_session_lost,
             release_cache=release_cache, before_yield=before_yield, after_acquire=after_acquire,
             credentials=credentials, retry=retry, on_grant_revoked=on_grant_revoked)
-        self._core._threaded_callbacks = True       # never on the loop thread: see the module doc
-        self._loop = LoopThread(f"timeslice-client-{self._core.job_id}")
-        self._atexit = functools.partial(_close_at_exit, weakref.ref(self._core), self._loop)
+        self._aio._callbacks_off_loop()             # never on the loop thread: see the module doc
+        self._loop = LoopThread(f"timeslice-client-{self._aio.job_id}")
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self._aio), self._loop)
         atexit.register(self._atexit)
 
     __init__.__doc__ = AsyncOrchestratorClient.__init__.__doc__
@@ -97,72 +97,72 @@ class OrchestratorClient:
     # == state (read on the calling thread; no I/O) =====================================
     @property
     def config(self) -> ClientConfig:
-        return self._core.config
+        return self._aio.config
 
     @property
     def job_id(self) -> str:
-        return self._core.job_id
+        return self._aio.job_id
 
     @property
     def targets(self) -> tuple[str, ...]:
-        return self._core.targets
+        return self._aio.targets
 
     @property
     def target(self) -> str:
         """The lockd address calls go to now."""
-        return self._core.target
+        return self._aio.target
 
     @property
     def session_lost(self) -> bool:
         """True once the session was lost, until ``reset_session()``."""
-        return self._core.session_lost
+        return self._aio.session_lost
 
     @property
     def lease_id(self) -> int | None:
         """The session's etcd lease id, once opened."""
-        return self._core.lease_id
+        return self._aio.lease_id
 
     @property
     def held(self) -> dict[str, Grant]:
         """Groups this client holds now (by its own acquire/yield calls), with their grants."""
-        return self._core.held
+        return self._aio.held
 
     @property
     def closed(self) -> bool:
-        return self._core.closed
+        return self._aio.closed
 
     # The hooks and the cache setting may be changed after construction.
     @property
     def release_cache(self) -> bool:
-        return self._core.release_cache
+        return self._aio.release_cache
 
     @release_cache.setter
     def release_cache(self, value: bool) -> None:
-        self._core.release_cache = value
+        self._aio.release_cache = value
 
     @property
     def before_yield(self) -> Callable[[Grant], Any] | None:
-        return self._core.before_yield
+        return self._aio.before_yield
 
     @before_yield.setter
     def before_yield(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._core.before_yield = hook
+        self._aio.before_yield = hook
 
     @property
     def after_acquire(self) -> Callable[[Grant], Any] | None:
-        return self._core.after_acquire
+        return self._aio.after_acquire
 
     @after_acquire.setter
     def after_acquire(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._core.after_acquire = hook
+        self._aio.after_acquire = hook
 
     def check_held(self, group_id: str) -> Grant:
-        return self._core.check_held(group_id)
+        return self._aio.check_held(group_id)
 
     check_held.__doc__ = AsyncOrchestratorClient.check_held.__doc__
 
     def attest_worker(self, node: str):
-        return self._core.attest_worker(node)
+        return self._aio.attest_worker(node)
 
     attest_worker.__doc__ = AsyncOrchestratorClient.attest_worker.__doc__
 
@@ -183,7 +183,7 @@ class OrchestratorClient:
     profiles = _bridged(AsyncOrchestratorClient.profiles)
 
     def watch(self, group_id: str, *, timeout: float | None = None) -> Iterator[GroupStatus]:
-        stream = self._core.watch(group_id, timeout=timeout)
+        stream = self._aio.watch(group_id, timeout=timeout)
 
         async def step():
             try:
@@ -208,10 +208,10 @@ class OrchestratorClient:
         return AcceleratorScope(self, group_id, timeout, device_bytes_hint)
 
     def _scope_enter(self, group_id: str, timeout: float | None, hint: int) -> Grant:
-        return self._loop.call(self._core._scope_enter_async(group_id, timeout, hint))
+        return self._loop.call(self._aio._scope_enter_async(group_id, timeout, hint))
 
     def _scope_exit(self, group_id: str) -> None:
-        self._loop.call(self._core._scope_exit_async(group_id))
+        self._loop.call(self._aio._scope_exit_async(group_id))
 
     async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int) -> Grant:
         # A coroutine decorated through the sync client, run in the user's own loop: the
@@ -229,16 +229,16 @@ class OrchestratorClient:
         lease simply expires within its TTL. In a child after fork() nothing of
         the parent's is touched: the client is only marked closed."""
         atexit.unregister(self._atexit)
-        core = self._core
+        aio = self._aio
         if self._loop.forked():
-            core._closed = True
+            aio._mark_closed()
             self._loop.stopped = True
             return
         try:
             if self._loop.started() and not self._loop.stopped:
-                self._loop.call(core.close(timeout))
+                self._loop.call(aio.close(timeout))
             else:
-                core._closed = True       # nothing was opened: no session, no channels
+                aio._mark_closed()       # nothing was opened: no session, no channels
         finally:
             self._loop.stop()
 

@@ -6,9 +6,10 @@ client holds (grants.py), the user's hooks, and ``react``: the one place that
 turns a failed attempt into "re-send", "that was success", "verify the
 session" or an exception, using retry.py's decision.
 
-One driver does the I/O: the asyncio client (aio.py, assembled from
-transport.py, session.py, holds.py, workers.py and admin.py). The sync
-``OrchestratorClient`` (client.py) is a face that runs that driver on a private
+Every room of the asyncio client (transport.py, session.py, revocations.py,
+holds.py, workers.py, admin.py, wired together in aio.py) takes this one
+``ClientCore`` in its constructor and does the I/O around it. The sync
+``OrchestratorClient`` (client.py) is a face that runs that client on a private
 event loop, so every rule here and there exists once.
 """
 from __future__ import annotations
@@ -17,9 +18,9 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
@@ -27,10 +28,7 @@ from timeslice.grants import Grants
 from timeslice.logs import get_logger
 from timeslice.model import Grant, Worker, node_specs
 from timeslice.proto import lockd_pb2 as pb
-from timeslice.retry import Action, Call, CallState, RetryPolicy, TryAgain
-
-if TYPE_CHECKING:
-    from timeslice.cooperative import CooperativeWorker
+from timeslice.retry import Action, Call, CallState, TryAgain
 
 log = get_logger(__name__)
 
@@ -54,114 +52,93 @@ class Session:
 
 
 class ClientCore:
-    """Everything but the I/O. It runs on one event loop; ``_mu`` guards what other threads read."""
+    """Everything but the I/O. It runs on one event loop; ``mu`` guards what other threads read.
 
-    def __init__(self, target: str | Sequence[str] | None, job_id: str | None, *, session_ttl: int,
-                 timeout: float, on_session_lost: Callable[[E.SessionLostError], Any] | None,
-                 on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None, release_cache: bool,
-                 before_yield: Callable[[Grant], Any] | None, after_acquire: Callable[[Grant], Any] | None, credentials: Any, retry: RetryPolicy | None):
-        self.config = ClientConfig.build(target, job_id, session_ttl, timeout, retry)
+    The rooms read and write its state (``session``, ``lost``, ``closing``, ``closed``,
+    ``cur``, ``gen``) and call its rules; nothing here calls back into a room."""
+
+    def __init__(self, config: ClientConfig, *, release_cache: bool,
+                 before_yield: Callable[[Grant], Any] | None, after_acquire: Callable[[Grant], Any] | None,
+                 on_session_lost: Callable[[E.SessionLostError], Any] | None,
+                 on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None):
+        self.config = config
         self.release_cache = release_cache
         self.before_yield, self.after_acquire = before_yield, after_acquire
-        self._on_session_lost = on_session_lost
-        self._on_grant_revoked = on_grant_revoked
-        self._pid = os.getpid()             # the process the client belongs to (see _check_usable)
-        self._credentials = credentials
-        self._mu = threading.RLock()
-        self._cur = 0                       # index of the current target
-        self._gen = 0                       # bumped on every failover
-        self._session: Session | None = None
-        self._lost: E.SessionLostError | None = None
-        self._closed = False
-        self._closing = False
-        self._grants = Grants(self.config.job_id)
-        self._holds: dict[str, Any] = {}      # on_accelerators scopes per group (holds.py)
-        self._withdraw: set[str] = set()      # groups whose failed acquire is still to take back (withdraw.py)
-        self._cooperative: list[CooperativeWorker] = []  # channels opened by cooperate()
-        self._attestation: CooperativeWorker | None = None  # this process's attest-only channel (workers.py)
+        self.on_session_lost = on_session_lost
+        self.on_grant_revoked = on_grant_revoked
+        self.pid = os.getpid()              # the process the client belongs to (see check_usable)
+        self.mu = threading.RLock()
+        self.cur = 0                        # index of the current target
+        self.gen = 0                        # bumped on every failover
+        self.session: Session | None = None
+        self.lost: E.SessionLostError | None = None
+        self.closed = False
+        self.closing = False
+        self.grants = Grants(config.job_id)
         # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
         # job's attempts by it, so a late, stale one never replaces a newer one.
         self._seq = itertools.count(1)
-        if self.config.job_id_generated:
+        if config.job_id_generated:
             # A warning, so that it shows without any logging set-up: the job's
             # queue entries and workers carry this id.
-            log.warning("job_id_generated", job=self.config.job_id,
+            log.warning("job_id_generated", job=config.job_id,
                         hint="set TIMESLICE_JOB_ID or pass job_id= to choose it")
 
-    # -- public read-only state ---------------------------------------------
+    # -- read-only state ------------------------------------------------------
     @property
     def job_id(self) -> str:
         return self.config.job_id
 
     @property
-    def targets(self) -> tuple[str, ...]:
-        return self.config.targets
-
-    @property
     def target(self) -> str:
         """The lockd address calls go to now."""
-        return self.config.targets[self._cur]
-
-    @property
-    def session_lost(self) -> bool:
-        """True once the session was lost, until ``reset_session()``."""
-        return self._lost is not None
+        return self.config.targets[self.cur]
 
     @property
     def lease_id(self) -> int | None:
-        """The session's etcd lease id, once opened."""
-        s = self._session
+        s = self.session
         return s.lease_id if s else None
 
-    @property
-    def held(self) -> dict[str, Grant]:
-        """Groups this client holds now (by its own acquire/yield calls), with their grants."""
-        return self._grants.snapshot()
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
     # -- targets --------------------------------------------------------------
-    def _failover(self, idx: int, why: str) -> None:
+    def failover(self, idx: int, why: str) -> None:
         """Move off target ``idx`` (no-op if another thread already did)."""
-        with self._mu:
-            if self._cur != idx or len(self.config.targets) == 1:
+        with self.mu:
+            if self.cur != idx or len(self.config.targets) == 1:
                 return
-            self._cur = (idx + 1) % len(self.config.targets)
-            self._gen += 1
-            new = self.config.targets[self._cur]
+            self.cur = (idx + 1) % len(self.config.targets)
+            self.gen += 1
+            new = self.config.targets[self.cur]
         log.info("failover", job=self.job_id, previous=self.config.targets[idx], target=new, why=why)
 
     # -- session state --------------------------------------------------------
-    def _check_usable(self, call: Call | None = None) -> None:
-        if os.getpid() != self._pid:
+    def check_usable(self, call: Call | None = None) -> None:
+        if os.getpid() != self.pid:
             # A forked child shares the parent's session secret and a copy of its channels:
             # using them would act (and close the session) in the parent's name.
-            raise E.ClientForkedError(f"client of job {self.job_id!r} was made in process {self._pid}, "
+            raise E.ClientForkedError(f"client of job {self.job_id!r} was made in process {self.pid}, "
                                       f"not in this one ({os.getpid()})")
-        if self._closed:
+        if self.closed:
             raise E.ClientClosedError(f"client of job {self.job_id!r} is closed")
-        if self._lost is not None and (call is None or call in SESSION_CALLS):
+        if self.lost is not None and (call is None or call in SESSION_CALLS):
             raise self._lost_error()
 
     def _lost_error(self) -> E.SessionLostError:
-        lost = self._lost
+        lost = self.lost
         assert lost is not None
         return E.SessionLostError(str(lost), code=lost.code, reason=lost.reason, details=lost.details)
 
-    def _take_loss(self, err: E.SessionLostError, session: Session | None) -> Callable | None:
+    def take_loss(self, err: E.SessionLostError, session: Session | None) -> Callable | None:
         """Record the loss of ``session``; returns the callback to fire (once), if any."""
-        with self._mu:
-            if self._lost is not None or self._closing or self._closed or (session is not None and session is not self._session):
+        with self.mu:
+            if self.lost is not None or self.closing or self.closed or (session is not None and session is not self.session):
                 return None
-            self._lost = err
-            lost_groups = self._grants.clear()
-            cb = self._on_session_lost
+            self.lost = err
+            lost_groups = self.grants.clear()
+            cb = self.on_session_lost
         log.warning("session_lost", job=self.job_id, lease=self.lease_id, groups=lost_groups, reason=str(err))
         return cb
 
-    def _loss_from(self, call: Call, err: E.TimesliceClientError) -> E.SessionLostError | None:
+    def loss_from(self, call: Call, err: E.TimesliceClientError) -> E.SessionLostError | None:
         """The session loss an error of a session-bound call proves, if any."""
         if call not in SESSION_CALLS:
             return None
@@ -180,7 +157,7 @@ class ClientCore:
             log.debug("attempt_failed", job=self.job_id, method=st.call.method,
                       target=self.config.targets[idx], code=code, action=d.action.value, why=d.why)
         if d.failover:
-            self._failover(idx, f"{code}: {details}"[:200])
+            self.failover(idx, f"{code}: {details}"[:200])
         if d.action is Action.RETRY:
             raise TryAgain(code, details)
         if d.action is Action.SUCCEED:
@@ -196,46 +173,46 @@ class ClientCore:
 
     # -- requests -------------------------------------------------------------
     def _next_seq(self) -> int:
-        with self._mu:
+        with self.mu:
             return next(self._seq)
 
-    def _acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0) -> pb.AcquireRequest:
+    def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         if not isinstance(priority, int) or not 0 <= priority < 2**32:
             raise ValueError(f"priority must be a class >= 0 (lockd accepts 0..9), got {priority!r}")
-        return pb.AcquireRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id,
+        return pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret(), group_id=group_id,
                                  device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
                                  last_hold_ms=int(last_hold_ms), priority=priority)
 
-    def _open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
+    def open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""
         sent[:] = [time.monotonic()]
         return pb.OpenSessionRequest(job_id=self.job_id, ttl_seconds=self.config.session_ttl)
 
-    def _yield_req(self, group_id: str, token: int) -> pb.YieldRequest:
-        return pb.YieldRequest(job_id=self.job_id, session_secret=self._secret(), group_id=group_id, token=token)
+    def yield_req(self, group_id: str, token: int) -> pb.YieldRequest:
+        return pb.YieldRequest(job_id=self.job_id, session_secret=self.secret(), group_id=group_id, token=token)
 
-    def _ref(self) -> pb.SessionRef:
-        return pb.SessionRef(job_id=self.job_id, session_secret=self._secret())
+    def ref(self) -> pb.SessionRef:
+        return pb.SessionRef(job_id=self.job_id, session_secret=self.secret())
 
-    def _secret(self) -> str:
-        s = self._session
+    def secret(self) -> str:
+        s = self.session
         return s.secret if s else ""
 
-    def _worker_req(self, pid: int | None, node: str | None, device_bytes: int,
-                    swap: str = "", gpus=(), endpoint: str = "", tags=None,
-                    collective: bool = False) -> tuple[pb.WorkerRequest, Worker]:
+    def worker_req(self, pid: int | None, node: str | None, device_bytes: int,
+                   swap: str = "", gpus=(), endpoint: str = "", tags=None,
+                   collective: bool = False) -> tuple[pb.WorkerRequest, Worker]:
         """The RegisterWorker request. ``swap``/``gpus``/``endpoint``/``tags``/``collective``
         say how the node agent is to move the worker (see lockd.proto WorkerRequest)."""
         w = Worker(valid_id("node", node) if node else node_name(), int(pid or os.getpid()), int(device_bytes))
-        req = pb.WorkerRequest(job_id=self.job_id, session_secret=self._secret(), node=w.node, pid=w.pid,
+        req = pb.WorkerRequest(job_id=self.job_id, session_secret=self.secret(), node=w.node, pid=w.pid,
                                device_bytes=w.device_bytes, swap=swap, gpus=list(gpus), endpoint=endpoint,
                                tags=[pb.TagPolicy(tag=t, policy=p) for t, p in (tags or {}).items()],
                                collective=collective)
         return req, w
 
     @staticmethod
-    def _create_req(group_id: str, nodes, isolation: str = "", tenants=(), admins=()) -> pb.CreateGroupRequest:
+    def create_req(group_id: str, nodes, isolation: str = "", tenants=(), admins=()) -> pb.CreateGroupRequest:
         try:
             specs = node_specs(nodes)
         except (ValueError, TypeError) as e:
@@ -250,9 +227,9 @@ class ClientCore:
         session is gone, ``GroupRevokedError`` if an admin deleted the group under the hold (learnt
         from a keepalive), ``NotHolderError`` if the client does not hold it. A job may call it
         between steps of a long GPU phase."""
-        self._check_usable(Call.YIELD)
-        return self._grants.check(group_id)
+        self.check_usable(Call.YIELD)
+        return self.grants.check(group_id)
 
     @staticmethod
-    def _deadline(timeout: float | None) -> float | None:
+    def deadline(timeout: float | None) -> float | None:
         return None if timeout is None else time.monotonic() + max(0.0, float(timeout))

@@ -1,4 +1,4 @@
-"""Holding a group: acquire (FIFO, through failover), yield, withdrawal of a failed acquire, scopes.
+"""Holding a group: acquire (FIFO, through failover), yield, and the withdrawal of a failed acquire.
 
 Failover. The client keeps one channel per target and sends to the current
 one; an UNAVAILABLE (or an attempt deadline) moves it to the next and the call
@@ -15,42 +15,99 @@ replica that was stalled, replace a newer one or enqueue the job again.
 An acquire that is cancelled (a task cancelled; Ctrl-C or a timeout in a sync
 caller) cancels its call, and lockd gives up the job's place. One that fails
 without proof that lockd dropped its entry is withdrawn (withdraw.py).
+
+``Holds`` does acquire and yield; ``Withdrawals`` keeps the groups whose failed
+acquire is still to be taken back and takes them back (the rules are
+withdraw.py's); the keepalive retries them (session.py).
 """
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import grpc
 
 from timeslice import errors as E
 from timeslice import tracing
 from timeslice import withdraw as W
-from timeslice.core import ALREADY_APPLIED
+from timeslice.core import ALREADY_APPLIED, ClientCore
 from timeslice.hooks import release_framework_cache
 from timeslice.logs import get_logger
 from timeslice.model import Grant, Released
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.retry import Call, CallState
-from timeslice.scope import AcceleratorScope
 from timeslice.session import Sessions
-from timeslice.transport import MOVED
+from timeslice.transport import MOVED, Transport
+from timeslice.usercode import UserCode
 
 log = get_logger(__name__)
 _POLL = 0.2          # s; how often a blocked acquire looks at session loss / failover / close
 
 
-class _Hold:
-    """Scope bookkeeping for one group: how many scopes are inside, guarded by a mutex."""
+class Withdrawals:
+    """The groups whose failed acquire may have left the job's entry behind, and taking them back.
 
-    def __init__(self) -> None:
-        self.mutex = asyncio.Lock()
-        self.depth = 0
+    ``release(group_id, token)``: yields a grant a withdrawing Acquire got (Holds')."""
+
+    def __init__(self, core: ClientCore, transport: Transport, release: Callable[[str, int], Awaitable[None]]):
+        self.core, self.transport = core, transport
+        self._release = release
+        self._groups: set[str] = set()
+
+    def pending(self) -> bool:
+        return bool(self._groups)
+
+    def add(self, group_id: str) -> None:
+        self._groups.add(group_id)
+
+    def discard(self, group_id: str) -> None:
+        """A new acquire of the group supersedes its withdrawal."""
+        self._groups.discard(group_id)
+
+    def clear(self) -> None:
+        self._groups.clear()
+
+    async def run(self, budget: float) -> None:
+        """Take back the entries failed acquires may have left (see withdraw.py)."""
+        for group in sorted(self._groups):
+            if await self._withdraw_one(group, budget):
+                self._groups.discard(group)
+                log.info("acquire_withdrawn", job=self.core.job_id, group=group)
+
+    async def _withdraw_one(self, group: str, budget: float) -> bool:
+        core = self.core
+        end = time.monotonic() + budget
+        n = 0
+        while time.monotonic() < end and not core.closed and core.lost is None:
+            if group not in self._groups:
+                return False                    # a new acquire of the group took over
+            idx = core.cur
+            try:
+                r = await self.transport.stub(idx).Acquire(core.acquire_req(group, 0), timeout=W.ATTEMPT_S)
+                code, details = None, ""
+            except grpc.RpcError as e:
+                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
+            v = W.verdict(code, details)
+            if v is W.Verdict.GRANTED:
+                await self._release(group, r.token)   # granted to nobody: hand it straight back
+                return True
+            if v is W.Verdict.DONE:
+                return True
+            core.failover(idx, f"withdraw: {code}")
+            n += 1
+            await asyncio.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
+        return False
 
 
-class Holds(Sessions):
-    def _init_holds(self) -> None:
+class Holds:
+    """Acquire and yield, with the hooks around a hold and what lockd's profiles are sent."""
+
+    def __init__(self, core: ClientCore, transport: Transport, user: UserCode, sessions: Sessions,
+                 withdrawals: Withdrawals):
+        self.core, self.transport, self.user = core, transport, user
+        self.sessions, self.withdrawals = sessions, withdrawals
         self._dangling: list[tuple[grpc.aio.Call, asyncio.Future]] = []
         # Per group: when our Acquire returned, and how long the last hold lasted as we saw it
         # (Acquire returned -> Yield called); sent with the next Acquire for lockd's profiles.
@@ -72,7 +129,7 @@ class Holds(Sessions):
         """
         # One trace per handoff starts here when traces are on (timeslice/tracing.py; a no-op when off).
         with tracing.span("timeslice.acquire", kind="client",
-                          attributes={"timeslice.job": self.job_id, "timeslice.group": group_id}) as span:
+                          attributes={"timeslice.job": self.core.job_id, "timeslice.group": group_id}) as span:
             if span is not None:
                 from timeslice.config import node_name
                 tracing.set_attributes(span, {"timeslice.node": node_name()})
@@ -85,9 +142,10 @@ class Holds(Sessions):
 
     async def _acquire(self, group_id: str, timeout: float | None, device_bytes_hint: int,
                        priority: int = 0) -> Grant:
-        await self._ensure_session()
-        deadline = self._deadline(timeout)
-        self._withdraw.discard(group_id)    # a new acquire of the group supersedes a withdrawal
+        core = self.core
+        await self.sessions.ensure()
+        deadline = core.deadline(timeout)
+        self.withdrawals.discard(group_id)  # a new acquire of the group supersedes a withdrawal
         st = CallState(Call.ACQUIRE, acquire_deadline=timeout is not None)
         left: list = []                     # this call's attempts left running on replicas we moved off
 
@@ -96,36 +154,37 @@ class Holds(Sessions):
 
         last_hold = self._last_hold_ms.get(group_id, 0)
         try:
-            reply = await self._invoke(Call.ACQUIRE, lambda: self._acquire_req(group_id, device_bytes_hint, last_hold,
-                                                                                  priority),
-                                       deadline=deadline, cap=0, attempt=attempt, st=st)
+            reply = await self.transport.invoke(
+                Call.ACQUIRE, lambda: core.acquire_req(group_id, device_bytes_hint, last_hold, priority),
+                deadline=deadline, cap=0, attempt=attempt, st=st)
         except E.TimesliceClientError as e:
-            if W.needs_withdraw(e.code, e.details) and not self._lost and not self._closing:
-                self._withdraw.add(group_id)
-                await self._withdraw_pending(W.FIRST_BUDGET_S)
+            if W.needs_withdraw(e.code, e.details) and not core.lost and not core.closing:
+                self.withdrawals.add(group_id)
+                await self.withdrawals.run(W.FIRST_BUDGET_S)
             raise
         finally:
             self._drop_left(left)
         grant = Grant.from_pb(reply)
-        self._grants.add(grant)
+        core.grants.add(grant)
         self._last_hold_ms.pop(group_id, None)
         if self._granted_at.get(group_id, (0, 0.0))[0] != grant.token:     # a re-acquire keeps its start
             self._granted_at[group_id] = (grant.token, time.monotonic())
-        log.info("acquired", job=self.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
+        log.info("acquired", job=core.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
                  waited_ms=round(grant.waited_ms, 3), restored=grant.restored)
-        if self.after_acquire is not None:
+        if core.after_acquire is not None:
             try:
-                await self._user(self.after_acquire, grant, name="after_acquire")
+                await self.user.run(core.after_acquire, grant, name="after_acquire")
             except BaseException:
-                await self._release_quietly(group_id, grant.token)
+                await self.release_quietly(group_id, grant.token)
                 raise
         return grant
 
     async def _acquire_attempt(self, stub: pbg.LockdStub, idx: int, req: pb.AcquireRequest, t: float | None,
                                left: list):
+        core = self.core
         call = stub.Acquire(req, timeout=t, metadata=tracing.metadata())
         task = asyncio.ensure_future(call)
-        gen0 = self._gen
+        gen0 = core.gen
         finished = False
         try:
             while True:
@@ -133,9 +192,9 @@ class Holds(Sessions):
                 if done:
                     finished = True
                     return task.result()
-                if self._closed or self._lost is not None:
-                    self._check_usable(Call.ACQUIRE)
-                if t is None and self._gen != gen0 and self._cur != idx:
+                if core.closed or core.lost is not None:
+                    core.check_usable(Call.ACQUIRE)
+                if t is None and core.gen != gen0 and core.cur != idx:
                     self._dangling.append((call, task))    # keep it alive: see the module doc
                     left.append((call, task))
                     finished = True
@@ -157,35 +216,12 @@ class Holds(Sessions):
                 self._dangling.remove(item)
         left.clear()
 
-    async def _withdraw_pending(self, budget: float) -> None:
-        """Take back the entries failed acquires may have left (see withdraw.py)."""
-        for group in sorted(self._withdraw):
-            if await self._withdraw_one(group, budget):
-                self._withdraw.discard(group)
-                log.info("acquire_withdrawn", job=self.job_id, group=group)
-
-    async def _withdraw_one(self, group: str, budget: float) -> bool:
-        end = time.monotonic() + budget
-        n = 0
-        while time.monotonic() < end and not self._closed and self._lost is None:
-            if group not in self._withdraw:
-                return False                    # a new acquire of the group took over
-            idx = self._cur
-            try:
-                r = await self._stub(idx).Acquire(self._acquire_req(group, 0), timeout=W.ATTEMPT_S)
-                code, details = None, ""
-            except grpc.RpcError as e:
-                code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
-            v = W.verdict(code, details)
-            if v is W.Verdict.GRANTED:
-                await self._release_quietly(group, r.token)   # granted to nobody: hand it straight back
-                return True
-            if v is W.Verdict.DONE:
-                return True
-            self._failover(idx, f"withdraw: {code}")
-            n += 1
-            await asyncio.sleep(min(max(0.0, end - time.monotonic()), 0.05 * n))
-        return False
+    def close(self) -> None:
+        """At close: the attempts still left running on replicas we moved off end."""
+        for call, task in self._dangling:
+            call.cancel()
+            task.cancel()
+        self._dangling.clear()
 
     # == yield ========================================================================
     async def yield_(self, group_id: str, token: int | None = None) -> Released:
@@ -196,65 +232,34 @@ class Holds(Sessions):
         attempt was applied counts as success (``released=True``). A grant an
         admin revoked by deleting its group raises ``GroupRevokedError``.
         """
-        self._check_usable(Call.YIELD)
+        core = self.core
+        core.check_usable(Call.YIELD)
         since = self._granted_at.pop(group_id, None)
         if since is not None:
             self._last_hold_ms[group_id] = max(1, round((time.monotonic() - since[1]) * 1000))
-        tok, held = self._grants.token_for(group_id, token)
-        if held is not None and self.before_yield is not None:
-            await self._user(self.before_yield, held, name="before_yield")
-        if self.release_cache:
-            await self._blocking(release_framework_cache)
-        await self._ensure_session()
+        tok, held = core.grants.token_for(group_id, token)
+        if held is not None and core.before_yield is not None:
+            await self.user.run(core.before_yield, held, name="before_yield")
+        if core.release_cache:
+            await self.user.blocking(release_framework_cache)
+        await self.sessions.ensure()
         try:
-            reply = await self._invoke(Call.YIELD, lambda: self._yield_req(group_id, tok),
-                                       deadline=self._deadline(self.config.timeout))
+            reply = await self.transport.invoke(Call.YIELD, lambda: core.yield_req(group_id, tok),
+                                                deadline=core.deadline(core.config.timeout))
         except (E.NotHolderError, E.StaleTokenError, E.GroupRevokedError):
-            self._grants.forget(group_id, tok)
+            core.grants.forget(group_id, tok)
             raise
-        self._grants.forget(group_id, tok)
+        core.grants.forget(group_id, tok)
         if reply is ALREADY_APPLIED:
             out = Released(group_id, tok, True, False)
         else:
             out = Released(group_id, tok, reply.released, reply.deferred_snapshot)
-        log.info("yielded", job=self.job_id, group=group_id, token=tok, deferred=out.deferred_snapshot)
+        log.info("yielded", job=core.job_id, group=group_id, token=tok, deferred=out.deferred_snapshot)
         return out
 
-    release = yield_
-
-    async def _release_quietly(self, group_id: str, token: int) -> None:
+    async def release_quietly(self, group_id: str, token: int) -> None:
+        """Yield ``group_id``'s ``token``; a failure is logged, not raised."""
         try:
             await self.yield_(group_id, token)
         except E.TimesliceClientError as e:
-            log.warning("release_failed", job=self.job_id, group=group_id, token=token, error=str(e))
-
-    # == scopes =======================================================================
-    def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0) -> AcceleratorScope:
-        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint)
-
-    def _scope_enter(self, group_id: str, timeout, hint):
-        raise TypeError("AsyncOrchestratorClient.on_accelerators is an async context manager: "
-                        "use `async with`, or the sync OrchestratorClient")
-
-    def _scope_exit(self, group_id: str):
-        raise TypeError("use `async with` with AsyncOrchestratorClient")
-
-    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int) -> Grant:
-        hold = self._holds.setdefault(group_id, _Hold())
-        async with hold.mutex:
-            if hold.depth == 0 or group_id not in self._grants:
-                await self.acquire(group_id, timeout, hint)
-                hold.depth = 0
-            hold.depth += 1
-            return self._grants.check(group_id)
-
-    async def _scope_exit_async(self, group_id: str) -> None:
-        hold = self._holds.setdefault(group_id, _Hold())
-        async with hold.mutex:
-            hold.depth = max(0, hold.depth - 1)
-            if hold.depth == 0:
-                self._check_usable(Call.YIELD)
-                if group_id in self._grants or self._grants.ends_in_error(group_id):
-                    await self.yield_(group_id)         # a revoked hold raises GroupRevokedError
+            log.warning("release_failed", job=self.core.job_id, group=group_id, token=token, error=str(e))

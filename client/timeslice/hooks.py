@@ -1,6 +1,6 @@
 """The hook around a yield: release the framework's cached device memory.
 
-(The user's ``before_yield`` / ``after_acquire`` hooks run where transport.py says.)
+(The user's ``before_yield`` / ``after_acquire`` hooks run where usercode.py says.)
 
 Every byte a framework keeps cached on the GPU is a byte the node agent must
 copy out when the job is snapshotted. PyTorch's caching allocator keeps freed

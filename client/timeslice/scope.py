@@ -16,6 +16,9 @@ or task) does not acquire again, and only the last scope to leave yields.
 With the async client a decorated *plain* function becomes a coroutine
 function whose body runs in a worker thread (``asyncio.to_thread``), so a long
 GPU phase never stalls the event loop that keeps the session alive.
+
+``Scopes`` is the count: one per client, it takes the client's core and holds
+(holds.py) and acquires or yields through them.
 """
 from __future__ import annotations
 
@@ -23,9 +26,55 @@ import asyncio
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from timeslice.retry import Call
+
+if TYPE_CHECKING:
+    from timeslice.core import ClientCore
+    from timeslice.holds import Holds
+    from timeslice.model import Grant
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Hold:
+    """Scope bookkeeping for one group: how many scopes are inside, guarded by a mutex."""
+
+    def __init__(self) -> None:
+        self.mutex = asyncio.Lock()
+        self.depth = 0
+
+
+class Scopes:
+    """How many scopes of each group are inside, per client: the first in acquires, the last out yields."""
+
+    def __init__(self, core: ClientCore, holds: Holds):
+        self.core, self.holds = core, holds
+        self._holds: dict[str, _Hold] = {}
+
+    async def enter(self, group_id: str, timeout: float | None, hint: int) -> Grant:
+        hold = self._holds.setdefault(group_id, _Hold())
+        async with hold.mutex:
+            if hold.depth == 0 or group_id not in self.core.grants:
+                await self.holds.acquire(group_id, timeout, hint)
+                hold.depth = 0
+            hold.depth += 1
+            return self.core.grants.check(group_id)
+
+    async def exit(self, group_id: str) -> None:
+        hold = self._holds.setdefault(group_id, _Hold())
+        async with hold.mutex:
+            hold.depth = max(0, hold.depth - 1)
+            if hold.depth == 0:
+                self.core.check_usable(Call.YIELD)
+                grants = self.core.grants
+                if group_id in grants or grants.ends_in_error(group_id):
+                    await self.holds.yield_(group_id)   # a revoked hold raises GroupRevokedError
+
+    def clear(self) -> None:
+        """The session was reset: no scope counts any more."""
+        self._holds.clear()
 
 
 class AcceleratorScope:

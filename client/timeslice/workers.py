@@ -11,16 +11,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from timeslice.core import ClientCore
 from timeslice.logs import get_logger
 from timeslice.model import Worker
 from timeslice.retry import Call
 from timeslice.session import Sessions
+from timeslice.transport import Transport
+from timeslice.usercode import UserCode
+
+if TYPE_CHECKING:
+    from timeslice.cooperative import CooperativeWorker
 
 log = get_logger(__name__)
 
 
-class Workers(Sessions):
+class Workers:
+    """The job's registered workers, this process's attestation and its cooperative channels."""
+
+    def __init__(self, core: ClientCore, transport: Transport, user: UserCode, sessions: Sessions):
+        self.core, self.transport, self.user, self.sessions = core, transport, user, sessions
+        self._cooperative: list[CooperativeWorker] = []     # channels opened by cooperate()
+        self._attestation: CooperativeWorker | None = None  # this process's attest-only channel
+
     async def register_worker(self, pid: int | None = None, node: str | None = None, device_bytes: int = 0, *,
                               swap: str = "", gpus=(), endpoint: str = "", tags=None,
                               collective: bool = False) -> Worker:
@@ -32,30 +46,32 @@ class Workers(Sessions):
         "vllm"/"sglang" (the server's HTTP API at ``endpoint``). ``gpus``: the node's GPU indexes
         it uses. ``tags``: region -> "offload"|"discard". ``collective``: it uses CUDA IPC/NCCL p2p,
         so its context must never be checkpointed."""
-        await self._ensure_session()
+        core = self.core
+        await self.sessions.ensure()
         if swap != "cooperative":
             from timeslice.config import node_name
-            seen = await self._blocking(self.attest_worker, node or node_name())
+            seen = await self.user.blocking(self.attest_worker, node or node_name())
             if pid is None and seen:
                 pid = seen                    # the pid as the agent sees it (pid namespaces differ)
-        req, w = self._worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
+        req, w = core.worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
 
         def build():
-            req.session_secret = self._secret()
+            req.session_secret = core.secret()
             return req
-        await self._invoke(Call.REGISTER_WORKER, build, deadline=self._deadline(self.config.timeout))
-        log.info("worker_registered", job=self.job_id, node=w.node, pid=w.pid)
+        await self.transport.invoke(Call.REGISTER_WORKER, build, deadline=core.deadline(core.config.timeout))
+        log.info("worker_registered", job=self.core.job_id, node=w.node, pid=w.pid)
         return w
 
     async def unregister_worker(self, pid: int | None = None, node: str | None = None) -> Worker:
         """Withdraw a worker registered with ``register_worker``."""
-        await self._ensure_session()
-        req, w = self._worker_req(pid, node, 0)
+        core = self.core
+        await self.sessions.ensure()
+        req, w = core.worker_req(pid, node, 0)
 
         def build():
-            req.session_secret = self._secret()
+            req.session_secret = core.secret()
             return req
-        await self._invoke(Call.UNREGISTER_WORKER, build, deadline=self._deadline(self.config.timeout))
+        await self.transport.invoke(Call.UNREGISTER_WORKER, build, deadline=core.deadline(core.config.timeout))
         return w
 
     def attest_worker(self, node: str):
@@ -74,11 +90,11 @@ class Workers(Sessions):
         if node != node_name() and not reachable(node):
             return None                       # another node's agent: not reachable from here
         if self._attestation is None:
-            w = CooperativeWorker(self.job_id, self._secret, Attestation(), node, connect_timeout=2.0)
+            w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node, connect_timeout=2.0)
             try:
                 w.start()
             except ChannelError as e:
-                log.warning("worker_not_attested", job=self.job_id, node=node, error=str(e)[:200],
+                log.warning("worker_not_attested", job=self.core.job_id, node=node, error=str(e)[:200],
                             hint="the node agent acts only on attested workers when it requires attestation")
                 return None
             self._attestation = w
@@ -109,32 +125,32 @@ class Workers(Sessions):
         """
         from timeslice.config import node_name
         from timeslice.cooperative import CooperativeWorker
-        await self._ensure_session()
+        await self.sessions.ensure()
         node = node or node_name()
-        await self._blocking(self._close_attestation)   # one channel per process: the cooperative one attests too
-        w = CooperativeWorker(self.job_id, self._secret, memory, node, socket_path)
-        pid = await self._blocking(w.connect)
+        await self.user.blocking(self._close_attestation)   # one channel per process: the cooperative one attests too
+        w = CooperativeWorker(self.core.job_id, self.core.secret, memory, node, socket_path)
+        pid = await self.user.blocking(w.connect)
         try:
             await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
                                        swap="cooperative", gpus=gpus, tags=dict(memory.tags))
             w.start()
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()
-                await self._blocking(w.prepin)
-                log.info("cooperative_prepinned", job=self.job_id, host_bytes=memory.host_bytes(),
+                await self.user.blocking(w.prepin)
+                log.info("cooperative_prepinned", job=self.core.job_id, host_bytes=memory.host_bytes(),
                          elapsed_s=round(time.monotonic() - t0, 3))
         except BaseException:
             w.close()
             raise
-        with self._mu:
+        with self.core.mu:
             self._cooperative.append(w)
         return w
 
-    async def _close_workers(self) -> None:
+    async def close(self) -> None:
         """At close: the cooperative channels first (the agent lifts a freeze on a worker that
         leaves), then the attestation."""
-        with self._mu:
+        with self.core.mu:
             workers, self._cooperative = self._cooperative, []
         for w in workers:
-            await self._blocking(w.close)
-        await self._blocking(self._close_attestation)
+            await self.user.blocking(w.close)
+        await self.user.blocking(self._close_attestation)

@@ -94,17 +94,14 @@ def main(argv=None) -> int:
     from timeslice.integrations.slicing import PhaseLog
 
     nondeterministic = R.deterministic()
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    if device == "cpu":
-        torch.set_num_threads(1)                      # two jobs share the CI machine's cores
+    device = R.pick_device(a.device)
     log = PhaseLog(sync=device == "cuda")
     holds = Holds(log)
     orchestrator = None if a.standalone else OrchestratorClient(after_acquire=holds.granted,
                                                                  before_yield=holds.yielding)
     memory = None
     if not a.standalone and device == "cpu":
-        from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
-        memory = SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+        memory = R.sim_memory()
     elif device == "cuda":
         from timeslice.torch_memory import TorchMemory
         memory = TorchMemory({"weights": "offload", "optimizer": "offload"})

@@ -52,6 +52,22 @@ def deterministic() -> list[str]:
 ENV_BARRIER = "TIMESLICE_EXAMPLE_BARRIER"      # "<dir>:<n>": wait until n jobs reached it
 
 
+def pick_device(choice: str) -> str:
+    """cuda | cpu for ``--device`` (auto: cuda when there is one); on the CPU, one thread per job,
+    as two jobs share the CI machine's cores."""
+    import torch
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if choice == "auto" else choice
+    if device == "cpu":
+        torch.set_num_threads(1)
+    return device
+
+
+def sim_memory():
+    """The SIMULATED device's memory for a job without a GPU (SimTorchMemory, on $TIMESLICE_SIM_DIR)."""
+    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+    return SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+
+
 def rendezvous(timeout: float = 300.0) -> None:
     """Start a pair's loops together (tests and benchmarks set $TIMESLICE_EXAMPLE_BARRIER): the
     imports of one job can take longer than the whole run of the other, and then nothing is

@@ -63,15 +63,12 @@ def main(argv=None) -> int:
     from timeslice.integrations.trl import TimeslicedGRPOTrainer
 
     nondeterministic = R.deterministic()
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if a.device == "auto" else a.device
-    if device == "cpu":
-        torch.set_num_threads(1)                      # two jobs share the CI machine's cores
+    device = R.pick_device(a.device)
     client = None if a.standalone else OrchestratorClient()        # target, job id: TIMESLICE_TARGET/_JOB_ID
     swap = "none" if a.standalone and device == "cpu" else a.swap
     memory = arena = None
     if swap == "cooperative" and device == "cpu":
-        from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
-        memory = SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+        memory = R.sim_memory()
     ts = TimeSlice(client, a.group, memory, swap=swap, device_bytes_hint=a.hint_bytes,
                    node=os.environ.get("TIMESLICE_NODE_NAME"), sync_phases=device == "cuda")
     tok = R.tokenizer(R.SIZES[a.size][5])

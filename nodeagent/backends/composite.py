@@ -140,7 +140,11 @@ class CompositeBackend(Backend):
             return b                                    # full isolation's checkpoint (or its loss)
         if s is SwapState.PAUSED:
             left = getattr(sw, "releasable_bytes", None)
-            return ProcState.PARTIAL if left is not None and left() > 0 else ProcState.CHECKPOINTED
+            if left is not None and left() > 0:
+                return ProcState.PARTIAL
+            if R.checkpoints_rest(self._context(pid).isolation) and b in (ProcState.RUNNING, ProcState.LOCKED):
+                return ProcState.PARTIAL                # an op of full isolation: the rest is still to go
+            return ProcState.CHECKPOINTED
         if s is SwapState.RUNNING:
             return ProcState.LOCKED if b is ProcState.LOCKED else ProcState.RUNNING
         return ProcState.UNKNOWN                         # registered, but it never spoke to this agent

@@ -16,10 +16,10 @@ from timeslice import AsyncOrchestratorClient, OrchestratorClient
 
 def crash(c: OrchestratorClient) -> None:
     """As SIGKILL would leave it: no more keepalives, nothing closed, the lease left to expire."""
-    async def stop(core):
-        core._closing = True     # its later close() at teardown must not count as anything
-        core._stop_keepalive()
-    c._loop.call(stop(c._core))
+    async def stop(aio):
+        aio._core.closing = True     # its later close() at teardown must not count as anything
+        aio._sessions.stop_keepalive()
+    c._loop.call(stop(c._aio))
 
 
 def test_job_restarted_under_the_same_id_keeps_its_new_session(lockd, group, uid, clients):

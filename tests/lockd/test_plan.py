@@ -478,3 +478,54 @@ def test_an_unknown_resident_counts_as_resident_with_its_registered_footprint():
                NodeState(agent=agent_seen(12 * GB), statuses={"C": status("C", R.UNKNOWN, R.FAILED)})):
         [a] = P.plan_group(group([("B", 9, 16 * GB)]), {"n1": ns}, jobs, 0)
         assert (a.job, a.op) == ("C", R.SNAPSHOT), (ns, a)
+
+
+def test_a_parked_jobs_residue_in_the_way_is_checkpointed_not_ignored():
+    """C's cooperative pause released its regions and left 2 GB (context, allocator blocks) on the
+    32 GB GPU; B needs 31 GB and 30 GB are free, nobody is resident. C's residue goes by full
+    isolation's checkpoint, for this swap only, written over C's answered pause of the same swap.
+    Before, B was granted without room (or its restore was refused until the swap timeout)."""
+    jobs = workers("B", "C")
+    paused = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=9,
+                                      bytes=10 * GB, device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
+                                      residue_bytes=2 * GB), mod=31)
+    ns = NodeState(agent=agent_seen(30 * GB), statuses={"C": paused},
+                   intents={"C": intent("C", R.SNAPSHOT, 9, mod=30)})
+    [a] = P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, jobs, 0)
+    assert a == P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 30, isolation=R.ISOLATION_FULL), a
+    # Issued: B waits for its answer, and the intent is not written again.
+    ns.intents["C"] = kv("in/C", R.IntentValue(R.SNAPSHOT, "C", "g", 9, 7, 1000, isolation=R.ISOLATION_FULL),
+                         create=30, mod=32)
+    assert P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, jobs, 0) == []
+    # Answered: the residue is off the device (0 left), B fits and is granted.
+    ns.statuses["C"] = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=32, token=9,
+                                                bytes=2 * GB, device_bytes=22 * GB, gpu_bytes={"gpu0": 22 * GB}))
+    ns.agent = agent_seen(32 * GB)
+    [g] = P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, jobs, 0)
+    assert isinstance(g, P.WriteGrant) and g.job == "B"
+    # Where it fits anyway, or the residue belongs to a collective worker, nothing extra is asked.
+    ns.statuses["C"], ns.agent, ns.intents["C"] = paused, agent_seen(30 * GB), intent("C", R.SNAPSHOT, 9, mod=30)
+    [g] = P.plan_group(group([("B", 9, 20 * GB)]), {"n1": ns}, jobs, 0)
+    assert isinstance(g, P.WriteGrant)
+    collective = {**jobs, "C": JobState(session=kv("s", b"{}"), workers={("n1", 1001): kv(
+        "w", R.WorkerValue(1001, "n1", swap=R.SWAP_COOPERATIVE, collective=True))})}
+    assert not any(isinstance(a, P.WriteIntent) and a.job == "C"
+                   for a in P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, collective, 0))
+
+
+def test_a_head_to_restore_asks_the_agent_before_a_residue_is_checkpointed():
+    """B is parked itself: its restore is written first (the agent admits it on exact figures, and
+    lockd's need counts B's own context, on the device already); only a refusal for room sends
+    C's residue away, then the restore is asked again."""
+    jobs = workers("B", "C")
+    paused = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=5,
+                                      bytes=10 * GB, device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
+                                      residue_bytes=2 * GB), mod=31)
+    ns = NodeState(agent=agent_seen(28 * GB), statuses={"C": paused, "B": snap("B", {"gpu0": 29 * GB})})
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+    ns.intents["B"] = intent("B", R.RESTORE, 9, mod=40)
+    ns.statuses["B"] = kv("st/B", R.StatusValue(R.SNAPSHOTTED, "B", outcome=R.REFUSED, intent_revision=40, token=9,
+                                                device_bytes=29 * GB, gpu_bytes={"gpu0": 29 * GB},
+                                                error="no room"), mod=41)
+    [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert a == P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL), a

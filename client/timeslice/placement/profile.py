@@ -15,8 +15,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from timeslice.common.profile import SAMPLE_LISTS, ProfileFigures
+
 FORMAT_VERSION = 1
-LISTS = ("hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms")
+LISTS = SAMPLE_LISTS
 MAX_SAMPLES = 4096          # per list read from a file (lockd keeps far fewer)
 
 
@@ -36,24 +38,8 @@ def pct(xs: list[int] | list[float], q: float) -> float:
 
 
 @dataclass
-class JobProfile:
-    job: str
-    group: str
-    hold_ms: list[int] = field(default_factory=list)
-    gap_ms: list[int] = field(default_factory=list)
-    wait_ms: list[int] = field(default_factory=list)
-    snapshot_ms: list[int] = field(default_factory=list)
-    restore_ms: list[int] = field(default_factory=list)
-    swap_bytes: list[int] = field(default_factory=list)
-    busy_ms: list[int] = field(default_factory=list)          # the job's own measure of its holds
-    gpu_bytes: dict[str, int] = field(default_factory=dict)   # "<node>/<device>" -> peak bytes
-    device_bytes: int = 0
-    host_bytes: int = 0
-    grants: int = 0
-    elided: int = 0
-    restored: int = 0
-    updated_ms: int = 0
-    live: bool = False
+class JobProfile(ProfileFigures):
+    live: bool = False                                      # the job has a session now
 
     # -- figures ----------------------------------------------------------------------
     @property
