@@ -59,3 +59,28 @@ def test_cli_group_create_with_priorities(lockd, uid, capsys):
     assert "priorities" not in capsys.readouterr().out                      # the default: pure FIFO
     rc = cli.main([*target, "group", "create", f"{g}-bad", "--node", "n1", "--max-overtakes", "5"])
     assert rc != 0 and "priorities" in capsys.readouterr().err
+
+
+async def test_on_accelerators_asks_for_its_class(lockd, admin, uid):
+    g = f"s-{uid}"
+    admin.create_group(g, ["node-x"], priorities=True)
+    async with AsyncOrchestratorClient(lockd.targets, job_id=f"a-{uid}") as a, \
+            AsyncOrchestratorClient(lockd.targets, job_id=f"w-{uid}") as w:
+        await a.acquire(g)
+        seen = []
+
+        @w.on_accelerators(g, timeout=30, priority=6)
+        async def step():
+            seen.append((await a.status(g)).holder)
+
+        t = asyncio.create_task(step())
+        while not (st := (await a.status(g)).waiters):
+            await asyncio.sleep(0.02)
+        assert [(x.job_id, x.priority) for x in st] == [(f"w-{uid}", 6)]
+        await a.release(g)
+        await t
+        assert seen[0].job_id == f"w-{uid}" and seen[0].priority == 6
+    with OrchestratorClient(lockd.targets, job_id=f"x-{uid}") as c:
+        with pytest.raises(InvalidArgumentError, match="priority"):
+            with c.on_accelerators(g, timeout=5, priority=10):
+                pass
