@@ -100,10 +100,12 @@ class Locks:
         """A priority group's entry fields: the job's arrival and age carried over from its entry
         (a re-sent Acquire takes it over), else the group's grant count now (the aging clock)."""
         gs = self.index.groups.get(group)
-        kv = gs.queue.get(job) if gs else None
+        kv = (gs.queue.get(job) or gs.moving.get(job)) if gs else None     # queued, or out being moved
         if kv is not None and kv.lease == lease:
             old = R.QueueValue.load(kv.value)
-            return {"since": old.since, "since_grants": old.since_grants, "enqueued_ms": old.enqueued_ms}
+            # Its arrival spelt out (not 0 for "this key"): the entry may be moved before we take it over.
+            return {"since": old.arrival(kv.create_revision), "since_grants": old.since_grants,
+                    "enqueued_ms": old.enqueued_ms}
         return {"since_grants": PR.turns_of(gs).grants if gs else 0}
 
     async def _require_group(self, group: str) -> None:

@@ -13,6 +13,7 @@ from timeslice.common import records as R
 from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
 from timeslice.common.keys import Keys
 from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 
 async def make_group(target, group="g", **prio):
@@ -300,3 +301,45 @@ async def test_waiter_cancelled_while_its_entry_is_out_leaves_nothing(lockd3, et
     note = R.RevokedValue.load((await c.range(ops.range_req(keys.revoked("B", "g")))).kvs[0].value)
     assert note.held and note.token == gb.token
     await a.close(), await lj.close(), await b.close(), await ch.close()
+
+
+async def test_resent_acquire_keeps_the_arrival_of_a_moved_entry(lockd3):
+    """L1 and L2 (class 0) are overtaken and moved; L1's client re-sends its Acquire to another
+    replica, which takes the entry over: L1 keeps its arrival, so it still goes before L2."""
+    t = lockd3.targets
+    ch, stub = await make_group(t[0], priorities=True)
+    run = Run(t, stub)
+    for i, name in enumerate(["A", "L1", "L2", "H"]):
+        await run.job(name, i)
+    a = await run.jobs["A"].acquire("g")
+    l1 = run.jobs["L1"]
+
+    channels = []
+
+    def send(target, seq):
+        channels.append(grpc.aio.insecure_channel(target))
+        return pbg.LockdStub(channels[-1]).Acquire(
+            pb.AcquireRequest(job_id="L1", session_secret=l1.secret, group_id="g", attempt_seq=seq), timeout=60)
+    first = send(t[1], 1)
+    await wait_status(stub, lambda s: [w.job_id for w in s.waiters] == ["L1"], "L1 queued")
+    f2 = await run.queue("L2", 0, 2)
+    fh = await run.queue("H", 5, 3)
+    await run.jobs["A"].yield_("g", a.token)
+    h = await fh
+    await wait_status(stub, lambda s: all(w.token > h.token for w in s.waiters) and len(s.waiters) == 2,
+                      "L1 and L2 moved above H's token")
+    again = asyncio.ensure_future(send(t[2], 2))      # the client's re-send, on another replica
+    with pytest.raises(grpc.aio.AioRpcError) as e:
+        await first                             # superseded by the re-send
+    assert e.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED)
+    await run.jobs["H"].yield_("g", h.token)
+    done, _ = await asyncio.wait([again, f2], return_when=asyncio.FIRST_COMPLETED)
+    assert done == {again}, "L1 arrived first: it goes before L2"
+    g1 = again.result()
+    await l1.yield_("g", g1.token)
+    g2 = await f2
+    assert h.token < g1.token < g2.token
+    await run.close()
+    for c in channels:
+        await c.close()
+    await ch.close()
