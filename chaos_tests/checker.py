@@ -19,6 +19,9 @@ fifo        (1) If A's ``enqueued`` event precedes B's ``acquire_req``, A's toke
             is smaller than B's: tokens follow real request order. (2) With
             ``expected_order``, the grants of the listed jobs, in time order,
             are exactly that list (per group, or the same list for every group).
+priority    Groups named in ``priorities`` (group -> its max_overtakes K) replace
+            fifo (1) by: FIFO within a class, and no waiter overtaken by more
+            than K later requests (priorityrules.py). token-order still holds.
 lost-waiter Every ``acquire_req`` ends in ``granted``, ``error`` or ``abandoned``
             before the job's next ``acquire_req`` and before the history ends.
 stale-token A ``cs_start`` carries the token of the grant the job holds; the
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from chaos_tests.claims import check_claims
 from chaos_tests.crossgroup import check_cross_group
 from chaos_tests.faultrules import check_faults
+from chaos_tests.priorityrules import check_priority_group
 from chaos_tests.swaprules import check_swaps
 
 _OPEN = math.inf
@@ -91,6 +95,8 @@ class _Attempt:
     token: int | None = None
     enq_t: int | None = None
     outcome: str | None = None  # granted | error | abandoned
+    priority: int = 0           # the class asked for (``acquire_req``'s ``priority``)
+    grant_t: int | None = None
 
 
 @dataclass
@@ -124,8 +130,10 @@ class _JobState:
 
 
 def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0,
-          orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0) -> Report:
+          orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0,
+          priorities: dict[str, int] | None = None) -> Report:
     """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
+    ``priorities``: the groups with priority classes, each with its max_overtakes;
     ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py);
     ``orphan_bound_s``: how long a job may stay parked without a session (swaprules.py);
     ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py)."""
@@ -155,7 +163,10 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
     # Groups nobody asked for (e.g. events without a group) have nothing to judge.
     active = {group: g for group, g in groups.items() if g.attempts or g.grants}
     for group, g in active.items():
-        _check_group(group, g, report, at, _expected_for(expected_order, group))
+        bound = (priorities or {}).get(group)
+        _check_group(group, g, report, at, _expected_for(expected_order, group), fifo=bound is None)
+        if bound is not None:
+            check_priority_group(group, g.attempts, bound, report, at)
     check_claims(events, report, at, ghost_bound_s)
     check_cross_group(events, report, at)
     check_swaps(events, report, at, orphan_bound_s)
@@ -178,7 +189,7 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         if st.waiting is not None:
             report.violations.append(f"[lost-waiter] {where}: new acquire while the one "
                                      f"from {at(st.waiting.req_t)} is unresolved")
-        st.waiting = _Attempt(job, t)
+        st.waiting = _Attempt(job, t, priority=int(e.get("priority", 0)))
         g.attempts.append(st.waiting)
         report.acquires += 1
     elif ev == "enqueued" and st.waiting is not None:
@@ -188,7 +199,8 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
             report.violations.append(f"[protocol] {where}: granted without acquire_req")
         else:
             report.max_wait_s = max(report.max_wait_s, (t - st.waiting.req_t) / 1e9)
-            st.waiting.token, st.waiting.outcome, st.waiting = token, "granted", None
+            st.waiting.token, st.waiting.outcome, st.waiting.grant_t = token, "granted", t
+            st.waiting = None
         g.grants.append((t, token, job))
         st.held = token
         report.grants += 1
@@ -228,7 +240,7 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         report.violations.append(f"[data] {where}: {e.get('detail', 'data check failed')}")
 
 
-def _check_group(group, g: _Group, report: Report, at, expected: list[str] | None) -> None:
+def _check_group(group, g: _Group, report: Report, at, expected: list[str] | None, fifo: bool = True) -> None:
     # mutex: sweep sections by start, comparing with the one reaching furthest.
     spans = sorted(((*span, s) for s in g.sections if (span := s.effective())),
                    key=lambda x: x[0])
@@ -251,7 +263,7 @@ def _check_group(group, g: _Group, report: Report, at, expected: list[str] | Non
     queued = sorted((a for a in g.attempts if a.enq_t is not None), key=lambda a: a.enq_t)
     first: _Attempt | None = None  # the largest-token waiter queued so far
     i = 0
-    for b in sorted((a for a in g.attempts if a.token is not None), key=lambda a: a.req_t):
+    for b in sorted((a for a in g.attempts if a.token is not None and fifo), key=lambda a: a.req_t):
         while i < len(queued) and queued[i].enq_t < b.req_t:
             if first is None or queued[i].token > first.token:
                 first = queued[i]

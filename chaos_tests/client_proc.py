@@ -142,10 +142,12 @@ class Client:
 
     async def turn(self) -> None:
         group = self.rng.choice(self.groups)
-        self.rec.acquire_req(group)
+        # --priorities lo,hi: a class per turn (groups created with priority classes).
+        cls = {"priority": self.rng.randint(*self.a.priorities)} if self.a.priorities else {}
+        self.rec.acquire_req(group, **cls)
         try:
             rep = await self.job.acquire(group, timeout=self.a.acquire_timeout,
-                                         hint=self.device.footprint if self.device else 0)
+                                         hint=self.device.footprint if self.device else 0, **cls)
         except (grpc.aio.AioRpcError, GiveUp) as err:
             e = failure("Acquire", err)
             self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, code=code_of(e))
@@ -234,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--acquire-timeout", type=float, default=45.0, help="give an acquire up after this, s")
     p.add_argument("--cs-ms", type=_range, default=(10.0, 40.0), help="critical section length lo,hi ms")
     p.add_argument("--think-ms", type=_range, default=(0.0, 20.0), help="pause between turns lo,hi ms")
+    p.add_argument("--priorities", type=lambda s: tuple(int(x) for x in _range(s)), default=None,
+                   help="ask each turn for a priority class drawn from lo,hi (groups with priority classes)")
     p.add_argument("--sim-bytes", type=int, default=0, help="hold this many bytes on the simulated device")
     p.add_argument("--sim-dir", default=None, help="simulated device directory")
     p.add_argument("--coop-regions", default="", help="be a cooperative worker with these regions on the "

@@ -8,7 +8,7 @@ different processes are ordered by it; wall time is kept for humans.
 
 Events (``ev``) and their fields besides ``t``, ``wall``, ``pid``, ``proc``:
 
-    acquire_req   group, job                an Acquire call begins
+    acquire_req   group, job[, priority]    an Acquire call begins (priority: its class, groups with priorities)
     enqueued      group, job, token         optional: the waiter's key exists
     granted       group, job, token         Acquire returned the grant
     cs_start      group, job, token         the critical section begins

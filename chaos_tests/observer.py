@@ -12,6 +12,10 @@ on the whole prefix, so its events come in etcd's revision order, and records:
     unparked    job, node             ... and left it (or was deleted)
     session_put job                   the job's session key was written (a session opened)
     session_end job                   ... and deleted (closed, or its lease ran out)
+    enqueued    group, job, token     with ``enqueued=True``: a job's queue entry was created (not a
+                                      priority group's entry moved under a fresh key: its value
+                                      keeps ``since``), for the checker's priority rules (its time
+                                      is after etcd's, so they judge no stricter than the truth)
 
 The test reads what is true now from ``states`` ((node, job) -> the agent's status state)
 and ``sessions`` (jobs with a session key), e.g. to inject a fault while a job is restoring.
@@ -32,8 +36,8 @@ from timeslice.common.etcd import EtcdClient, EtcdConfig, Watch, ops
 
 
 class GrantObserver:
-    def __init__(self, endpoints: str, prefix: str, history_dir: str):
-        self.endpoints, self.prefix = endpoints, prefix
+    def __init__(self, endpoints: str, prefix: str, history_dir: str, enqueued: bool = False):
+        self.endpoints, self.prefix, self.enqueued = endpoints, prefix, enqueued
         self.rec = HistoryRecorder(history_dir, name="observer")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -84,20 +88,25 @@ class GrantObserver:
                 async for batch in w:
                     for ev in batch:
                         raw = ev.kv.value if ev.is_put else (ev.prev_kv.value if ev.prev_kv else b"")
-                        self._note(ev.kv.key, raw, ev.is_put)
+                        self._note(ev.kv.key, raw, ev.is_put,
+                                   ev.kv.create_revision if ev.is_put and ev.kv.version == 1 else 0)
         except asyncio.CancelledError:
             pass
         finally:
             self._ready.set()
             await client.close()
 
-    def _note(self, key: bytes, raw: bytes, put: bool) -> None:
+    def _note(self, key: bytes, raw: bytes, put: bool, created: int = 0) -> None:
+        """``created``: the key's create revision when this put created it, else 0."""
         parts = key.decode(errors="replace")[len(self.prefix):].split("/")
         try:
             v = json.loads(raw) if raw else {}
         except ValueError:
             v = {}
-        if len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
+        if self.enqueued and len(parts) == 4 and parts[0] == "groups" and parts[2] == "queue" and created \
+                and not v.get("since"):
+            self.rec.record("enqueued", group=parts[1], job=parts[3], token=created)
+        elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
             self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=v.get("job"),
                             token=v.get("token"))
         elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "spec" and put:

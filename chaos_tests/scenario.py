@@ -82,7 +82,7 @@ class World(ClientsView):
                  client_args: list[str] | None = None, group_nodes: list[str] | dict[str, list[str]] | None = None,
                  client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
                  kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
-                 recovery_bound_s: float = 30.0):
+                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -96,6 +96,8 @@ class World(ClientsView):
         self.n_clients = clients
         self.kinds = kinds or [ClientKind(clients)]
         self.orphan_bound_s, self.recovery_bound_s = orphan_bound_s, recovery_bound_s
+        # max_overtakes: the groups have priority classes with this bound (judged by priorityrules.py)
+        self.max_overtakes = max_overtakes
         self.client_args = client_args or []
         self.client_env = client_env or {}
         # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
@@ -138,7 +140,8 @@ class World(ClientsView):
         if self.observe:
             from chaos_tests.observer import GrantObserver
 
-            self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir).start()
+            self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir,
+                                          enqueued=self.max_overtakes is not None).start()
         for kind in self.kinds:
             for _ in range(kind.count):
                 self.spawn_client(duration, kind=kind)
@@ -177,7 +180,9 @@ class World(ClientsView):
     def create_groups(self) -> None:
         for g in self.groups:
             nodes = self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
-            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes])
+            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes],
+                                        priorities=self.max_overtakes is not None,
+                                        max_overtakes=self.max_overtakes or 0)
             self.call_any("CreateGroup", req)
 
     def call_any(self, method: str, req, timeout: float = 20.0):
@@ -310,7 +315,8 @@ class World(ClientsView):
         events = load_history(self.history_dir)
         self.all_events = events
         report = check(events, ghost_bound_s=self.ghost_bound_s, orphan_bound_s=self.orphan_bound_s,
-                       recovery_bound_s=self.recovery_bound_s)
+                       recovery_bound_s=self.recovery_bound_s,
+                       priorities=None if self.max_overtakes is None else dict.fromkeys(self.groups, self.max_overtakes))
         self.print_figures(report, events)
         return report
 

@@ -10,6 +10,11 @@ The README documents each key with an etcdctl example.
                                                 FIFO = create_revision; head owns the lock;
                                                 token = create_revision of this key
     <p>groups/<group>/grant                     {job, token, leader_epoch, restored, ...}, leased to the job
+    <p>groups/<group>/turns                     {token, grants}: priority groups only (lockd/priority.py): the
+                                                highest token granted ahead of an earlier waiter (an entry
+                                                below it re-keys before its turn) and the grant count
+    <p>groups/<group>/moving/<job>              an overtaken waiter's entry while the leader writes it again
+                                                under a fresh key (lockd/rekey.py), leased to the job's session
     <p>groups/<group>/failures/<job>            {token, reason}: why a job's Acquire failed, leased to the job
     <p>groups/<group>/attempts/<job>            {seq}: newest Acquire attempt that claimed the job's entry,
                                                 leased to the job's session (lockd/attempts.py)
@@ -92,6 +97,15 @@ class Keys:
 
     def grant(self, group: str) -> bytes:
         return self.group(group) + b"grant"
+
+    def turns(self, group: str) -> bytes:
+        return self.group(group) + b"turns"
+
+    def movings(self, group: str) -> bytes:
+        return self.group(group) + b"moving/"
+
+    def moving(self, group: str, job: str) -> bytes:
+        return self.movings(group) + check_id("job", job).encode()
 
     def attempt(self, group: str, job: str) -> bytes:
         return self.group(group) + b"attempts/" + check_id("job", job).encode()

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T", bound="Record")
 
@@ -85,8 +85,16 @@ def _field_names(cls: type) -> frozenset[str]:
 class Record:
     """Base of the stored values; every subclass is a dataclass."""
 
+    #: Fields left out of ``dump()`` while they hold their default: an opt-in feature's fields
+    #: (priority classes) leave the values of everyone who does not use it byte for byte as before.
+    _omit_default: ClassVar[frozenset[str]] = frozenset()
+
     def dump(self) -> bytes:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
+        if self._omit_default:
+            for f in dataclasses.fields(self):  # type: ignore[arg-type]
+                if f.name in self._omit_default and data[f.name] == f.default:
+                    del data[f.name]
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
@@ -103,6 +111,13 @@ class GroupSpec(Record):
     isolation: str = ISOLATION_NONE
     tenants: list[str] = field(default_factory=list)  # who may acquire it ("*": every tenant); lockd/tenancy.py
     admins: list[str] = field(default_factory=list)   # tenants that administer it (delete it, see all its jobs)
+    # Priority classes (lockd/priority.py): off = pure FIFO. On: the head is the earliest waiter of the
+    # highest class, and a waiter is served first, in arrival order, once ``max_overtakes`` grants were
+    # made since it joined or it waited ``max_wait_ms`` (0: no time bound).
+    priorities: bool = False
+    max_overtakes: int = 0
+    max_wait_ms: int = 0
+    _omit_default = frozenset({"priorities", "max_overtakes", "max_wait_ms"})
 
     def node_names(self) -> list[str]:
         return [n["node"] for n in self.nodes]
@@ -128,6 +143,24 @@ class QueueValue(Record):
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
     trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
     last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
+    # Priority groups only (lockd/priority.py); left out of the stored JSON while 0:
+    priority: int = 0                 # the class asked for: 0 (default, lowest) .. MAX_PRIORITY
+    since: int = 0                    # create revision of the job's first entry (0: this entry's): arrival
+    since_grants: int = 0             # the group's grant count when the job joined (aging)
+    _omit_default = frozenset({"priority", "since", "since_grants"})
+
+    def arrival(self, create_revision: int) -> int:
+        """The job's place in arrival order: kept when its entry is written again under a fresh key."""
+        return self.since or create_revision
+
+
+@dataclass
+class TurnsValue(Record):
+    """``groups/<g>/turns`` of a priority group, written by the leader (lockd/priority.py)."""
+
+    token: int = 0                    # highest token granted ahead of an earlier waiter: entries below re-key
+    grants: int = 0                   # grants made on the group (a waiter ages by the grants since it joined)
+    updated_ms: int = 0
 
 
 @dataclass

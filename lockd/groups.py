@@ -9,6 +9,7 @@ from timeslice.common.etcd import ops
 from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
+from timeslice.lockd import priority as PR
 from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.residency import RESIDENT, residency
@@ -33,9 +34,13 @@ class Groups:
         self.revocations = revocations or Revocations(client, keys)
 
     async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "",
-                     tenants: list[str] | None = None, admins: list[str] | None = None) -> R.GroupSpec:
-        """``tenants``/``admins``: who may acquire and who administers it (lockd/tenancy.py), validated there."""
+                     tenants: list[str] | None = None, admins: list[str] | None = None,
+                     priorities: tuple[bool, int, int] = (False, 0, 0)) -> R.GroupSpec:
+        """``tenants``/``admins``: who may acquire and who administers it (lockd/tenancy.py), validated there;
+        ``priorities``: (on, max_overtakes, max_wait_ms), lockd/priority.py."""
         check_id("group", group)
+        on = bool(priorities[0])
+        max_overtakes, max_wait_ms = PR.check_bounds(on, *priorities[1:])
         if isolation not in R.ISOLATIONS:
             raise InvalidIdError(f"isolation must be one of {sorted(R.ISOLATIONS)}, got {isolation[:32]!r}")
         if len(nodes) > MAX_NODES:
@@ -52,7 +57,7 @@ class Groups:
             if any(not 0 <= g <= MAX_GPU_INDEX for g in gpus):
                 raise InvalidIdError(f"gpu indices must be in 0..{MAX_GPU_INDEX}")
         spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation,
-                           list(tenants or []), list(admins or []))
+                           list(tenants or []), list(admins or []), on, max_overtakes, max_wait_ms)
         size = len(spec.dump())
         if size > MAX_SPEC_BYTES:
             raise InvalidIdError(f"limit max_spec_bytes: the group spec is {size} bytes, at most {MAX_SPEC_BYTES}")
@@ -65,11 +70,12 @@ class Groups:
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, spec.dump())], [ops.get(key)])
         if not resp.succeeded:
             old = R.GroupSpec.load(resp.responses[0].response_range.kvs[0].value)
-            if (old.nodes, old.isolation, old.tenants, old.admins) != \
-                    (spec.nodes, spec.isolation, spec.tenants, spec.admins):
+            if (old.nodes, old.isolation, old.tenants, old.admins, *_bounds(old)) != \
+                    (spec.nodes, spec.isolation, spec.tenants, spec.admins, *_bounds(spec)):
                 names = old.node_names()
                 shown = " ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
-                raise AlreadyExists(f"group {group!r} exists with other nodes, isolation or tenants: {shown}")
+                raise AlreadyExists(f"group {group!r} exists with other nodes, isolation, tenants or "
+                                    f"priorities: {shown}")
             return old
         return spec
 
@@ -80,21 +86,29 @@ class Groups:
         ``force``) the group is busy. Never a hold nobody is told of, never a queue left without a spec."""
         check_id("group", group)
         spec_key, queue = self.keys.spec(group), self.keys.queue(group)
+        moving = self.keys.movings(group)
         for _ in range(MAX_DELETE_TRIES):
-            # Spec and queue at one revision: the picture the guarded delete below compares with.
-            r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True)])
-            spec_kvs, queued = r.responses[0].response_range.kvs, r.responses[1].response_range.kvs
+            # Spec, queue, grant and entries being moved (priority groups: rekey.py) at one revision:
+            # the picture the guarded delete below compares with.
+            r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True), ops.get(self.keys.grant(group)),
+                                           ops.get(moving, prefix=True)])
+            spec_kvs, queued = r.responses[0].response_range.kvs, list(r.responses[1].response_range.kvs)
+            grant_kvs, queued_moving = r.responses[2].response_range.kvs, r.responses[3].response_range.kvs
             if not spec_kvs:
                 raise NotFound(f"unknown group {group!r}")
+            jobs = {self.keys.parse(q.key)[3] for q in queued}
+            queued += [kv for kv in queued_moving if self.keys.parse(kv.key)[3] not in jobs]    # out, not back yet
             if queued and not force:
                 raise GroupBusy(f"group {group!r} has {len(queued)} queued job(s); pass force to delete anyway")
             if queued:
                 # Notices first: a holder's next Yield (and every KeepAlive) says the group was deleted.
-                await self.revocations.notify(group, queued)
+                holder = R.GrantValue.load(grant_kvs[0].value).job if grant_kvs else None
+                await self.revocations.notify(group, queued, holder)
             # Only if nothing was queued or changed since the read (Acquire's enqueue is guarded by
             # the spec, so none can land after this): else read again.
             resp = await self.client.txn(
-                [ops.mod_rev(spec_key, "==", spec_kvs[0].mod_revision), ops.mod_revs_below(queue, r.header.revision + 1)],
+                [ops.mod_rev(spec_key, "==", spec_kvs[0].mod_revision), ops.mod_revs_below(queue, r.header.revision + 1),
+                 ops.mod_revs_below(moving, r.header.revision + 1)],
                 [ops.delete(self.keys.group(group), prefix=True)])
             if resp.succeeded:
                 return resp.responses[0].response_delete_range.deleted > 0
@@ -107,7 +121,7 @@ class Groups:
             if gs.spec is not None:
                 spec = R.GroupSpec.load(gs.spec.value)
                 out.append(pb.Group(group_id=g, nodes=_nodes(spec), isolation=spec.isolation,
-                                    tenants=spec.tenants, admins=spec.admins))
+                                    tenants=spec.tenants, admins=spec.admins, **priorities_of(spec)))
         return out
 
     def status(self, group: str, epoch: int, revision: int) -> pb.GroupStatus:
@@ -116,11 +130,12 @@ class Groups:
         if gs is None or gs.spec is None:
             raise NotFound(f"unknown group {group!r}")
         spec = R.GroupSpec.load(gs.spec.value)
-        fifo = gs.fifo()
-        st = pb.GroupStatus(group_id=group, nodes=_nodes(spec), leader_epoch=epoch, revision=revision)
+        fifo = PR.order(gs, spec, R.now_ms()) if spec.priorities else gs.fifo()
+        st = pb.GroupStatus(group_id=group, nodes=_nodes(spec), leader_epoch=epoch, revision=revision,
+                            **priorities_of(spec))
         if fifo:
-            st.holder.CopyFrom(pb.Waiter(job_id=fifo[0][0], token=fifo[0][1].create_revision))
-            st.waiters.extend(pb.Waiter(job_id=j, token=kv.create_revision) for j, kv in fifo[1:])
+            st.holder.CopyFrom(_waiter(*fifo[0]))
+            st.waiters.extend(_waiter(j, kv) for j, kv in fifo[1:])
         if gs.grant is not None:
             g = R.GrantValue.load(gs.grant.value)
             st.grant.CopyFrom(pb.Grant(job_id=g.job, token=g.token, leader_epoch=g.leader_epoch,
@@ -150,6 +165,20 @@ class Groups:
                                         error=s.error, token=s.token, since_unix_ms=s.updated_ms,
                                         device_bytes=s.device_bytes, residue_bytes=s.residue_bytes))
         return out
+
+
+def priorities_of(spec: R.GroupSpec) -> dict:
+    """A group's priority fields as the replies carry them."""
+    return {"priorities": spec.priorities, "max_overtakes": spec.max_overtakes,
+            "max_wait_s": spec.max_wait_ms // 1000}
+
+
+def _bounds(spec: R.GroupSpec) -> tuple[bool, int, int]:
+    return spec.priorities, spec.max_overtakes, spec.max_wait_ms
+
+
+def _waiter(job: str, kv) -> pb.Waiter:
+    return pb.Waiter(job_id=job, token=kv.create_revision, priority=R.QueueValue.load(kv.value).priority)
 
 
 def _nodes(spec: R.GroupSpec) -> list[pb.NodeSpec]:

@@ -48,11 +48,15 @@ def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a:
     ``spec_rev``: the create revision of the group's spec (no grant on a group deleted meanwhile)."""
     gkey = keys.grant(group)
     val = R.GrantValue(a.job, a.token, lead.epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+    compare = [lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
+               ops.value_is(gkey, "==", old_grant), ops.create_rev(keys.spec(group), "==", spec_rev)]
+    success = [ops.put(gkey, val.dump(), a.lease)]   # the grant dies with the new holder's session
+    if a.turns_rev >= 0:
+        # A priority group's grant counts itself (lockd/priority.py), over the count as planned.
+        compare.append(ops.mod_rev(keys.turns(group), "==", a.turns_rev))
+        success.append(ops.put(keys.turns(group), a.turns_next))
     op = rpc.RequestOp(request_txn=rpc.TxnRequest(
-        compare=[lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
-                 ops.value_is(gkey, "==", old_grant), ops.create_rev(keys.spec(group), "==", spec_rev)],
-        success=[ops.put(gkey, val.dump(), a.lease)],   # the grant dies with the new holder's session
-        failure=[drop_only(keys, group, old_grant)]))
+        compare=compare, success=success, failure=[drop_only(keys, group, old_grant)]))
     return op, val
 
 

@@ -26,6 +26,8 @@ class GroupState:
     grant: KV | None = None
     failures: dict[str, KV] = field(default_factory=dict)   # job -> failure
     parsed: GroupSpec | None = None                         # spec, parsed once per change
+    turns: KV | None = None                                 # priority groups only (lockd/priority.py)
+    moving: dict[str, KV] = field(default_factory=dict)     # job -> its entry being re-keyed (lockd/rekey.py)
 
     def fifo(self) -> list[tuple[str, KV]]:
         """Queue entries in FIFO order (create revision = token).
@@ -156,7 +158,12 @@ class StateIndex:
             _set(gs.queue, parts[3], kv)
         elif sub == "failures" and len(parts) == 4:
             _set(gs.failures, parts[3], kv)
-        if gs.spec is None and not gs.queue and gs.grant is None and not gs.failures:
+        elif sub == "turns":
+            gs.turns = kv
+        elif sub == "moving" and len(parts) == 4:
+            _set(gs.moving, parts[3], kv)
+        if gs.spec is None and not gs.queue and gs.grant is None and not gs.failures and gs.turns is None \
+                and not gs.moving:
             del self.groups[g]
         return ("group", g)
 

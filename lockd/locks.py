@@ -13,10 +13,16 @@ only while the value still carries *its* attempt id, so an old call cancelled
 late on another replica can never release the hold a newer call returned.
 Attempts the client numbered (``attempt_seq``) are ordered by that number, not
 by when a replica got round to them (attempts.py): a stale one changes nothing.
+
+In a group with priority classes (priority.py) an Acquire names its class. The
+leader moves an overtaken waiter's entry under a fresh key before its turn
+(rekey.py); the call follows it (its token is the new key's create revision),
+and a cancelled one removes it wherever it is.
 """
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import time
 from collections.abc import Callable
@@ -44,6 +50,8 @@ from timeslice.common.etcd.queue import FifoQueue
 from timeslice.common.ids import check_id
 from timeslice.common.keys import Keys
 from timeslice.lockd import handoff as H
+from timeslice.lockd import priority as PR
+from timeslice.lockd import rekey as RK
 from timeslice.lockd.attempts import AttemptFence
 from timeslice.lockd.errors import AcquireTimeout, NotFound, Superseded, SwapFailed
 from timeslice.lockd.index import StateIndex
@@ -76,31 +84,50 @@ class Locks:
     async def _spec_rev(self, group: str, fresh: bool = False) -> int:
         """The create revision of ``group``'s spec: which incarnation of the group a call acts on
         (a group deleted and created again under its name has another). NotFound if there is none."""
+        return (await self._spec_of(group, fresh))[0]
+
+    async def _spec_of(self, group: str, fresh: bool = False) -> tuple[int, R.GroupSpec]:
         gs = self.index.groups.get(group)
         if not fresh and gs is not None and gs.spec is not None:
-            return gs.spec.create_revision
+            return gs.spec.create_revision, gs.parsed or R.GroupSpec.load(gs.spec.value)
         # The mirror may lag a group created a moment ago on another replica (``fresh``: or a delete).
         r = await self.client.range(ops.range_req(self.keys.spec(group)))
         if not r.kvs:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
-        return r.kvs[0].create_revision
+        return r.kvs[0].create_revision, R.GroupSpec.load(r.kvs[0].value)
+
+    def _arrival(self, group: str, job: str, lease: int) -> dict:
+        """A priority group's entry fields: the job's arrival and age carried over from its entry
+        (a re-sent Acquire takes it over), else the group's grant count now (the aging clock)."""
+        gs = self.index.groups.get(group)
+        kv = (gs.queue.get(job) or gs.moving.get(job)) if gs else None     # queued, or out being moved
+        if kv is not None and kv.lease == lease:
+            old = R.QueueValue.load(kv.value)
+            # Its arrival spelt out (not 0 for "this key"): the entry may be moved before we take it over.
+            return {"since": old.arrival(kv.create_revision), "since_grants": old.since_grants,
+                    "enqueued_ms": old.enqueued_ms}
+        return {"since_grants": PR.turns_of(gs).grants if gs else 0}
 
     async def _require_group(self, group: str) -> None:
         await self._spec_rev(group)
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
-                      seq: int = 0, last_hold_ms: int = 0) -> Granted:
+                      seq: int = 0, last_hold_ms: int = 0, priority: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
         if not 0 <= last_hold_ms <= MAX_HOLD_MS:
             raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
-        spec_rev = await self._spec_rev(group)
+        spec_rev, spec = await self._spec_of(group)
+        PR.check_priority(spec, priority, group)           # before anything is written
         attempt = secrets.token_hex(8)
         # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
-        value = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
-                             last_hold_ms=last_hold_ms).dump()
+        entry = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
+                             last_hold_ms=last_hold_ms)
+        if spec.priorities:
+            entry = dataclasses.replace(entry, priority=priority, **self._arrival(group, job, lease))
+        value = entry.dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
         try:
@@ -116,7 +143,11 @@ class Locks:
             deadline = None if timeout is None else t0 + timeout
             while True:
                 wake.clear()
-                outcome = self._outcome(group, job, token, attempt, spec_rev)
+                moving = False
+                if spec.priorities:
+                    # The leader may have moved our entry under a fresh key (rekey.py): follow it.
+                    token, value, moving = self._follow(group, job, token, value)
+                outcome = None if moving else self._outcome(group, job, token, attempt, spec_rev)
                 if outcome is not None:
                     return Granted(token, outcome, (time.monotonic() - t0) * 1000)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -130,7 +161,7 @@ class Locks:
         except BaseException:
             # Cancelled, timed out or failed: leave no ghost waiter. If the grant
             # raced in, this also releases it (an unclaimed grant is a yield).
-            await asyncio.shield(self._abandon(group, job, token, value))
+            await asyncio.shield(self._abandon(group, job, token, value, spec.priorities))
             raise
         finally:
             self.waiters.unregister(group, job, wake)
@@ -177,6 +208,19 @@ class Locks:
             raise SessionLost(f"{job!r} lost its place in {group!r} while re-sending Acquire")
         return entry.token, resp.header.revision
 
+    def _follow(self, group: str, job: str, token: int, value: bytes) -> tuple[int, bytes, bool]:
+        """(token, value, moving) of our entry in a priority group: under a fresh key once the
+        leader moved it (same attempt, so the bytes ``moved_value`` gives), or out in ``moving``."""
+        gs = self.index.groups.get(group)
+        if gs is None:
+            return token, value, False
+        moved = RK.moved_value(value, token)
+        kv = gs.queue.get(job)
+        if kv is not None and kv.create_revision != token and kv.value == moved:
+            return kv.create_revision, moved, False
+        mk = gs.moving.get(job)
+        return token, value, kv is None and mk is not None and mk.value == moved
+
     def _outcome(self, group: str, job: str, token: int, attempt: str, spec_rev: int) -> R.GrantValue | None:
         gs = self.index.groups.get(group)
         if gs is not None and gs.grant is not None:
@@ -196,7 +240,8 @@ class Locks:
             raise Superseded(f"a newer Acquire of {job!r} on {group!r} took over this one's place")
         return None
 
-    async def _abandon(self, group: str, job: str, token: int | None, value: bytes) -> None:
+    async def _abandon(self, group: str, job: str, token: int | None, value: bytes, movable: bool = False) -> None:
+        """``movable``: a priority group, where the leader may have moved the entry (rekey.py)."""
         try:
             if token is None:
                 # Our write's outcome is unknown: find out whether the entry is ours.
@@ -205,8 +250,21 @@ class Locks:
                     return
                 token = r.kvs[0].create_revision
             await self._release(group, job, token, only_if_value=value)
+            if movable:
+                # After the entry as we know it: if it was moved out before, it is found below.
+                await self._abandon_moved(group, job, RK.moved_value(value, token))
         except Exception:
             pass  # the session lease removes the entry anyway when the job dies
+
+    async def _abandon_moved(self, group: str, job: str, moved: bytes) -> None:
+        """Our entry as the leader may have moved it (rekey.py): out in ``moving``, or in again
+        under a fresh key. The marker first, then the entry (a move in between is then seen)."""
+        # Only our own marker (its value carries our attempt id).
+        await self.client.txn([ops.value_is(self.keys.moving(group, job), "==", moved)],
+                              [ops.delete(self.keys.moving(group, job))])
+        r = await self.client.range(ops.range_req(self.keys.queue_entry(group, job)))
+        if r.kvs and r.kvs[0].value == moved:
+            await self._release(group, job, r.kvs[0].create_revision, only_if_value=moved)
 
     async def _release(self, group: str, job: str, token: int, only_if_value: bytes | None = None,
                        handoff: bool = False) -> tuple[rpc.TxnResponse, R.GrantValue | None]:

@@ -20,6 +20,9 @@ The swap for head job B (token t), per node of the group, GPU by GPU
   3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
      B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
   4. every node settled → grant {B, t, epoch}.
+In a group with priority classes (lockd.priority) B is the earliest waiter of the highest class
+(aging aside); a B that overtakes an earlier waiter first raises the group's turns token (so the
+overtaken re-key above it, and tokens stay increasing in grant order), and each grant counts itself.
 A failed or refused step, a dead agent, or an agent silent past the swap
 timeout fails B's Acquire with the reason; the group moves on to the next job.
 """
@@ -29,8 +32,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.common import records as R
+from timeslice.lockd import priority as PR
+from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
-from timeslice.lockd.index import GroupState, JobState, NodeState, status_of
+from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
 from timeslice.lockd.residency import RESIDENT, parked_left, residency, residue_holders, unfenced
 
@@ -64,6 +69,20 @@ class WriteGrant:
     restored: bool
     elided: bool
     bytes_moved: int
+    # A priority group's grant also counts itself in the turns key, guarded by the key's mod revision
+    # as planned (0: absent); -1: a FIFO group, no turns key.
+    turns_rev: int = field(default=-1, compare=False)
+    turns_next: bytes = field(default=b"", compare=False)
+
+
+@dataclass(frozen=True)
+class RaiseTurns:
+    """Priority groups: the head overtakes earlier waiters; before anything is done for it, the turns
+    token goes up to its token (entries below re-key), guarded by the key's mod revision as planned."""
+
+    token: int
+    expect_mod_revision: int
+    value: bytes = field(compare=False)
 
 
 @dataclass(frozen=True)
@@ -81,7 +100,18 @@ class FailWaiter:
     node: str = ""
 
 
-Action = WriteIntent | WriteGrant | DropGrant | FailWaiter
+Action = WriteIntent | WriteGrant | DropGrant | FailWaiter | RaiseTurns | RK.MoveOut | RK.MoveIn | RK.DropMarker
+
+
+def _head(group: GroupState, spec: R.GroupSpec, nodes: dict[str, NodeState],
+          now_ms: int) -> tuple[tuple[str, KV] | None, PR.Head | None]:
+    """(head, its priority decision): the FIFO head, or a priority group's (lockd.priority)."""
+    if not spec.priorities:
+        return group.head(), None
+    swaps = {R.IntentValue.load(kv.value).token for n in spec.node_names() if (ns := nodes.get(n))
+             for kv in ns.intents.values()}
+    h = PR.head_of(group, spec, now_ms, swaps)
+    return ((h.job, h.kv) if h else None), h
 
 
 def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, JobState],
@@ -91,19 +121,31 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     """``node_jobs`` (node -> jobs with workers there) is an index of ``jobs``; computed if absent.
     ``holding(job)`` gives the specs of the groups a job holds now (its grants): such a job is
     never snapshotted on those groups' devices (it is running there); the head waits instead."""
-    head = group.head()
+    spec = group.parsed or (R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec())
+    head, prio = _head(group, spec, nodes, now_ms)
     gkv = group.grant
     grant = R.GrantValue.load(gkv.value) if gkv else None
     if gkv is not None and grant is not None and (head is None or grant.job != head[0]
                                                   or grant.token != head[1].create_revision):
         # The holder yielded or died; its grant must go before anyone else's comes.
         return [DropGrant(gkv.value, grant.job)]
+    if prio is not None:
+        moves = RK.moves(group.queue, group.moving, PR.turns_of(group).token,
+                         (grant.job, grant.token) if grant is not None else None)
+        if moves:
+            return list(moves)                            # overtaken entries re-key first (lockd.rekey)
     if head is None or grant is not None:
         return []                                         # idle, or the head already holds
+    turns = PR.turns_of(group) if prio is not None else None
+    if prio is not None and turns is not None:
+        if not prio.ready:
+            return []                                     # overtaken earlier: its Acquire re-keys it first
+        if prio.raise_to:
+            # Before any intent or grant carries this token: the waiters it overtakes must re-key above it.
+            return [RaiseTurns(prio.raise_to, turns.mod_revision, turns.raised(prio.raise_to))]
     head_job, head_kv = head
     token, lease = head_kv.create_revision, head_kv.lease
     hint = R.QueueValue.load(head_kv.value).device_bytes_hint
-    spec = R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec()
 
     actions: list[Action | None] = []                   # None: an intent already written as is
     # pending: some node still needs a snapshot or restore (even if its intent is
@@ -247,6 +289,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             pending = True
     if waiting or pending:
         return [a for a in actions if a is not None]
+    if turns is not None:
+        return [WriteGrant(head_job, token, lease, restored, elided, moved, turns.mod_revision, turns.counted())]
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 

@@ -19,6 +19,8 @@ from timeslice.common.etcd.election import Leadership
 from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.keys import Keys
 from timeslice.lockd import plan as P
+from timeslice.lockd import priority as PR
+from timeslice.lockd import rekey as RK
 from timeslice.lockd.cleanup import plan_cleanup
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.metrics import Metrics
@@ -140,7 +142,7 @@ class Scheduler:
 
     def _note_head(self, group: str, gs) -> None:
         self.metrics.queue_depth.labels(group).set(len(gs.queue))
-        head = gs.head()
+        head = PR.planned_head(gs, R.now_ms())
         if head:
             tok = head[1].create_revision
             if self._head_seen.get(group, (0, 0))[0] != tok:
@@ -155,10 +157,14 @@ class Scheduler:
                 return 0                      # a deleted group's leftovers are granted to nobody
             grant_val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
             # Also guarded by the spec as planned: a group deleted (or created again) since is granted nothing.
-            resp = await self.lead.txn(
-                [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0),
-                 ops.create_rev(k.spec(group), "==", gs.spec.create_revision)],
-                [ops.put(gkey, grant_val.dump(), a.lease)])   # the grant dies with the holder's session
+            cmp = [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0),
+                   ops.create_rev(k.spec(group), "==", gs.spec.create_revision)]
+            put = [ops.put(gkey, grant_val.dump(), a.lease)]   # the grant dies with the holder's session
+            if a.turns_rev >= 0:
+                # A priority group counts its grants (the aging clock): only over the count as planned.
+                cmp.append(ops.mod_rev(k.turns(group), "==", a.turns_rev))
+                put.append(ops.put(k.turns(group), a.turns_next))
+            resp = await self.lead.txn(cmp, put)
             if resp.succeeded:
                 self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)
             return resp.header.revision if resp.succeeded else 0
@@ -173,6 +179,28 @@ class Scheduler:
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))
                 log.info("intent", group=group, job=a.job, node=a.node, op=a.op, token=a.token, epoch=epoch)
+            return resp.header.revision if resp.succeeded else 0
+        if isinstance(a, P.RaiseTurns):
+            gs = self.index.groups.get(group)
+            if gs is None or gs.spec is None:
+                return 0
+            # Over the turns key as planned (a grant or another raise since: plan again), and only
+            # on the group's incarnation as planned; durable (no lease): the fence for every entry below.
+            resp = await self.lead.txn(
+                [ops.mod_rev(k.turns(group), "==", a.expect_mod_revision),
+                 ops.create_rev(k.spec(group), "==", gs.spec.create_revision)],
+                [ops.put(k.turns(group), a.value)])
+            if resp.succeeded:
+                log.info("turns_raised", group=group, token=a.token, epoch=epoch)
+            return resp.header.revision if resp.succeeded else 0
+        if isinstance(a, RK.MoveOut | RK.MoveIn | RK.DropMarker):
+            gs = self.index.groups.get(group)
+            if gs is None or gs.spec is None:
+                return 0
+            cmp, put = RK.txn(k, group, a, gs.spec.create_revision)   # guarded as rekey.py says why
+            resp = await self.lead.txn(cmp, put)
+            if resp.succeeded:
+                log.info("rekey", group=group, job=a.job, step=type(a).__name__, epoch=epoch)
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.DropGrant):
             resp = await self.lead.txn([ops.value_is(k.grant(group), "==", a.raw)], [ops.delete(k.grant(group))])

@@ -17,6 +17,7 @@ from timeslice.common.serving import rpc, stream_rpc
 from timeslice.lockd import peers, traces
 from timeslice.lockd.callers import Callers
 from timeslice.lockd.errors import NotFound
+from timeslice.lockd.groups import priorities_of
 from timeslice.lockd.replica import Replica
 from timeslice.lockd.requests import check_ids, ids_checked
 from timeslice.lockd.tenancy import check_tenants
@@ -63,7 +64,8 @@ class LockdServicer(pbg.LockdServicer):
         try:
             with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
                 got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
-                                                 seq=req.attempt_seq, last_hold_ms=req.last_hold_ms)
+                                                 seq=req.attempt_seq, last_hold_ms=req.last_hold_ms,
+                                                 priority=req.priority)
                 traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
@@ -113,9 +115,11 @@ class LockdServicer(pbg.LockdServicer):
         tenants, admins = check_tenants(req.tenants, "tenants"), check_tenants(req.admins, "admins")
         self.r.tenancy.check_create(self.callers.of(context), tenants)
         spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation,
-                                          tenants, admins)
+                                          tenants, admins, priorities=(req.priorities, req.max_overtakes,
+                                                                       req.max_wait_s * 1000))
         return pb.Group(group_id=req.group_id, isolation=spec.isolation, tenants=spec.tenants, admins=spec.admins,
-                        nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes])
+                        nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes],
+                        **priorities_of(spec))
 
     @rpc
     @ids_checked

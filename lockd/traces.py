@@ -29,6 +29,7 @@ from timeslice import tracing
 from timeslice.common import records as R
 from timeslice.common.etcd.watch import WatchEvent
 from timeslice.common.keys import Keys
+from timeslice.lockd import priority as PR
 
 log = structlog.get_logger(__name__)
 
@@ -178,7 +179,7 @@ class HandoffTraces:
                 grant = R.GrantValue.load(gs.grant.value)
             except (ValueError, TypeError):
                 grant = None
-        head = gs.head() if gs is not None else None
+        head = PR.planned_head(gs, R.now_ms()) if gs is not None else None   # priority groups: by class
         head_token = head[1].create_revision if head else 0
         if grant is not None and changed and self.granted.get(group) != grant.token:
             h = self._follow(group, grant.token, now)       # a direct handoff opens and closes here

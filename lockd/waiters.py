@@ -56,7 +56,7 @@ class Waiters:
                 # Only a grant *put* can end a wait, and it names its job.
                 if ev.is_put and ev.kv.value:
                     self._wake(group, json.loads(ev.kv.value).get("job", ""))
-            elif sub in ("queue", "failures") and len(parts) >= 4:
+            elif sub in ("queue", "failures", "moving") and len(parts) >= 4:
                 self._wake(group, parts[3])
             elif sub == "spec" and not ev.is_put:
                 for (g, j) in list(self._w):

@@ -51,20 +51,22 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ..., revoked_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms", "priority")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_BYTES_HINT_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_HOLD_MS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
     device_bytes_hint: int
     attempt_seq: int
     last_hold_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
     __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
@@ -151,32 +153,44 @@ class NodeSpec(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     ADMINS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
     tenants: _containers.RepeatedScalarFieldContainer[str]
     admins: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ...) -> None: ...
+    priorities: bool
+    max_overtakes: int
+    max_wait_s: int
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
 
 class Group(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
     ADMINS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
     tenants: _containers.RepeatedScalarFieldContainer[str]
     admins: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ...) -> None: ...
+    priorities: bool
+    max_overtakes: int
+    max_wait_s: int
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("group_id", "force")
@@ -209,12 +223,14 @@ class GroupRef(_message.Message):
     def __init__(self, group_id: _Optional[str] = ...) -> None: ...
 
 class Waiter(_message.Message):
-    __slots__ = ("job_id", "token")
+    __slots__ = ("job_id", "token", "priority")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     token: int
-    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ...) -> None: ...
+    priority: int
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Grant(_message.Message):
     __slots__ = ("job_id", "token", "leader_epoch", "restored", "elided", "bytes_moved", "granted_unix_ms")
@@ -275,7 +291,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_alive: _Optional[bool] = ..., backend: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., jobs: _Optional[_Iterable[_Union[JobState, _Mapping]]] = ..., device_free_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("group_id", "nodes", "holder", "grant", "waiters", "node_status", "leader_epoch", "revision")
+    __slots__ = ("group_id", "nodes", "holder", "grant", "waiters", "node_status", "leader_epoch", "revision", "priorities", "max_overtakes", "max_wait_s")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -284,6 +300,9 @@ class GroupStatus(_message.Message):
     NODE_STATUS_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
+    PRIORITIES_FIELD_NUMBER: _ClassVar[int]
+    MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     holder: Waiter
@@ -292,7 +311,10 @@ class GroupStatus(_message.Message):
     node_status: _containers.RepeatedCompositeFieldContainer[NodeStatus]
     leader_epoch: int
     revision: int
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., holder: _Optional[_Union[Waiter, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., waiters: _Optional[_Iterable[_Union[Waiter, _Mapping]]] = ..., node_status: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., revision: _Optional[int] = ...) -> None: ...
+    priorities: bool
+    max_overtakes: int
+    max_wait_s: int
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., holder: _Optional[_Union[Waiter, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., waiters: _Optional[_Iterable[_Union[Waiter, _Mapping]]] = ..., node_status: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., revision: _Optional[int] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()

@@ -220,19 +220,20 @@ class AsyncOrchestratorClient:
 
     # == scopes ===========================================================================
     def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0) -> AcceleratorScope:
-        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint)
+                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
+        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
+        ``priority``: the class its acquire asks for (groups with priority classes)."""
+        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
 
-    def _scope_enter(self, group_id: str, timeout, hint):
+    def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0):
         raise TypeError("AsyncOrchestratorClient.on_accelerators is an async context manager: "
                         "use `async with`, or the sync OrchestratorClient")
 
     def _scope_exit(self, group_id: str):
         raise TypeError("use `async with` with AsyncOrchestratorClient")
 
-    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int) -> Grant:
-        return await self._scopes.enter(group_id, timeout, hint)
+    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
+        return await self._scopes.enter(group_id, timeout, hint, priority)
 
     async def _scope_exit_async(self, group_id: str) -> None:
         await self._scopes.exit(group_id)

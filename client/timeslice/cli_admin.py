@@ -32,6 +32,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "runs with tenants); repeat for more")
     c.add_argument("--admin-tenant", action="append", default=[], metavar="TENANT",
                    help="a tenant that administers the group (may delete it, sees all its jobs); repeat for more")
+    c.add_argument("--priorities", action="store_true",
+                   help="let jobs acquire with a priority class 0..9 (highest first, FIFO within a class); "
+                        "off: pure FIFO")
+    c.add_argument("--max-overtakes", type=int, default=0, metavar="K",
+                   help="with --priorities: a waiter goes first once K grants were made since it joined "
+                        "(0: lockd's default, 4)")
+    c.add_argument("--max-wait-s", type=int, default=0, metavar="S",
+                   help="with --priorities: ... or once it waited S seconds (0: no time bound)")
     c.set_defaults(func=cmd_group_create)
     d = gsub.add_parser("delete", parents=[common], help="delete a group")
     d.add_argument("name")
@@ -98,7 +106,8 @@ def cmd_groups(args) -> int:
 def cmd_group_create(args) -> int:
     with admin_client(args) as c:
         g = c.create_group(args.name, args.node, isolation=_isolation(args.isolation), tenants=args.tenant,
-                           admins=args.admin_tenant)
+                           admins=args.admin_tenant, priorities=args.priorities, max_overtakes=args.max_overtakes,
+                           max_wait_s=args.max_wait_s)
         try:
             alive = {n.node for n in c.status(g.group_id).node_status if n.agent_alive}
         except TimesliceClientError:          # deleted in between: nothing to warn about
@@ -112,6 +121,8 @@ def cmd_group_create(args) -> int:
     iso = f", isolation: {g.isolation}" if g.isolation else ""
     iso += f", tenants: {' '.join(g.tenants)}" if g.tenants else ""
     iso += f", administered by: {' '.join(g.admins)}" if g.admins else ""
+    iso += (f", priorities: a waiter goes first after {g.max_overtakes} grants"
+            + (f" or {g.max_wait_s}s" if g.max_wait_s else "")) if g.priorities else ""
     emit(args, {**g.to_dict(), "warnings": warnings},
          lambda: f"group {g.group_id} created (nodes: {' '.join(map(str, g.nodes)) or 'none'}{iso})")
     return 0

@@ -90,17 +90,21 @@ class Group(_Dict):
     isolation: str = ""          # the group's policy for parked cooperative workers ("": the default)
     tenants: tuple[str, ...] = ()   # whose jobs may acquire it ("*": every tenant)
     admins: tuple[str, ...] = ()    # the tenants that administer it
+    priorities: bool = False        # priority classes (else pure FIFO), with its aging bound:
+    max_overtakes: int = 0          # a waiter goes first once this many grants were made since it joined
+    max_wait_s: int = 0             # ... or once it waited this long (0: no time bound)
 
     @classmethod
     def from_pb(cls, g: pb.Group) -> Group:
         return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes), g.isolation, tuple(g.tenants),
-                   tuple(g.admins))
+                   tuple(g.admins), g.priorities, g.max_overtakes, g.max_wait_s)
 
 
 @dataclass(frozen=True)
 class Waiter(_Dict):
     job_id: str
     token: int
+    priority: int = 0               # its class (groups with priorities)
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,8 @@ class GroupStatus(_Dict):
 
     @classmethod
     def from_pb(cls, s: pb.GroupStatus) -> GroupStatus:
-        holder = Waiter(s.holder.job_id, s.holder.token) if s.HasField("holder") and s.holder.job_id else None
+        holder = Waiter(s.holder.job_id, s.holder.token, s.holder.priority) \
+            if s.HasField("holder") and s.holder.job_id else None
         grant = None
         if s.HasField("grant") and s.grant.job_id:
             g = s.grant
@@ -167,7 +172,7 @@ class GroupStatus(_Dict):
                        n.device_free_bytes, n.device_total_bytes)
             for n in s.node_status)
         return cls(s.group_id, tuple(NodeSpec.from_pb(n) for n in s.nodes), holder, grant,
-                   tuple(Waiter(w.job_id, w.token) for w in s.waiters), nodes, s.leader_epoch, s.revision)
+                   tuple(Waiter(w.job_id, w.token, w.priority) for w in s.waiters), nodes, s.leader_epoch, s.revision)
 
     @property
     def queue(self) -> tuple[Waiter, ...]:

@@ -53,11 +53,11 @@ class Scopes:
         self.core, self.holds = core, holds
         self._holds: dict[str, _Hold] = {}
 
-    async def enter(self, group_id: str, timeout: float | None, hint: int) -> Grant:
+    async def enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
         hold = self._holds.setdefault(group_id, _Hold())
         async with hold.mutex:
             if hold.depth == 0 or group_id not in self.core.grants:
-                await self.holds.acquire(group_id, timeout, hint)
+                await self.holds.acquire(group_id, timeout, hint, priority=priority)
                 hold.depth = 0
             hold.depth += 1
             return self.core.grants.check(group_id)
@@ -78,13 +78,14 @@ class Scopes:
 
 
 class AcceleratorScope:
-    def __init__(self, client: Any, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0):
+    def __init__(self, client: Any, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0,
+                 priority: int = 0):
         self.client, self.group_id = client, group_id
-        self.timeout, self.device_bytes_hint = timeout, device_bytes_hint
+        self.timeout, self.device_bytes_hint, self.priority = timeout, device_bytes_hint, priority
         self.grant = None
 
     def _fresh(self) -> AcceleratorScope:
-        return AcceleratorScope(self.client, self.group_id, self.timeout, self.device_bytes_hint)
+        return AcceleratorScope(self.client, self.group_id, self.timeout, self.device_bytes_hint, self.priority)
 
     # -- decorator ------------------------------------------------------------
     def __call__(self, fn: F) -> F:
@@ -111,14 +112,15 @@ class AcceleratorScope:
 
     # -- context managers -------------------------------------------------------
     def __enter__(self):
-        self.grant = self.client._scope_enter(self.group_id, self.timeout, self.device_bytes_hint)
+        self.grant = self.client._scope_enter(self.group_id, self.timeout, self.device_bytes_hint, self.priority)
         return self.grant
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.client._scope_exit(self.group_id)      # an exception in the block propagates
 
     async def __aenter__(self):
-        self.grant = await self.client._scope_enter_async(self.group_id, self.timeout, self.device_bytes_hint)
+        self.grant = await self.client._scope_enter_async(self.group_id, self.timeout, self.device_bytes_hint,
+                                                          self.priority)
         return self.grant
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:

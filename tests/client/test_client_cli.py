@@ -58,7 +58,7 @@ def test_group_create_groups_status_jobs_delete(lockd, uid, clients, capsys):
     assert f"holder   {a.job_id}  token {ga.token}" in r.stdout
     assert f"1. {b.job_id}" in r.stdout and "NODE" in r.stdout and "n2" in r.stdout
     st = json.loads(run(lockd, "--json", "status", g).stdout)   # --json before the subcommand works too
-    assert st["holder"] == {"job_id": a.job_id, "token": ga.token}
+    assert st["holder"] == {"job_id": a.job_id, "token": ga.token, "priority": 0}
     assert st["grant"]["token"] == ga.token and [w["job_id"] for w in st["waiters"]] == [b.job_id]
     assert [n["node"] for n in st["node_status"]] == ["n1", "n2"]
 
