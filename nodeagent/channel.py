@@ -20,7 +20,7 @@ size and nesting, hello fields, connections in total, requests in flight.
 Connections that have not said hello wait in the ``Lobby`` (bounded per
 process, per user and in total; the oldest of a flooder is evicted, never a
 newcomer refused), at most ``HELLO_TIMEOUT_S``. A frame out of protocol
-(``nodeagent/frames.py``) gets a refusal frame, and the disconnect handling
+(``timeslice.frames``) gets a refusal frame, and the disconnect handling
 (which lifts a paused worker's freeze) runs however a connection ends.
 """
 from __future__ import annotations
@@ -38,11 +38,11 @@ from pathlib import Path
 import structlog
 
 from timeslice import channel as C
+from timeslice import frames as F
 from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.nodeagent.backends import procfs
-from timeslice.nodeagent.frames import check_frame, check_state
 from timeslice.nodeagent.listener import Listener, Pending
 from timeslice.nodeagent.lobby import Lobby, Seat
 
@@ -50,7 +50,6 @@ log = structlog.get_logger(__name__)
 
 HELLO_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 1024
-MAX_TAGS = 32
 
 # authorize(job, secret) -> None if the secret proves the job, else the reason it does not
 Authorize = Callable[[str, str], Awaitable[str | None]]
@@ -132,7 +131,7 @@ async def _read(reader: asyncio.StreamReader) -> dict:
 
 
 def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
-    if msg.get("type") != "hello":
+    if msg.get("type") != F.HELLO:
         raise C.ChannelError("the first frame must be a hello")
     job, secret, device = msg.get("job"), msg.get("secret"), msg.get("device", "")
     job = check_id("job", job)
@@ -141,8 +140,8 @@ def _hello_fields(msg: dict) -> tuple[str, str, str, dict[str, str]]:
     if not isinstance(device, str) or len(device) > 128:
         raise C.ChannelError("device must be a string of at most 128 characters")
     tags = msg.get("tags")
-    if not isinstance(tags, dict) or len(tags) > MAX_TAGS:
-        raise C.ChannelError(f"hello needs at most {MAX_TAGS} tags (none: the process only attests it is the job's)")
+    if not isinstance(tags, dict) or len(tags) > F.MAX_TAGS:
+        raise C.ChannelError(f"hello needs at most {F.MAX_TAGS} tags (none: the process only attests it is the job's)")
     for t, p in tags.items():
         check_id("tag", t)
         if p not in R.TAG_POLICIES:
@@ -307,7 +306,7 @@ class ChannelServer:
         try:
             hello = C.decode(body)
             job, secret, device, tags = _hello_fields(hello)
-            check_state(hello)
+            F.check_state(hello)
         except (C.ChannelError, InvalidIdError, ValueError, TypeError) as e:
             await self._refuse(writer, "INVALID_ARGUMENT", f"bad hello: {str(e)[:200]}")
             return None
@@ -331,7 +330,7 @@ class ChannelServer:
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
-            writer.write(C.encode({"type": "welcome", "pid": pid, "node": self.node}))
+            writer.write(C.encode(F.welcome(pid, self.node)))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs
@@ -354,7 +353,7 @@ class ChannelServer:
             except Exception as e:  # the worker waits a bounded time, then goes on and says so
                 log.warning("state_sync_failed", pid=conn.info.pid, job=conn.info.job, error=str(e)[:200])
                 return
-        conn.writer.write(C.encode({"type": "synced", "id": sync}))
+        conn.writer.write(C.encode(F.synced(sync)))
         await conn.writer.drain()
 
     async def _serve(self, conn: WorkerConn) -> None:
@@ -363,10 +362,10 @@ class ChannelServer:
         try:
             while True:
                 msg = await _read(conn.reader)
-                check_frame(msg)
-                if msg["type"] == "done":
+                F.check_frame(msg)
+                if msg["type"] == F.DONE:
                     conn.deliver(msg)
-                elif msg["type"] == "state":
+                elif msg["type"] == F.STATE:
                     was = info.host_reserving
                     info.update(msg)            # e.g. the retained host backup, after prepin
                     if was != info.host_reserving:
@@ -402,7 +401,7 @@ class ChannelServer:
     def _refuse_now(writer: asyncio.StreamWriter, code: str, message: str) -> None:
         """Say why and close, without waiting for the peer to read it."""
         try:
-            writer.write(C.encode({"type": "refused", "code": code, "message": message[:300]}))
+            writer.write(C.encode(F.refused(code, message)))
         except (ConnectionError, OSError, RuntimeError):
             pass
         writer.close()
@@ -410,7 +409,7 @@ class ChannelServer:
     @staticmethod
     async def _refuse(writer: asyncio.StreamWriter, code: str, message: str) -> None:
         try:
-            writer.write(C.encode({"type": "refused", "code": code, "message": message[:300]}))
+            writer.write(C.encode(F.refused(code, message)))
             await writer.drain()
         except (ConnectionError, OSError):
             pass

@@ -34,6 +34,7 @@ from pathlib import Path
 import structlog
 
 from timeslice import channel as C
+from timeslice import frames as F
 from timeslice.nodeagent.lobby import Lobby, Seat
 
 log = structlog.get_logger(__name__)
@@ -177,7 +178,7 @@ class Listener:
         assert isinstance(p, Pending)
         if p.on_evict is None and not p.closed:
             try:
-                p.sock.send(C.encode({"type": "refused", "code": code, "message": message[:300]}))
+                p.sock.send(C.encode(F.refused(code, message)))
             except OSError:
                 pass
         self.drop(seat)

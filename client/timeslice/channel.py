@@ -9,20 +9,8 @@ agent act on another job's process.
 
 Frames are a 4-byte big-endian length followed by that many bytes of UTF-8
 JSON (one object). Frames are bounded by ``MAX_FRAME``: a peer that sends a
-longer one is cut off. Messages (``type`` field):
-
-    worker -> agent   hello    {job, secret, device, gpus, tags: {tag: policy},
-                                region_bytes: {tag: n}, host_bytes, version}
-    agent  -> worker  welcome  {pid, node}        the pid the agent sees for this peer
-                      refused  {code, message}    then the agent closes
-    agent  -> worker  pause    {id, tags | null, token, deadline_ms}
-                      resume   {id, token, deadline_ms}
-                      ping     {id}
-    worker -> agent   state    {paused, host_bytes, region_bytes, sync?}   unasked, e.g. after prepin
-    agent  -> worker  synced   {id}               answers a state with ``sync: id``: the agent's
-                                                  report to etcd now counts what the state says
-    worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms,
-                                tags, host_bytes, region_bytes, error, code}
+longer one is cut off. The messages themselves (one builder each, and the
+checks the agent runs on them) are in ``timeslice.frames``.
 
 This module has no server-side dependency: the job imports it.
 """
@@ -34,6 +22,7 @@ import os
 import socket
 import struct
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV_SOCKET = "TIMESLICE_AGENT_SOCKET"
@@ -104,7 +93,7 @@ def connect(path: str, timeout: float) -> socket.socket:
         delay = min(delay * 2, 0.2)
 
 
-def encode(msg: dict) -> bytes:
+def encode(msg: Mapping[str, object]) -> bytes:
     body = json.dumps(msg, separators=(",", ":"), sort_keys=True).encode()
     if len(body) > MAX_FRAME:
         raise ChannelError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
@@ -159,7 +148,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def send(sock: socket.socket, msg: dict) -> None:
+def send(sock: socket.socket, msg: Mapping[str, object]) -> None:
     """Blocking send of one frame (the worker side)."""
     sock.sendall(encode(msg))
 

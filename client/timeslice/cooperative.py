@@ -46,6 +46,7 @@ from typing import Protocol
 import structlog
 
 from timeslice import channel as C
+from timeslice import frames as F
 
 log = structlog.get_logger(__name__)
 
@@ -163,10 +164,8 @@ class CooperativeWorker:
 
     # -- connection ------------------------------------------------------------------
     def _hello(self) -> dict:
-        return {"type": "hello", "version": C.PROTOCOL_VERSION, "job": self.job_id,
-                "secret": self._secret() if callable(self._secret) else self._secret,
-                "device": self.memory.device_id(), "tags": dict(self.memory.tags),
-                "paused": list(self.paused), **self._sizes()}
+        return F.hello(self.job_id, self._secret() if callable(self._secret) else self._secret,
+                       self.memory.device_id(), self.memory.tags, self.paused, self._sizes())
 
     def connect(self) -> int:
         """Open the channel and introduce this process; returns the pid the agent sees."""
@@ -180,7 +179,7 @@ class CooperativeWorker:
         except (OSError, C.ChannelError) as e:
             s.close()
             raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
-        if reply.get("type") != "welcome":
+        if reply.get("type") != F.WELCOME:
             s.close()
             raise C.ChannelError(f"the node agent refused this worker: {reply.get('code', '?')}: "
                                  f"{str(reply.get('message', ''))[:300]}")
@@ -224,7 +223,7 @@ class CooperativeWorker:
             self._synced[rid] = done
         try:
             with self._send_mu:
-                C.send(s, {"type": "state", **self._state(), **({"sync": rid} if sync else {})})
+                C.send(s, F.state(self._state(), rid))
             if done is None:
                 return True
             if not done.wait(timeout):
@@ -261,7 +260,7 @@ class CooperativeWorker:
                     delay = 0.1
                     continue
                 msg = C.recv(s)
-                if msg.get("type") == "synced":          # the answer to announce(sync=True), not a request
+                if msg.get("type") == F.SYNCED:          # the answer to announce(sync=True), not a request
                     rid = msg.get("id")
                     ev = self._synced.get(rid) if type(rid) is int else None
                     if ev is not None:
@@ -287,32 +286,31 @@ class CooperativeWorker:
         t0 = time.monotonic()
         with self._mu:
             try:
-                if kind == "pause":
+                if kind == F.PAUSE:
                     tags = msg.get("tags")
                     moved, released, acted = self._pause(None if tags is None else [str(t) for t in tags])
                     self.residue_bytes = residue_of(self.memory)
                     if self.residue_bytes is not None:
                         self.residues.append(self.residue_bytes)
-                elif kind == "resume":
+                elif kind == F.RESUME:
                     moved, released, acted = self._resume()
-                elif kind == "ping":
+                elif kind == F.PING:
                     moved, released, acted = 0, 0, []
                 else:
-                    return {"type": "done", "id": rid, "ok": False, "code": "INVALID_ARGUMENT",
-                            "error": f"unknown request {str(kind)[:40]!r}", **self._state()}
+                    return F.done(rid, self._state(), ok=False, code="INVALID_ARGUMENT",
+                                  error=f"unknown request {str(kind)[:40]!r}")
             except Exception as e:  # the agent reports it to the waiting job
                 log.exception("cooperative_request_failed", job=self.job_id, request=kind)
-                return {"type": "done", "id": rid, "ok": False, "code": "INTERNAL",
-                        "error": f"{type(e).__name__}: {str(e)[:500]}",
-                        "elapsed_ms": (time.monotonic() - t0) * 1000, **self._state()}
+                return F.done(rid, {"elapsed_ms": (time.monotonic() - t0) * 1000, **self._state()}, ok=False,
+                              code="INTERNAL", error=f"{type(e).__name__}: {str(e)[:500]}")
         ms = (time.monotonic() - t0) * 1000
-        if kind != "ping":
+        if kind != F.PING:
             self.swaps += 1
             log.info(f"cooperative_{kind}d", job=self.job_id, tags=acted, bytes_moved=moved,
                      device_bytes=released, elapsed_ms=round(ms, 2),
-                     **({"residue_bytes": self.residue_bytes} if kind == "pause" else {}))
-        return {"type": "done", "id": rid, "ok": True, "bytes_moved": moved, "device_bytes": released,
-                "elapsed_ms": ms, "tags": acted, **self._state()}
+                     **({"residue_bytes": self.residue_bytes} if kind == F.PAUSE else {}))
+        return F.done(rid, {"bytes_moved": moved, "device_bytes": released, "elapsed_ms": ms, "tags": acted,
+                            **self._state()})
 
     def _sizes(self) -> dict:
         m = self.memory

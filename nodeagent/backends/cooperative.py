@@ -20,6 +20,7 @@ import concurrent.futures
 import time
 from collections.abc import Sequence
 
+from timeslice import frames as F
 from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.swapper import Swapper, SwapRefused, SwapReport, SwapState, SwapTimeout
 from timeslice.nodeagent.channel import ChannelServer
@@ -136,9 +137,8 @@ class CooperativeSwapper(Swapper):
 
     def pause(self, tags: Sequence[str] | None, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()
-        return self._report(self._call({"type": "pause", "tags": None if tags is None else list(tags)},
-                                       deadline_s), t0)
+        return self._report(self._call(dict(F.request(F.PAUSE, tags)), deadline_s), t0)
 
     def resume(self, deadline_s: float) -> SwapReport:
         t0 = time.monotonic()
-        return self._report(self._call({"type": "resume"}, deadline_s), t0)
+        return self._report(self._call(dict(F.request(F.RESUME)), deadline_s), t0)
