@@ -225,6 +225,11 @@ class Keys:
         p = self._parts(key)
         return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == node and p[2] == "status" else None
 
+    def is_status(self, key: bytes) -> bool:
+        """True for a status key of any node (``nodes/<node>/status/<job>``)."""
+        p = self._parts(key)
+        return len(p) == 4 and p[0] == "nodes" and p[2] == "status"
+
     def worker_of(self, key: bytes, node: str) -> tuple[str, int] | None:
         """(job, pid) of a worker registration on ``node`` (``jobs/<job>/workers/<node>/<pid>``), else None."""
         p = self._parts(key)

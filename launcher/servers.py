@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from timeslice.common.keys import prefix_range_end
+from timeslice.common.keys import Keys, prefix_range_end
 from timeslice.common.netutil import http_json
 from timeslice.launcher.procs import Child, log_events, read_ready_line
 
@@ -153,7 +153,7 @@ def read_leader(etcd_ports: Iterable[int], prefix: str, timeout: float = 1.0) ->
 
     Read over etcd's JSON gateway (a linearizable range), from the first member that answers.
     """
-    key = (prefix + "leader/").encode()
+    key = Keys(prefix).election()
     body = json.dumps({"key": _b64(key), "range_end": _b64(prefix_range_end(key))}).encode()
     for port in etcd_ports:
         reply = http_json(port, "/v3/kv/range", body, timeout)

@@ -100,7 +100,7 @@ class Replica:
         # The leader records how long agents took, once per answered intent (agents
         # also re-put statuses for corrections and direct ops: those are not counted).
         for ev in events:
-            if not ev.is_put or b"/status/" not in ev.kv.key:
+            if not ev.is_put or not self.keys.is_status(ev.kv.key):
                 continue
             try:
                 st = R.StatusValue.load(ev.kv.value)

@@ -163,10 +163,11 @@ class LockdServicer(pbg.LockdServicer):
 
     async def _watch(self, req, caller):
         changed = asyncio.Event()
-        prefix = self.r.keys.group(req.group_id)
+        prefix, nodes = self.r.keys.group(req.group_id), self.r.keys.nodes()
 
         def on_batch(events, reset):
-            if reset or any(ev.kv.key.startswith(prefix) or b"/nodes/" in ev.kv.key for ev in events):
+            # The group's own keys, and any node's (an agent's report or a status changes what it shows).
+            if reset or any(ev.kv.key.startswith((prefix, nodes)) for ev in events):
                 changed.set()
 
         self.r.reflector.add_listener(on_batch)

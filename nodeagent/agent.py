@@ -47,7 +47,7 @@ from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
-from timeslice.nodeagent.swappers import Swappers
+from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
 from timeslice.nodeagent.worker_auth import WorkerAuth
@@ -100,7 +100,7 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.swappers = Swappers(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
+        self.swappers = SwapRoutes(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
                                  cfg.app_drain_s or None, cfg.app_drain_expired)
         # Who may open the channel for a job: the holder of its session secret.
         self.auth = WorkerAuth(self.client, self.keys, self.jobs)

@@ -28,7 +28,7 @@ from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
-from timeslice.nodeagent.swappers import Swappers
+from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
 
@@ -37,7 +37,7 @@ log = structlog.get_logger(__name__)
 
 class IntentDriver:
     def __init__(self, node: str, keys: Keys, client: EtcdClient, backend_name: str, jobs: LocalJobs,
-                 node_mirror: Reflector, processes: JobProcesses, swappers: Swappers, reconnects: Reconnects,
+                 node_mirror: Reflector, processes: JobProcesses, swappers: SwapRoutes, reconnects: Reconnects,
                  tokens: TokenBook, runner: Runner, upkeep: Upkeep, reporter: Reporter, metrics: Metrics,
                  stopping: Callable[[], bool]):
         """``stopping()``: the agent is stopping; no driver starts and none takes another intent."""

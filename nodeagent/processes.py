@@ -24,14 +24,14 @@ from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.discovery import local_registered_pids
 from timeslice.nodeagent.jobs import LocalJobs
 from timeslice.nodeagent.protected import protected_reason
-from timeslice.nodeagent.swappers import Swappers
+from timeslice.nodeagent.swap_routes import SwapRoutes
 
 log = structlog.get_logger(__name__)
 
 
 class JobProcesses:
     def __init__(self, client: EtcdClient, keys: Keys, node: str, jobs: LocalJobs, channel: ChannelServer,
-                 swappers: Swappers, require_attestation: bool):
+                 swappers: SwapRoutes, require_attestation: bool):
         self.client, self.keys, self.node = client, keys, node
         self.jobs, self.channel, self.swappers = jobs, channel, swappers
         self.require_attestation = require_attestation

@@ -208,5 +208,7 @@ def test_the_agents_keys_are_spelled_and_parsed_by_common_keys():
     assert k.status_job(k.status("n", "j"), "n") == "j" and k.status_job(k.intent("n", "j"), "n") is None
     assert k.worker_of(k.worker("j", "n", 42), "n") == ("j", 42)
     assert k.worker_of(k.worker("j", "m", 42), "n") is None
+    assert k.is_status(k.status("m", "j")) and not k.is_status(k.intent("m", "status"))
+    assert not k.is_status(b"/p/groups/status/queue/status")   # a group or job named "status" is not a status
     for bad in (b"/q/nodes/n/intents/j", b"/p/nodes/n/intents/j/x", b"/p/jobs/j/workers/n/4x", b"/p/\xff/n"):
         assert k.intent_job(bad, "n") is None and k.worker_of(bad, "n") is None and k.status_job(bad, "n") is None

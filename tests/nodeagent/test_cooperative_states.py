@@ -19,7 +19,7 @@ from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapsho
 from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.reconnects import AWAY, GONE, OPEN, Reconnects
-from timeslice.nodeagent.swappers import Swappers
+from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.common import records as R
 
 MiB = 1 << 20
@@ -66,7 +66,7 @@ async def _agent_side(tmp_path, grace_s: float = 5.0):
     await server.start()
     reconnects = Reconnects(server, grace_s)
     base = SimBackend(tmp_path / "sim", tmp_path / "host", capacity_bytes=64 * MiB)
-    swappers = Swappers(Unregistered(), server, lambda: base, reconnects)
+    swappers = SwapRoutes(Unregistered(), server, lambda: base, reconnects)
     return server, reconnects, CompositeBackend(base, swappers.resolve, deadline_s=5.0), swappers
 
 

@@ -33,7 +33,7 @@ from timeslice.nodeagent.jobs import LocalJobs
 from timeslice.nodeagent.reconnects import Reconnects
 
 
-class Swappers:
+class SwapRoutes:
     def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend],
                  reconnects: Reconnects | None = None, drain_s: float | None = None,
                  on_drain_timeout: str = "refuse"):
