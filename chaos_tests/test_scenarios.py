@@ -48,10 +48,9 @@ def verdict(w: World, report) -> None:
     assert report.grants > MIN_GRANTS, f"only {report.grants} grants: the scenario proved little"
 
 
-def test_lockd_leader_sigkill_repeatedly(world):
-    """SIGKILL the lockd leader three times (restarting it each time): no waiter is lost."""
-    w = world("lockd-leader-kill", seed=101).start(duration=24)
-    for _ in range(3):
+def kill_leaders(w: World, times: int) -> None:
+    """SIGKILL the lockd leader ``times`` times, a few seconds apart, restarting each on its port."""
+    for _ in range(times):
         w.sleep(3, 5)
         leader, epoch = w.lockd_leader()
         f = w.fault("SIGKILL lockd leader", replica=leader.replica_id, epoch=epoch)
@@ -60,6 +59,12 @@ def test_lockd_leader_sigkill_repeatedly(world):
         w.healed(f, f"new leader {new.replica_id} epoch {new_epoch}")
         w.sleep(0.5, 1.5)
         leader.start()                          # same port: clients find it again
+
+
+def test_lockd_leader_sigkill_repeatedly(world):
+    """SIGKILL the lockd leader three times (restarting it each time): no waiter is lost."""
+    w = world("lockd-leader-kill", seed=101).start(duration=24)
+    kill_leaders(w, 3)
     verdict(w, w.finish())
 
 
@@ -71,15 +76,7 @@ def test_priority_classes_through_leader_kills(world):
     # rules (FIFO within a class, at most 3 overtakes) judge from.
     w = world("priority-leader-kill", seed=505, max_overtakes=3, client_args=["--priorities", "0,9"],
               observe=True).start(duration=18)
-    for _ in range(2):
-        w.sleep(3, 5)
-        leader, epoch = w.lockd_leader()
-        f = w.fault("SIGKILL lockd leader", replica=leader.replica_id, epoch=epoch)
-        leader.kill()
-        new, new_epoch = w.wait_new_leader(epoch)
-        w.healed(f, f"new leader {new.replica_id} epoch {new_epoch}")
-        w.sleep(0.5, 1.5)
-        leader.start()
+    kill_leaders(w, 2)
     report = w.finish()
     verdict(w, report)
     assert report.fence_rejections == 0, "a grant's token was below one the fence had accepted"
