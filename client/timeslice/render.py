@@ -73,8 +73,10 @@ def status_text(st: GroupStatus) -> str:
         moved = f", {human_bytes(g.bytes_moved)} moved" if g.bytes_moved else ""
         lines.append(f"holder   {g.job_id}  token {g.token}  granted {_ago(g.granted_unix_ms)}  ({how}{moved})")
     if st.waiters:
-        lines.append("waiting  " + "  ".join(f"{i}. {w.job_id} (token {w.token})"
-                                             for i, w in enumerate(st.waiters, 1)))
+        classes = any(w.priority for w in st.waiters)   # a priority group's waiters: say each one's class
+        lines.append("waiting  " + "  ".join(
+            f"{i}. {w.job_id} (token {w.token}{f', class {w.priority}' if classes else ''})"
+            for i, w in enumerate(st.waiters, 1)))
     else:
         lines.append("waiting  -")
     if st.node_status:

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from timeslice import AsyncOrchestratorClient, InvalidArgumentError, OrchestratorClient, cli
+from timeslice import AsyncOrchestratorClient, InvalidArgumentError, OrchestratorClient, cli, render
 
 
 async def test_higher_class_goes_first_through_the_async_client(lockd, admin, uid):
@@ -25,6 +25,9 @@ async def test_higher_class_goes_first_through_the_async_client(lockd, admin, ui
         while len(st := (await a.status(g)).waiters) < 2:
             await asyncio.sleep(0.02)
         assert [(w.job_id, w.priority) for w in st] == [(f"high-{uid}", 7), (f"low-{uid}", 0)]
+        shown = render.status_text(await a.status(g))                 # what `timeslice status GROUP` prints
+        assert f"1. high-{uid} (token {st[0].token}, class 7)" in shown
+        assert f"2. low-{uid} (token {st[1].token}, class 0)" in shown
         await a.release(g)
         gh = await t_high
         assert not t_low.done()
