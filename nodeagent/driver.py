@@ -22,7 +22,7 @@ from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.keys import Keys
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import traces
-from timeslice.nodeagent.jobs import LocalJobs
+from timeslice.nodeagent.jobs import LocalJobs, load_status
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
@@ -143,6 +143,8 @@ class IntentDriver:
         # no refreshed agent key with the answer (the device figures do not change). Each saves a
         # write in the elided handoff of a strict group, which waits for these answers.
         moves = intent.op in (R.SNAPSHOT, R.RESTORE)
+        skv = self.jobs.status_kv(intent.job)
+        before = I.moved_before(intent, load_status(skv.value) if skv is not None else None)
         if moves and not await self._answer(intent, I.in_progress(intent, pic), refresh=False):
             return
         log.info("op_started", **ctx, pids=pic.live_pids, states=pic.describe())
@@ -151,6 +153,8 @@ class IntentDriver:
         rr = await self.runner.run(intent.op, intent.job, pic.live_pids, "intent",
                                    isolation=intent.value.isolation, need_bytes=intent.value.need_bytes)
         st = I.final(intent, rr.result, rr.after, rr.elapsed_ms, rr.rollback)
+        if before:
+            st = R.StatusValue(**{**st.__dict__, "bytes": st.bytes + before})
         rev = await self._answer(intent, st, refresh=moves)
         # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
         await traces.op_spans(self.client, self.keys, self.node, self.backend_name, intent, pic, rr, t0_ns)

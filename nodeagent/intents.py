@@ -159,6 +159,16 @@ def in_progress(intent: Intent, picture: Picture) -> R.StatusValue:
                   pids=picture.live_pids, gpu_bytes=picture.gpu_bytes)
 
 
+def moved_before(intent: Intent, old: R.StatusValue | None) -> int:
+    """Bytes an earlier snapshot of the same swap (token, group) moved for this job, which a further
+    snapshot of it (the full-isolation checkpoint of a residue) adds to, so the grant counts both:
+    the leader reads one status per job."""
+    if (old is None or intent.value is None or intent.op != R.SNAPSHOT or old.op != R.SNAPSHOT
+            or old.outcome != R.OK or old.token != intent.token or old.group != intent.group):
+        return 0
+    return old.bytes
+
+
 def outcome_of(result: JobResult) -> str:
     if result.refused:
         return R.REFUSED

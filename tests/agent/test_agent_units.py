@@ -212,3 +212,17 @@ def test_the_agents_keys_are_spelled_and_parsed_by_common_keys():
     assert not k.is_status(b"/p/groups/status/queue/status")   # a group or job named "status" is not a status
     for bad in (b"/q/nodes/n/intents/j", b"/p/nodes/n/intents/j/x", b"/p/jobs/j/workers/n/4x", b"/p/\xff/n"):
         assert k.intent_job(bad, "n") is None and k.worker_of(bad, "n") is None and k.status_job(bad, "n") is None
+
+
+def test_a_further_snapshot_of_the_same_swap_counts_what_the_first_moved():
+    """The residue's checkpoint (a second snapshot of the job in one swap) reports both moves: the
+    leader reads one status per job for the grant's bytes_moved. Another swap's, a failed one's or
+    an unfinished one's bytes are not added."""
+    iv = R.IntentValue(R.SNAPSHOT, "c", "g", 9, 1, 0, isolation=R.ISOLATION_FULL)
+    intent = I.Intent("c", 40, iv)
+    done = R.StatusValue(R.SNAPSHOTTED, "c", op=R.SNAPSHOT, outcome=R.OK, group="g", token=9, bytes=12 << 20)
+    assert I.moved_before(intent, done) == 12 << 20
+    for other in ({"token": 8}, {"group": "h"}, {"outcome": R.FAILED}, {"outcome": ""}, {"op": R.RESTORE}):
+        assert I.moved_before(intent, R.StatusValue(**{**done.__dict__, **other})) == 0, other
+    assert I.moved_before(intent, None) == 0
+    assert I.moved_before(I.Intent("c", 40, R.IntentValue(R.RESTORE, "c", "g", 9, 1, 0)), done) == 0
