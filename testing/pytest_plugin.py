@@ -4,6 +4,7 @@
 - ``etcd``: one single-member cluster for the whole session (fast);
 - ``etcd3``: a 3-member cluster per module, for failover tests;
 - ``fresh_etcd``: a single member of the test's own, for tests that break it;
+- ``etcd_client``: the project's ``EtcdClient``, connected to ``etcd``, closed after the test;
 - ``key_prefix``: a key namespace of the test's own, so shared clusters are safe;
 - ``proc_reaper``: kills whatever processes the test registered, pass or fail.
 
@@ -38,6 +39,16 @@ def etcd3():
     """A 3-member etcd shared by the module; tests may kill, pause and restart members."""
     with EtcdCluster(size=3, name_prefix="c") as cluster:
         yield cluster
+
+
+@pytest.fixture
+async def etcd_client(etcd):
+    """The project's etcd client, connected to the shared ``etcd``; closed after the test."""
+    from timeslice.common.etcd import EtcdClient, EtcdConfig
+    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
+    await c.connect()
+    yield c
+    await c.close()
 
 
 @pytest.fixture

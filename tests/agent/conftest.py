@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 
 from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.common.etcd import EtcdClient, EtcdConfig
 from timeslice.common.keys import Keys
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
@@ -32,11 +31,9 @@ def keys(key_prefix) -> Keys:
 
 
 @pytest.fixture
-async def client(etcd):
-    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
-    await c.connect()
-    yield c
-    await c.close()
+def client(etcd_client):
+    """The agent tests' name for the plugin's ``etcd_client``."""
+    return etcd_client
 
 
 @pytest.fixture

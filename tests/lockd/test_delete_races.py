@@ -16,7 +16,7 @@ import pytest
 
 from tests.lockd.conftest import Job, admin
 from tests.lockd.gated import deletes_prefix, puts, replica_in_process, until
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.etcd import EtcdClient, ops
 from timeslice.common.keys import Keys
 from timeslice.lockd.errors import GroupBusy, NotFound
 from timeslice.proto import lockd_pb2 as pb
@@ -28,14 +28,6 @@ def lockd1(etcd, key_prefix, tmp_path):
     cluster = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
     yield cluster
     cluster.stop()
-
-
-@pytest.fixture
-async def etcd_client(etcd):
-    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
-    await c.connect()
-    yield c
-    await c.close()
 
 
 async def group_keys(client: EtcdClient, keys: Keys, group: str) -> list[bytes]:

@@ -16,7 +16,6 @@ import pytest
 from tests.security.conftest import etcd_state, rpc_error
 from tests.security.test_agent_tls import pki  # noqa: F401  (the fixture)
 from timeslice.common.errors import ConfigError
-from timeslice.common.etcd import EtcdClient, EtcdConfig
 from timeslice.common.keys import Keys
 from timeslice.lockd.tenancy import REDACTED
 from timeslice.lockd.tenants import TenantBook
@@ -68,14 +67,6 @@ async def stubs(lockd):
     yield stub
     for ch in chans:
         await ch.close()
-
-
-@pytest.fixture
-async def etcd_client(etcd):
-    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
-    await c.connect()
-    yield c
-    await c.close()
 
 
 class Job:
