@@ -52,15 +52,10 @@ def rpc(fn):
     async def wrapper(self, request, context):
         try:
             return await fn(self, request, context)
-        except TimesliceError as e:
-            await context.abort(status_of(e), bounded(str(e)))
         except grpc.aio.AbortError:
             raise
-        except Exception:  # a bug must still give the caller a status by meaning
-            incident = uuid.uuid4().hex[:12]
-            _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"internal error in {fn.__name__} (incident {incident} in the server's log)")
+        except Exception as e:
+            await _abort(fn, context, e)
     return wrapper
 
 
@@ -72,16 +67,23 @@ def stream_rpc(fn):
         try:
             async for item in fn(self, request, context):
                 yield item
-        except TimesliceError as e:
-            await context.abort(status_of(e), bounded(str(e)))
         except grpc.aio.AbortError:
             raise
-        except Exception:  # a bug must still give the caller a status by meaning
-            incident = uuid.uuid4().hex[:12]
-            _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
-            await context.abort(grpc.StatusCode.INTERNAL,
-                                f"internal error in {fn.__name__} (incident {incident} in the server's log)")
+        except Exception as e:
+            await _abort(fn, context, e)
     return wrapper
+
+
+async def _abort(fn, context, e: Exception) -> None:
+    """End the call with the status ``e`` means: a ``TimesliceError``'s own, else INTERNAL (a bug
+    must still give the caller a status by meaning), logged with an incident id the caller sees."""
+    if isinstance(e, TimesliceError):
+        await context.abort(status_of(e), bounded(str(e)))    # raises: the call ends here
+        return
+    incident = uuid.uuid4().hex[:12]
+    _log.exception("rpc_internal_error", method=fn.__name__, incident=incident)
+    await context.abort(grpc.StatusCode.INTERNAL,
+                        f"internal error in {fn.__name__} (incident {incident} in the server's log)")
 
 
 async def health_loop(hs: health.aio.HealthServicer, service: str, probe: Callable[[], Awaitable[bool]],
