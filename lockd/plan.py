@@ -129,14 +129,14 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                                                   or grant.token != head[1].create_revision):
         # The holder yielded or died; its grant must go before anyone else's comes.
         return [DropGrant(gkv.value, grant.job)]
-    if prio is not None:
-        moves = RK.moves(group.queue, group.moving, PR.turns_of(group).token,
+    turns = PR.turns_of(group) if prio is not None else None
+    if turns is not None:
+        moves = RK.moves(group.queue, group.moving, turns.token,
                          (grant.job, grant.token) if grant is not None else None)
         if moves:
             return list(moves)                            # overtaken entries re-key first (lockd.rekey)
     if head is None or grant is not None:
         return []                                         # idle, or the head already holds
-    turns = PR.turns_of(group) if prio is not None else None
     if prio is not None and turns is not None:
         if not prio.ready:
             return []                                     # overtaken earlier: its Acquire re-keys it first
