@@ -47,6 +47,7 @@ import structlog
 
 from timeslice import channel as C
 from timeslice import frames as F
+from timeslice import gil
 
 log = structlog.get_logger(__name__)
 
@@ -284,7 +285,7 @@ class CooperativeWorker:
         """One request in, one ``done`` out. Never raises for the memory's failure: it is reported."""
         kind, rid = msg.get("type"), msg.get("id")
         t0 = time.monotonic()
-        with self._mu:
+        with self._mu, gil.prompt_handoff():       # beside the job's busy main thread (timeslice.gil)
             try:
                 if kind == F.PAUSE:
                     tags = msg.get("tags")

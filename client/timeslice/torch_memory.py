@@ -242,6 +242,13 @@ class TorchMemory:
         self._paused.difference_update(tags)
         return moved
 
+    def declare(self, tag: str, nbytes: int) -> None:
+        """Offload region ``tag`` will hold about ``nbytes`` (e.g. an optimizer's state before its first
+        step): ``prepin`` reserves at least that much host backup for it (like ``host_bytes``)."""
+        if self.tags.get(tag) != OFFLOAD:
+            raise ValueError(f"{tag!r} is not an offload region")
+        self._declared[tag] = max(self._declared.get(tag, 0), int(nbytes))
+
     def prepin(self, tags: Sequence[str] | None = None) -> None:
         """Reserve the retained host backups now, of the offload regions ``tags`` (default all).
 

@@ -176,3 +176,29 @@ def test_a_cpu_span_never_touches_the_device(monkeypatch):
     with log.span("generate", gpu=True):
         pass
     assert calls == ["sync"]
+
+
+class _Declaring:
+    """A memory that sizes its host backup ahead, as TorchMemory.declare does (records the calls)."""
+    tags = {"weights": "offload", "optimizer": "offload", "kv": "discard"}
+
+    def __init__(self):
+        self.declared: list[tuple[str, int]] = []
+
+    def declare(self, tag, nbytes):
+        self.declared.append((tag, nbytes))
+
+    def region_bytes(self):
+        return {}
+
+
+def test_an_expected_optimizer_state_sizes_the_host_backup_before_the_first_step():
+    # Without it the first step's hold pinned 12.5 GB (2.7 s) on the H200 (TRL run, round 3).
+    mem = _Declaring()
+    place = Placement(mem)
+    m = torch.nn.Linear(8, 8)
+    place.optimizer(torch.optim.AdamW(m.parameters()))
+    want = expected_state_bytes("AdamW", list(m.parameters()))
+    assert mem.declared == [("optimizer", want)]
+    place.expect("kv", 1 << 20)                    # a discard region has no backup to size
+    assert mem.declared == [("optimizer", want)]

@@ -114,8 +114,14 @@ class Placement:
         self.expected: dict[str, int] = {}            # tag -> bytes it will hold once complete
 
     def expect(self, tag: str, nbytes: int) -> None:
-        """Region ``tag`` will hold about ``nbytes`` (e.g. optimizer state not created yet)."""
+        """Region ``tag`` will hold about ``nbytes`` (e.g. optimizer state not created yet).
+
+        A memory that can size its host backup ahead (``TorchMemory.declare``) is told too, so the
+        backup is pinned when the worker cooperates, not inside the first step's hold."""
         self.expected[tag] = max(0, int(nbytes))
+        declare = getattr(self.memory, "declare", None)
+        if declare is not None and self.memory.tags.get(tag) == "offload":
+            declare(tag, self.expected[tag])
 
     def missing_bytes(self) -> int:
         """Bytes the regions will still grow by, from what was expected of them."""
