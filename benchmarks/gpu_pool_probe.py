@@ -100,6 +100,11 @@ def child(gib: float, trips: int) -> dict:
     mem.mark_clean("weights")
     row["first_clean"] = trip("first under the promise")
     row["clean"] = [trip("clean") for _ in range(trips)]
+    # Where a clean pause goes: finding the spans, the checksum (warm); the rest is the release.
+    row["clean_parts"] = {"spans_s": statistics.median(_timed(lambda: mem.book.mover.spans("weights"))
+                                                       for _ in range(5)),
+                          "checksum_s": statistics.median(_timed(lambda: mem.book.mover.checksum(spans))
+                                                          for _ in range(5))}
     ws[0][:1024] += 1.0                          # written while promised clean
     torch.cuda.synchronize()
     want = _wsum(torch, ws)

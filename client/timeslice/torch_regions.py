@@ -18,11 +18,13 @@ Device ranges are viewed as tensors through ``__cuda_array_interface__``
 (zero copy), and copied with ``copy_`` to/from ``PinnedPool.view`` pieces,
 each inside one registration.
 
-The checksum is three integer reductions per span on the device (about two
-passes over the bytes, milliseconds for tens of GB at HBM bandwidth): the
-span as rows of 64-bit words; the sum of the row sums, the row sums weighted
-by row index, and the column sums weighted by column index (all wrapping
-64-bit). Any change of one word changes the total; a swap of two words
+The checksum is two integer reductions per span on the device (two passes
+over the bytes, milliseconds for tens of GB at HBM bandwidth), combined once
+for all spans (``Sums``): the span as rows of 64-bit words; the sum of the row
+sums, the row sums weighted by their position, and the column sums weighted by
+theirs (all wrapping 64-bit). When bytes are copied anyway, the reductions run
+on a side stream while the copy engine moves them (``to_host_checksum``,
+``to_device_checksum``). Any change of one word changes the total; a swap of two words
 changes a weighted sum; a change crafted to keep all three would pass: a
 guard against a wrong "clean" promise, not a cryptographic proof.
 """
@@ -83,11 +85,54 @@ def live_spans(segments, pool_id, device: int) -> list[Span]:
     return out
 
 
+class Sums:
+    """The checksum's reductions, two kernels per span, combined once at the end (``digest``).
+
+    Per span viewed as rows of 64-bit words: its row sums and its column sums. At the end the
+    row sums of all spans, in order, give their total and their sum weighted by position; the
+    column sums, their sum weighted by position. A span whose size or address is not a multiple
+    of 8 adds its byte sum as one row. Few kernels on purpose: a clean pause is this checksum
+    alone, and at tens of spans the launches cost as much as the passes over the bytes."""
+
+    def __init__(self, torch):
+        self.torch, self.rows, self.cols = torch, [], []
+
+    def add(self, t) -> None:
+        torch = self.torch
+        n, addr = t.numel(), t.data_ptr()
+        if n % 8 or addr % 8:
+            self.rows.append(t.sum(dtype=torch.int64).reshape(1))
+            return
+        w = t.view(torch.int64)
+        cols = MAX_COLS
+        while w.numel() % cols:
+            cols //= 2
+        m = w.view(-1, cols)
+        self.rows.append(m.sum(1))
+        self.cols.append(m.sum(0))
+
+    def digest(self, sizes: Sequence[int]) -> str:
+        torch = self.torch
+        h = hashlib.sha256()
+        h.update(repr(list(sizes)).encode())
+        if self.rows:
+            rows = torch.cat(self.rows)
+            ri = torch.arange(rows.numel(), device=rows.device, dtype=torch.int64)
+            parts = [rows.sum(), (rows * ri).sum()]
+            if self.cols:
+                cols = torch.cat(self.cols)
+                ci = torch.arange(cols.numel(), device=cols.device, dtype=torch.int64)
+                parts.append((cols * ci).sum())
+            h.update(repr(torch.stack(parts).tolist()).encode())
+        return h.hexdigest()
+
+
 class TorchMover:
     """``backup.Mover`` over torch-memory-saver regions on one CUDA device."""
 
     def __init__(self, torch, pools: dict, device: int, host: PinnedPool):
         self.torch, self.pools, self.device, self.host = torch, pools, device, host
+        self._stream = None                              # the side stream of the overlapped checksums
 
     def spans(self, tag: str) -> list[Span]:
         pool = self.pools.get(tag)
@@ -98,9 +143,28 @@ class TorchMover:
     def _dev(self, addr: int, nbytes: int):
         return self.torch.as_tensor(_DeviceRange(addr, nbytes), device=f"cuda:{self.device}")
 
-    def _copy(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]], out: bool) -> None:
+    def _side(self):
+        if self._stream is None:
+            self._stream = self.torch.cuda.Stream(self.device)
+        return self._stream
+
+    def _copy(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]], out: bool,
+              checksum: bool = False) -> str | None:
+        """Copy every span; with ``checksum``, reduce each span on a side stream meanwhile.
+
+        Out: the reductions and the copy only read the span, so they run at once. In: a span's
+        reduction waits for its own copy (an event), not for the later ones. Either way the
+        checksum hides behind the PCIe copy instead of adding a pass after it."""
         torch = self.torch
-        for (addr, _), where in zip(spans, pieces):
+        cur = torch.cuda.current_stream(self.device)
+        side = self._side() if checksum else None
+        if side is not None:
+            side.wait_stream(cur)               # nothing queued before us is still writing these bytes
+        sums = Sums(torch)
+        for (addr, n), where in zip(spans, pieces):
+            if side is not None and out:
+                with torch.cuda.stream(side):
+                    sums.add(self._dev(addr, n))
             at = addr
             for e in where:
                 dev, host = self._dev(at, e.nbytes), self.host.view(e)
@@ -109,7 +173,17 @@ class TorchMover:
                 else:
                     dev.copy_(host, non_blocking=True)
                 at += e.nbytes
+            if side is not None and not out:
+                side.wait_stream(cur)           # this span's copies are in
+                with torch.cuda.stream(side):
+                    sums.add(self._dev(addr, n))
+        if side is not None:
+            with torch.cuda.stream(side):
+                digest = sums.digest([n for _, n in spans])
+            torch.cuda.synchronize(self.device)
+            return digest
         torch.cuda.synchronize(self.device)
+        return None
 
     def to_host(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> None:
         self._copy(spans, pieces, out=True)
@@ -117,28 +191,16 @@ class TorchMover:
     def to_device(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> None:
         self._copy(spans, pieces, out=False)
 
+    def to_host_checksum(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> str:
+        """``to_host`` and the spans' checksum (as ``checksum`` gives it), in one overlapped pass."""
+        return self._copy(spans, pieces, out=True, checksum=True) or ""
+
+    def to_device_checksum(self, spans: Sequence[Span], pieces: Sequence[Sequence[Extent]]) -> str:
+        """``to_device`` and the checksum of what arrived (as ``checksum`` gives it), overlapped."""
+        return self._copy(spans, pieces, out=False, checksum=True) or ""
+
     def checksum(self, spans: Sequence[Span]) -> str:
-        torch = self.torch
-        parts = []
+        sums = Sums(self.torch)
         for addr, n in spans:
-            t = self._dev(addr, n)
-            if n % 8 or addr % 8:
-                parts.append(t.sum(dtype=torch.int64).reshape(1))
-                continue
-            w = t.view(torch.int64)
-            cols = MAX_COLS
-            while w.numel() % cols:
-                cols //= 2
-            m = w.view(-1, cols)
-            rows = m.sum(1)
-            colsum = m.sum(0)
-            ri = torch.arange(rows.numel(), device=w.device, dtype=torch.int64)
-            ci = torch.arange(cols, device=w.device, dtype=torch.int64)
-            parts.append(torch.stack([rows.sum(), (rows * ri).sum(), (colsum * ci).sum()]))
-        if not parts:
-            return hashlib.sha256(b"").hexdigest()
-        vals = torch.cat(parts).tolist()
-        h = hashlib.sha256()
-        h.update(repr([n for _, n in spans]).encode())
-        h.update(repr(vals).encode())
-        return h.hexdigest()
+            sums.add(self._dev(addr, n))
+        return sums.digest([n for _, n in spans])

@@ -102,3 +102,40 @@ def test_one_pinning_at_a_time_per_host(tmp_path):
     t.join(10)
     assert pool.size() == 4 * MiB and len(reg.calls) == 1
     pool.close()
+
+
+def test_the_next_slab_faults_in_while_the_last_one_registers(monkeypatch):
+    # Registering is a third of a pinning on the H200: done one slab behind the faulting, it hides.
+    faulted: list[int] = []
+    second_faulting = __import__("threading").Event()
+    real_fault = P.fault_in
+
+    def fault(addr, n, threads):
+        faulted.append(addr)
+        if len(faulted) == 2:
+            second_faulting.set()
+        real_fault(addr, n, threads)
+    monkeypatch.setattr(P, "fault_in", fault)
+    overlapped = []
+
+    def register(addr, n):
+        if addr == faulted[0]:                  # the first slab: is the second faulting meanwhile?
+            overlapped.append(second_faulting.wait(10))
+    pool = P.PinnedPool("fault", threads=2, register=register, unregister=lambda a: None, max_slab=4 * MiB)
+    pool.reserve(8 * MiB)
+    assert overlapped == [True] and all(s.registered for s in pool.slabs) and len(pool.slabs) == 2
+    pool.close()
+
+
+def test_a_failed_registration_frees_every_slab(monkeypatch):
+    calls = []
+
+    def register(addr, n):
+        calls.append(addr)
+        if len(calls) == 2:
+            raise P.PinnedPoolError("registration refused (test)")
+    gone = []
+    pool = P.PinnedPool("fault", threads=2, register=register, unregister=gone.append, max_slab=4 * MiB)
+    with pytest.raises(P.PinnedPoolError):
+        pool.reserve(12 * MiB)
+    assert pool.size() == 0 and gone == [calls[0], calls[2]]      # the registered ones given back

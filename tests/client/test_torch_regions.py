@@ -27,3 +27,37 @@ def test_live_blocks_of_the_regions_pool_merged_within_a_segment_never_across():
     ]
     assert live_spans(segments, [1, 7], 0) == [(0x10000000, 4 * MiB), (0x10000000 + 8 * MiB, 2 * MiB),
                                                (0x10000000 + 10 * MiB, 8 * MiB)]
+
+
+def test_the_checksum_sees_a_changed_word_and_words_moved_within_a_row_across_rows_and_across_spans():
+    torch = __import__("pytest").importorskip("torch", reason="needs the test extra (torch)")
+    from timeslice.torch_regions import MAX_COLS, Sums
+
+    def digest(*tensors):
+        s = Sums(torch)
+        for t in tensors:
+            s.add(t.view(torch.uint8))
+        return s.digest([t.numel() * t.element_size() for t in tensors])
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(-2**62, 2**62, (2 * MAX_COLS,), generator=g, dtype=torch.int64)   # two rows
+    b = torch.randint(-2**62, 2**62, (1024,), generator=g, dtype=torch.int64)
+    odd = torch.arange(13, dtype=torch.uint8)                                            # not 8-aligned in size
+    base = digest(a, b, odd)
+    assert digest(a.clone(), b.clone(), odd.clone()) == base                             # a function of the bytes
+
+    def changed(fn):
+        x, y, z = a.clone(), b.clone(), odd.clone()
+        fn(x, y, z)
+        return digest(x, y, z)
+
+    def swap(t, i, j, u=None):
+        u = t if u is None else u
+        ti, uj = t[i].clone(), u[j].clone()
+        t[i], u[j] = uj, ti
+    assert changed(lambda x, y, z: x.__setitem__(5, x[5] + 1)) != base                  # one word
+    assert changed(lambda x, y, z: swap(x, 1, 7)) != base                                # within a row
+    assert changed(lambda x, y, z: swap(x, 3, MAX_COLS + 3)) != base                     # same column, two rows
+    assert changed(lambda x, y, z: swap(x, 0, 0, y)) != base                             # across spans
+    assert changed(lambda x, y, z: z.__setitem__(2, 99)) != base                         # the unaligned span
+    assert digest(b, a, odd) != base                                                     # the spans' order
