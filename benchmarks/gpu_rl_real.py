@@ -88,14 +88,39 @@ def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0
     return argv + (["--standalone"] if standalone else [])
 
 
-def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, together: bool) -> list[dict]:
+def core_halves(root: str = "/sys/devices/system/cpu") -> list[set[int]]:
+    """This process's CPUs in two halves of whole physical cores (hyperthread siblings together).
+
+    Why: time-sliced, one job's CPU phase (its reward) runs beside the other's GPU phase, and
+    transformers' generate is launch-bound: sharing a physical core with a busy reward slowed
+    it. A cluster gives each job its own cores (cpusets); the benchmark does the same, in the
+    standalone runs too, so the baseline has the same CPUs."""
+    mine = sorted(os.sched_getaffinity(0))
+    cores: dict[str, set[int]] = {}
+    for c in mine:
+        try:
+            key = Path(f"{root}/cpu{c}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            key = str(c)
+        cores.setdefault(key, set()).add(c)
+    groups = list(cores.values())
+    if len(groups) < 2:
+        return [set(mine), set(mine)]
+    half = len(groups) // 2
+    return [set().union(*groups[:half]), set().union(*groups[half:])]
+
+
+def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, together: bool,
+             cpus: list[set[int]] | None = None) -> list[dict]:
     """Run the jobs (at once, or one after the other); their documents, in order."""
     procs, docs = [], []
 
     def start(i, argv):
+        pin = cpus[i] if cpus else None
         with open(logdir / f"job-{i}.log", "wb") as log:    # the child keeps its own descriptor
             return subprocess.Popen(argv, env={**os.environ, **env, "TIMESLICE_JOB_ID": f"job-{'ab'[i]}"},
-                                    stdout=log, stderr=subprocess.STDOUT)
+                                    stdout=log, stderr=subprocess.STDOUT,
+                                    preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
 
     if together:      # their loops start together, whatever their imports cost
         env = {**env, "TIMESLICE_EXAMPLE_BARRIER": f"{logdir / 'barrier'}:{len(argvs)}"}
@@ -210,7 +235,7 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
                 hints = [d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB)) for d in alone]
                 argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False, h)
                          for (s, j), h in zip(((1, "a"), (2, "b")), hints)]
-                docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True)
+                docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)
             finally:
@@ -252,7 +277,10 @@ def main(argv=None) -> int:
     p.add_argument("--coop-residue-gib", type=float, default=1.5,
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_rl_real[_quick|_dryrun])")
+    p.add_argument("--split-cores", action="store_true",
+                   help="give each job half of the physical cores (its own cpuset), standalone runs too")
     a = p.parse_args(argv)
+    a.cpus = core_halves() if a.split_cores else None
     a.profile = dict(PROFILES["dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
                               "quick" if a.quick else "full"])
     if a.kind == "plain" and a.dry_run:
@@ -283,7 +311,7 @@ def main(argv=None) -> int:
 
     (workdir / "standalone").mkdir()
     argvs = [job_argv(a, s, workdir / "standalone" / f"{j}.json", "cooperative", True) for s, j in ((1, "a"), (2, "b"))]
-    alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * 2, together=False)
+    alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * 2, together=False, cpus=a.cpus)
     base = F.regime_figures(alone, sequential=True)
     base.update(regime="standalone", sequential=True)
     add_nvml(base, dev)
