@@ -6,7 +6,7 @@ the job yielded the GPU for). A pause is hundreds of short calls that drop the
 GIL (each CUDA copy, each reduction of the backup's checksum); every time one
 returns, the thread must win the GIL back from the busy main thread, and CPython
 hands it over only after the switch interval (5 ms by default). Measured on the
-H200 (``benchmarks/results/gpu_rl_real.md``): a 6 GB pause that takes 0.18 s with
+H200 (``benchmarks/results/gpu_round3_s3.md``): a 6 GB pause that takes 0.18 s with
 the main thread idle took 5.1 s beside a TRL reward function, i.e. it waited for
 the reward to end. On the CPU, 200 GIL-dropping calls beside a busy thread:
 1.05 s at 5 ms, 0.13 s at 0.5 ms, 0.06 s at 0.1 ms
