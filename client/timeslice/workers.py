@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
+YIELD_SYNC_TIMEOUT_S = 2.0   # how long a Yield waits for the agent's fresh report (one refresh: ms)
+
 
 class Workers:
     """The job's registered workers, this process's attestation and its cooperative channels."""
@@ -145,6 +147,26 @@ class Workers:
         with self.core.mu:
             self._cooperative.append(w)
         return w
+
+    def channels(self) -> list:
+        """The channels this process has open to node agents (cooperative ones, the attestation)."""
+        with self.core.mu:
+            out = list(self._cooperative)
+        if self._attestation is not None:
+            out.append(self._attestation)
+        return out
+
+    async def sync_reports(self, timeout: float = YIELD_SYNC_TIMEOUT_S) -> None:
+        """Before a Yield: have each local agent report this process's device memory as it is now.
+
+        Why: memory a job makes inside its hold outside any cooperative region (a checkpoint
+        worker's optimizer state, a cooperative worker's cache or workspaces) is seen by the agent
+        only at its next periodic refresh; lockd plans the next grant at the Yield, on the report
+        it has. Without a hint of the job's peak, a grant planned on the older report put another
+        job on a device that was full. A refresh costs the agent milliseconds; an agent that does
+        not answer within ``timeout`` delays the Yield by that much, once per Yield, and says so."""
+        for w in self.channels():
+            await self.user.blocking(w.announce, True, timeout)
 
     async def close(self) -> None:
         """At close: the cooperative channels first (the agent lifts a freeze on a worker that

@@ -58,3 +58,28 @@ def test_a_region_grown_inside_a_hold_is_on_the_agents_report_before_the_hold_en
         assert after == before + (256 << 10) == mem.dev.device_bytes, (before, after)
         mem.close()                                                  # inside the hold, as a job does
         client.yield_("rl-gpus")
+
+
+def test_a_checkpoint_workers_memory_made_inside_a_hold_is_reported_before_its_yield(
+        rl_stack, etcd, key_prefix, monkeypatch):
+    # No regions here: the job's process simply allocates inside its hold (an optimizer's first
+    # step, a cache). The Yield first has the agent report it (Workers.sync_reports), so the
+    # grant lockd plans at that Yield sees the device as it is.
+    from timeslice import OrchestratorClient
+    from timeslice.nodeagent.sim.client import SimDeviceClient
+    jobs, agent = rl_stack(8 << 20, agent_extra=("--refresh-interval", "9"))
+    monkeypatch.setenv("TIMESLICE_NODE_NAME", NODE)
+    monkeypatch.setenv("TIMESLICE_AGENT_SOCKET", agent.socket)
+    dev = SimDeviceClient.open(jobs.env["TIMESLICE_SIM_DIR"], gpu=0)
+    try:
+        with OrchestratorClient(target=jobs.env["TIMESLICE_TARGET"], job_id="ckpt-grower") as client:
+            client.register_worker(swap="checkpoint", node=NODE)
+            client.acquire("rl-gpus", timeout=30)
+            before = reported(etcd, key_prefix).job_device_bytes.get("ckpt-grower", 0)
+            dev.alloc(3 << 20)                                       # made inside the hold
+            client.yield_("rl-gpus")
+            after = reported(etcd, key_prefix).job_device_bytes.get("ckpt-grower", 0)   # at once
+            assert (before, after) == (0, 3 << 20)
+    finally:
+        dev.free()
+        dev.close()
