@@ -227,19 +227,19 @@ class BackupBook:
         if spans != r.layout:
             raise BackupError(f"region {tag!r}: its device spans changed while paused "
                               f"({len(r.layout)} copied, {len(spans)} now); its backup cannot be put back")
-        verify = self.checksum_on and r.checksum is not None
-        both = getattr(self.mover, "to_device_checksum", None) if verify else None
+        want = r.checksum if self.checksum_on else None
+        both = getattr(self.mover, "to_device_checksum", None) if want is not None else None
         if both is not None:
             got = both(spans, r.pieces)
         else:
             self.mover.to_device(spans, r.pieces)
-            got = self.mover.checksum(spans) if verify else ""
+            got = self.mover.checksum(spans) if want is not None else ""
         total = sum(n for _, n in spans)
         self.stats["copies_in"] += 1
         self.stats["bytes_in"] += total
-        if verify:
-            if got != r.checksum:
+        if want is not None:
+            if got != want:
                 raise BackupCorrupted(f"region {tag!r} came back different from what its last pause copied "
-                                      f"({got[:16]} != {r.checksum[:16]})")
+                                      f"({got[:16]} != {want[:16]})")
             self.stats["verified"] += 1
         return total
