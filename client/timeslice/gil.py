@@ -30,7 +30,7 @@ SWAP_SWITCH_INTERVAL_S = 50e-6
 
 _mu = threading.Lock()
 _depth = 0
-_saved = 0.0
+_saved: float | None = None           # the interval to put back; None: it was short already, left alone
 
 
 @contextlib.contextmanager
@@ -39,8 +39,9 @@ def prompt_handoff(interval_s: float = SWAP_SWITCH_INTERVAL_S) -> Iterator[None]
     global _depth, _saved
     with _mu:
         if _depth == 0:
-            _saved = sys.getswitchinterval()
-            if interval_s < _saved:
+            now = sys.getswitchinterval()
+            _saved = now if interval_s < now else None
+            if _saved is not None:
                 sys.setswitchinterval(interval_s)
         _depth += 1
     try:
@@ -48,5 +49,5 @@ def prompt_handoff(interval_s: float = SWAP_SWITCH_INTERVAL_S) -> Iterator[None]
     finally:
         with _mu:
             _depth -= 1
-            if _depth == 0:
+            if _depth == 0 and _saved is not None:
                 sys.setswitchinterval(_saved)
