@@ -45,10 +45,8 @@ def etcd3():
 async def etcd_client(etcd):
     """The project's etcd client, connected to the shared ``etcd``; closed after the test."""
     from timeslice.common.etcd import EtcdClient, EtcdConfig
-    c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
-    await c.connect()
-    yield c
-    await c.close()
+    async with EtcdClient(EtcdConfig.parse(etcd.endpoints_str)) as c:   # connect / close
+        yield c
 
 
 @pytest.fixture

@@ -119,7 +119,7 @@ class AsyncOrchestratorClient:
         self._sessions = Sessions(core, self._transport, self._user, self._revocations, self._withdrawals)
         # A Yield first has the local agents report what grew inside the hold (the workers, made after).
         self._holds = Holds(core, self._transport, self._user, self._sessions, self._withdrawals,
-                            before_yield=lambda: self._workers.sync_reports())
+                            report_first=lambda: self._workers.sync_reports())
         self._scopes = Scopes(core, self._holds)
         self._workers = Workers(core, self._transport, self._user, self._sessions)
         self._admin = Admin(core, self._transport)

@@ -205,11 +205,12 @@ class BackupBook:
         if total > r.room():
             self._grow(tag, total - r.room())
         pieces = r.pieces if spans == r.layout else self._place(r, spans)
-        both = getattr(self.mover, "to_host_checksum", None)   # the copy and the checksum overlapped
-        if self.checksum_on and now is None and both is not None:
+        need = self.checksum_on and now is None
+        both = getattr(self.mover, "to_host_checksum", None) if need else None   # copy and checksum overlapped
+        if both is not None:
             now = both(spans, pieces)
         else:
-            if self.checksum_on and now is None:
+            if need:
                 now = self.mover.checksum(spans)
             self.mover.to_host(spans, pieces)
         r.layout, r.pieces, r.checksum = spans, pieces, now

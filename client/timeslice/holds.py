@@ -105,10 +105,10 @@ class Holds:
     """Acquire and yield, with the hooks around a hold and what lockd's profiles are sent."""
 
     def __init__(self, core: ClientCore, transport: Transport, user: UserCode, sessions: Sessions,
-                 withdrawals: Withdrawals, before_yield: Callable[[], Awaitable[None]] | None = None):
+                 withdrawals: Withdrawals, report_first: Callable[[], Awaitable[None]] | None = None):
         self.core, self.transport, self.user = core, transport, user
         self.sessions, self.withdrawals = sessions, withdrawals
-        self.before_yield = before_yield            # the agents' fresh reports (Workers.sync_reports)
+        self.report_first = report_first            # before a Yield: the agents' fresh reports (Workers.sync_reports)
         self._dangling: list[tuple[grpc.aio.Call, asyncio.Future]] = []
         # Per group: when our Acquire returned, and how long the last hold lasted as we saw it
         # (Acquire returned -> Yield called); sent with the next Acquire for lockd's profiles.
@@ -243,8 +243,8 @@ class Holds:
             await self.user.run(core.before_yield, held, name="before_yield")
         if core.release_cache:
             await self.user.blocking(release_framework_cache)
-        if self.before_yield is not None:
-            await self.before_yield()               # what grew inside the hold is reported first
+        if self.report_first is not None:
+            await self.report_first()               # what grew inside the hold is reported first
         await self.sessions.ensure()
         try:
             reply = await self.transport.invoke(Call.YIELD, lambda: core.yield_req(group_id, tok),

@@ -25,13 +25,9 @@ CTX = 64 << 10
 
 def reported(etcd, key_prefix) -> R.AgentValue:
     async def get():
-        c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
-        await c.connect()
-        try:
+        async with EtcdClient(EtcdConfig.parse(etcd.endpoints_str)) as c:
             r = await c.range(ops.range_req(Keys(key_prefix).agent(NODE)))
             return R.AgentValue.load(r.kvs[0].value)
-        finally:
-            await c.close()
     return asyncio.run(get())
 
 

@@ -79,10 +79,8 @@ def workers(stack):
 
 @pytest.fixture
 async def etcd_client(stack):
-    c = EtcdClient(EtcdConfig.parse(stack.etcd_endpoints))
-    await c.connect()
-    yield c
-    await c.close()
+    async with EtcdClient(EtcdConfig.parse(stack.etcd_endpoints)) as c:   # the stack's etcd, not the plugin's
+        yield c
 
 
 async def etcd_state(client: EtcdClient, keys: Keys, *ids: str) -> dict[bytes, tuple[bytes, int]]:
