@@ -12,7 +12,8 @@ For each size (``--gib``, one child process per size so each starts cold):
   ``--trips`` clean pauses (no copy) and resumes, timed, bytes checked after each;
 * **wrong claim**: the region is written while marked clean; the pause must catch it
   (``clean_mismatches`` 1), copy, and the resume bring back the written bytes;
-* **checksum**: one device checksum of the region alone, timed.
+* **checksum**: one full device checksum of the region alone, timed (``clean_parts``: the
+  one-pass clean checksum a clean pause runs, and the full one, warm).
 
     python -m benchmarks.gpu_pool_probe --gib 16,40 --out $OUT
 """
@@ -100,11 +101,13 @@ def child(gib: float, trips: int) -> dict:
     mem.mark_clean("weights")
     row["first_clean"] = trip("first under the promise")
     row["clean"] = [trip("clean") for _ in range(trips)]
-    # Where a clean pause goes: finding the spans, the checksum (warm); the rest is the release.
-    row["clean_parts"] = {"spans_s": statistics.median(_timed(lambda: mem.book.mover.spans("weights"))
-                                                       for _ in range(5)),
-                          "checksum_s": statistics.median(_timed(lambda: mem.book.mover.checksum(spans))
-                                                          for _ in range(5))}
+    # Where a clean pause goes: finding the spans, the clean checksum (warm); the rest is the release.
+    mover = mem.book.mover
+    row["clean_parts"] = {"spans_s": statistics.median(_timed(lambda: mover.spans("weights")) for _ in range(5)),
+                          "checksum_s": statistics.median(_timed(lambda: mover.clean_checksum(spans))
+                                                          for _ in range(5)),
+                          "full_checksum_s": statistics.median(_timed(lambda: mover.checksum(spans))
+                                                               for _ in range(5))}
     ws[0][:1024] += 1.0                          # written while promised clean
     torch.cuda.synchronize()
     want = _wsum(torch, ws)

@@ -249,6 +249,15 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
     return res
 
 
+def keep_logs(logdir: Path, dest: Path) -> str:
+    """A failed regime's logs (the jobs', the agent's, lockd's, etcd's), as one tarball beside the figures."""
+    import tarfile
+    with tarfile.open(dest, "w:gz") as tar:
+        for f in sorted(logdir.rglob("*.log")):
+            tar.add(f, arcname=str(f.relative_to(logdir)))
+    return dest.name
+
+
 def add_nvml(res: dict, dev: Device) -> None:
     """NVML duty over the regime's window (standalone: the two jobs' windows), and its steady part."""
     if res.get("sequential"):
@@ -324,7 +333,8 @@ def main(argv=None) -> int:
             add_nvml(res, dev)
             res["vs_standalone"] = F.ratios(res, base)
         except Exception as e:   # keep the other regimes' figures: the failure is a result too
-            res = {"regime": regime, "error": f"{type(e).__name__}: {str(e)[-2000:]}"}
+            res = {"regime": regime, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
+                   "logs": keep_logs(workdir / regime, Path(a.out) / f"{name}_{regime}_logs.tar.gz")}
             failed.append(regime)
         doc["regimes"][regime] = res
         save()

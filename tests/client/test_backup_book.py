@@ -146,3 +146,58 @@ def test_spans_that_changed_while_paused_cannot_be_put_back():
     r.pause("w")
     with pytest.raises(BackupError, match="spans changed"):
         r.resume("w", 2 * MiB)
+
+
+class TwoSumMover(SimMover):
+    """The simulated copier with a cheaper clean check beside its full checksum, as TorchMover has
+    (here: the byte sum of each 4 KiB block, which a permutation inside one block keeps)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls = {"full": 0, "clean": 0}
+
+    def checksum(self, spans):
+        self.calls["full"] += 1
+        return super().checksum(spans)
+
+    def clean_checksum(self, spans):
+        self.calls["clean"] += 1
+        out = []
+        for addr, n in spans:
+            b = memoryview(self._buf(addr))[:n]
+            out.append([sum(b[i:i + 4096]) for i in range(0, n, 4096)])
+        return repr(out)
+
+
+def test_a_clean_pause_runs_the_movers_one_pass_clean_check_and_every_resume_the_full_one():
+    r = Rig({"w": MiB})
+    r.mover = r.book.mover = TwoSumMover(r.dev, r.pool)
+    r.book.mark_clean("w")
+    r.pause("w")                                    # copies: records both checksums
+    r.resume("w", MiB)
+    r.mover.calls.update(full=0, clean=0)
+    assert r.pause("w") == 0
+    assert r.mover.calls == {"full": 0, "clean": 1}     # the clean pause: the one pass alone
+    r.resume("w", MiB)
+    assert r.mover.calls == {"full": 1, "clean": 1}     # the resume: verified with the full one
+    r.dev["w"][5000] ^= 0x01                          # written while promised clean: a block's sum moves
+    written = bytes(r.dev["w"])
+    assert r.pause("w") == MiB and r.book.stats["clean_mismatches"] == 1
+    r.resume("w", MiB)
+    assert bytes(r.dev["w"]) == written
+
+
+def test_what_the_clean_check_cannot_see_comes_back_as_copied_and_the_full_checksum_still_holds():
+    """The documented blind spot: bytes permuted within one block under a clean promise."""
+    r = Rig({"w": MiB})
+    r.mover = r.book.mover = TwoSumMover(r.dev, r.pool)
+    r.book.mark_clean("w")
+    r.pause("w")
+    r.resume("w", MiB)
+    copied = bytes(r.dev["w"])
+    r.dev["w"][10], r.dev["w"][11] = r.dev["w"][11], r.dev["w"][10]
+    if r.dev["w"][10] == r.dev["w"][11]:
+        pytest.skip("the two bytes are equal")
+    assert r.pause("w") == 0                        # not seen: the promise is taken
+    r.resume("w", MiB)                              # and the resume's full check passes: the pool is intact
+    assert bytes(r.dev["w"]) == copied and r.book.stats["verified"] == 2

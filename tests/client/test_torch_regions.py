@@ -31,7 +31,7 @@ def test_live_blocks_of_the_regions_pool_merged_within_a_segment_never_across():
 
 def test_the_checksum_sees_a_changed_word_and_words_moved_within_a_row_across_rows_and_across_spans():
     torch = __import__("pytest").importorskip("torch", reason="needs the test extra (torch)")
-    from timeslice.torch_regions import MAX_COLS, Sums
+    from timeslice.torch_regions import MAX_COLS, ROW_WORDS, Sums
 
     def digest(*tensors):
         s = Sums(torch)
@@ -61,3 +61,38 @@ def test_the_checksum_sees_a_changed_word_and_words_moved_within_a_row_across_ro
     assert changed(lambda x, y, z: swap(x, 0, 0, y)) != base                             # across spans
     assert changed(lambda x, y, z: z.__setitem__(2, 99)) != base                         # the unaligned span
     assert digest(b, a, odd) != base                                                     # the spans' order
+    assert changed(lambda x, y, z: swap(x, 3, ROW_WORDS + 3)) != base                   # two 4 KiB rows
+
+
+def test_the_clean_checksum_sees_changes_and_moves_between_4k_rows_and_says_what_it_cannot_see():
+    torch = __import__("pytest").importorskip("torch", reason="needs the test extra (torch)")
+    from timeslice.torch_regions import ROW_WORDS, Sums
+
+    def both(*tensors, cols=True):
+        s = Sums(torch, cols=cols)
+        for t in tensors:
+            s.add(t.view(torch.uint8))
+        return s.digests([t.numel() * t.element_size() for t in tensors])
+
+    g = torch.Generator().manual_seed(5)
+    a = torch.randint(-2**62, 2**62, (8 * ROW_WORDS,), generator=g, dtype=torch.int64)
+    b = torch.randint(-2**62, 2**62, (ROW_WORDS + 64,), generator=g, dtype=torch.int64)   # a short last row
+    full, clean = both(a, b)
+    assert both(a, b, cols=False) == (clean, clean)                    # one pass gives the same clean digest
+    assert full != clean
+
+    def after(fn):
+        x, y = a.clone(), b.clone()
+        fn(x, y)
+        return both(x, y)
+
+    def swap(x, i, j):
+        xi = x[i].clone()
+        x[i] = x[j]
+        x[j] = xi
+    assert after(lambda x, y: x.__setitem__(7, x[7] ^ 1))[1] != clean               # one word
+    assert after(lambda x, y: y.__setitem__(ROW_WORDS + 1, 0))[1] != clean          # in the short last row
+    assert after(lambda x, y: swap(x, 2, 2 * ROW_WORDS + 9))[1] != clean            # across 4 KiB rows
+    assert both(b, a)[1] != clean                                                   # the spans' order
+    moved = after(lambda x, y: swap(x, 2, 9))                                       # within one 4 KiB row:
+    assert moved[1] == clean and moved[0] != full                                   # only the full one sees it
