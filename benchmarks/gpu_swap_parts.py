@@ -200,6 +200,15 @@ def _copies(torch, mem, tms, mover, spans, pieces, plain) -> dict:
         cycle()
         time.sleep(0.2)
         slept.append(_t(lambda: mover.to_device(spans, pieces))[0])
+    gap = []                                    # 200 ms between the release and the map
+    for _ in range(3):
+        tms.pause("weights")
+        sync()
+        time.sleep(0.2)
+        tms.resume("weights")
+        sync()
+        gap.append(_t(lambda: mover.to_device(spans, pieces))[0])
+    out["tms_h2d_200ms_after_release_s"] = statistics.median(gap)
     out.update(tms_first_h2d_s=statistics.median(first), tms_again_h2d_s=statistics.median(again),
                tms_first_h2d_verify_overlapped_s=statistics.median(first_ck),
                tms_h2d_after_200ms_s=statistics.median(slept))
