@@ -15,7 +15,10 @@ The swap for head job B (token t), per node of the group, GPU by GPU
   1. jobs other than B resident on a GPU where B does not fit beside them (also
      one paused in part, or of unknown state) → snapshot intents for them
      (carrying t); wait for the agent's reports; a job that holds a group on
-     those devices is never snapshotted: B waits;
+     those devices is never snapshotted: B waits; one this swap paused already
+     and still in the way is asked for more (the rest of its regions after a
+     selective pause, then its residue), and once nothing is left to take, B's
+     restore goes to the agent (it admits on exact figures) or B fails in time;
   2. B snapshotted on the node → restore intent for B; wait;
   3. a strict group: every other job left on its GPUs frozen in place (lockd.strict);
      B frozen (by an earlier strict handoff) → thaw intent for B (beside the freezes); wait;
@@ -257,8 +260,11 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                 actions += [_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL) for j in rest]
                 pending = True
                 continue
+        rest_ok = not R.checkpoints_rest(spec.isolation)
         if refused_restore is not None:
-            step = _after_refused_restore(ns, node, head_job, head_kv, token, evict, refused_restore,
+            asks = [a for j in evict if not isinstance(
+                a := _snapshot(ns, node, j, token, 0, rest_ok and not _collective(view, jobs, j)), _Done)]
+            step = _after_refused_restore(ns, node, head_job, head_kv, token, asks, refused_restore,
                                           now_ms, policy)
             if isinstance(step, FailWaiter):
                 return [step]
@@ -268,12 +274,26 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if evict:
             # How much each must free: a cooperative worker then releases only that much
             # (discard regions first); 0 = everything (unknown need, or a refused restore).
-            room = {j: 0 if need is None or refused_restore is not None else
+            room = {j: 0 if need is None else
                     sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
                     for j in evict}
-            actions += [_intent(ns, node, j, R.SNAPSHOT, token, room[j]) for j in evict]
-            pending = True
-            continue
+            asks = [a for j in evict if not isinstance(
+                a := _snapshot(ns, node, j, token, room[j], rest_ok and not _collective(view, jobs, j)), _Done)]
+            if asks:
+                actions += asks
+                pending = True
+                continue
+            # Everything this swap can take from them is taken, and by our figures the head is still
+            # short (what they keep outside their regions, figures not refreshed yet). A head to
+            # restore asks the agent, which admits on exact figures (a refusal is retried, then fails
+            # the head with the agent's reason); any other head waits, within the swap timeout.
+            if b_where != "snapshotted":
+                if now_ms - R.QueueValue.load(head_kv.value).enqueued_ms >= policy.swap_timeout_ms:
+                    return [FailWaiter(head_job, token, lease, node=node, reason=(
+                        f"no room for job {head_job} on node {node}: jobs {', '.join(evict)} were paused "
+                        f"for it and the devices are still short"))]
+                pending = True
+                continue
         freeze = S.to_freeze(spec.isolation, ns, node, view.group_gpus(entry), residents, token, view, holding)
         if freeze:
             # Strict: those left beside B run nothing until they acquire again; B waits for the agent.
@@ -294,14 +314,16 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 
-def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int, residents: list[str],
-                           refused, now_ms: int, policy: Policy) -> list[Action] | FailWaiter | None:
+def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, token: int,
+                           asks: list[WriteIntent | None], refused, now_ms: int,
+                           policy: Policy) -> list[Action] | FailWaiter | None:
     """The agent refused the head's restore for lack of room (it admits per GPU, on fresher
-    figures than ours). Make room by evicting the residents of the head's GPUs; else retry
-    every ``refused_retry_ms`` (memory held by an exiting process comes back) until the
-    waiter has waited ``swap_timeout_ms``; then fail it with the agent's reason. None = wait."""
-    if residents:
-        return [a for a in (_intent(ns, node, j, R.SNAPSHOT, token) for j in residents) if a is not None]
+    figures than ours). Make room by evicting the residents of the head's GPUs (``asks``: what
+    is still to take from them); else retry every ``refused_retry_ms`` (memory held by an
+    exiting process comes back) until the waiter has waited ``swap_timeout_ms``; then fail it
+    with the agent's reason. None = wait."""
+    if asks:
+        return [a for a in asks if a is not None]
     st = status_of(ns, head_job)
     retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision)
     if _evicted_since(ns, token, refused):
@@ -316,6 +338,42 @@ def _evicted_since(ns: NodeState, token: int, refused) -> bool:
     """A snapshot of this swap was written after the head's restore was refused (retry the restore)."""
     return any(kv.mod_revision > refused.mod_revision and (i := R.IntentValue.load(kv.value)).op == R.SNAPSHOT
                and i.token == token for kv in ns.intents.values())
+
+
+class _Done:
+    """_snapshot's answer: nothing more this swap can take from the job."""
+
+
+_DONE = _Done()
+
+
+def _snapshot(ns: NodeState | None, node: str, job: str, token: int, need_bytes: int,
+              may_checkpoint_rest: bool) -> WriteIntent | _Done | None:
+    """The snapshot intent that makes ``job`` free (more) room for this swap's head.
+
+    A job this swap paused already (its snapshot intent of this token answered ok) that is still
+    in the way is asked for more, one step at a time: the rest of its regions (need 0) after a
+    selective pause; then, where allowed, the checkpoint of what it keeps outside them (its
+    residue, ``R.ISOLATION_FULL``). Past that ``_DONE``. Without this the planner saw its own
+    intent "already issued" and waited for a report that was in: nothing written, no grant, ever."""
+    kv = ns.intents.get(job) if ns else None
+    cur = R.IntentValue.load(kv.value) if kv is not None else None
+    st = status_of(ns, job)
+    if (kv is None or cur is None or cur.op != R.SNAPSHOT or cur.token != token or st is None
+            or st.intent_revision != kv.mod_revision or st.outcome != R.OK):
+        return _intent(ns, node, job, R.SNAPSHOT, token, need_bytes)
+    if st.state != R.SNAPSHOTTED:
+        return None        # answered ok, yet not parked (a stale read): wait for the agent's next word
+    if cur.need_bytes > 0:
+        return WriteIntent(node, job, R.SNAPSHOT, token, kv.mod_revision, 0)
+    if may_checkpoint_rest and not R.checkpoints_rest(cur.isolation):
+        return WriteIntent(node, job, R.SNAPSHOT, token, kv.mod_revision, 0, R.ISOLATION_FULL)
+    return _DONE
+
+
+def _collective(view: NodeView, jobs: dict[str, JobState], job: str) -> bool:
+    """A job with a collective worker: a driver checkpoint of its CUDA IPC / NCCL context loses it."""
+    return any(w.collective for w in view.workers(jobs.get(job)))
 
 
 def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int,

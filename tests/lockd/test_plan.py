@@ -529,3 +529,54 @@ def test_a_head_to_restore_asks_the_agent_before_a_residue_is_checkpointed():
                                                 error="no room"), mod=41)
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
     assert a == P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL), a
+
+
+def test_a_selective_pause_that_left_too_little_is_asked_for_the_rest_not_waited_on_forever():
+    """Found on the H200 (two 7B jobs): A's selective pause of this swap (asked for 30 GB) was done,
+    but A still held 17 GB beside the head, which needed a little more than was then free. The
+    planner wanted another snapshot of A, saw this swap's snapshot intent of A already written, and
+    waited for its report, which was in: no intent, no grant, until a job's timeout killed it."""
+    jobs = workers("A", "B")
+    need = intent_need("A", 9, mod=30, need=30 * GB)
+    ns = NodeState(agent=agent_seen(14 * GB, job_bytes={"A": 17 * GB, "B": 2 * GB},
+                                    job_gpus={"A": {"gpu0": 17 * GB}, "B": {"gpu0": 2 * GB}}, total=64 * GB),
+                   intents={"A": need},
+                   statuses={"A": kv("st/A", R.StatusValue(R.SNAPSHOTTED, "A", op=R.SNAPSHOT, outcome=R.OK,
+                                                           intent_revision=30, token=9, bytes=30 * GB,
+                                                           device_bytes=30 * GB, gpu_bytes={"gpu0": 30 * GB})),
+                             "B": snap("B", {"gpu0": 30 * GB})})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 30, need_bytes=0)], acts
+    assert acts[0].need_bytes == 0                                  # the rest of A this time
+    # That one done too, and A still in the way (what it keeps outside its regions): the head's
+    # restore goes to the agent, which admits on exact figures (refusals retried, then failed
+    # with the reason): never a wait with nothing written.
+    ns.intents["A"] = kv("in/A", R.IntentValue(R.SNAPSHOT, "A", "g", 9, 7, 1000), create=30, mod=40)
+    ns.statuses["A"] = kv("st/A", R.StatusValue(R.SNAPSHOTTED, "A", op=R.SNAPSHOT, outcome=R.OK, intent_revision=40,
+                                                token=9, bytes=15 * GB, device_bytes=45 * GB,
+                                                gpu_bytes={"gpu0": 45 * GB}))
+    ns.agent = agent_seen(28 * GB, job_bytes={"A": 2 * GB, "B": 2 * GB},
+                          job_gpus={"A": {"gpu0": 2 * GB}, "B": {"gpu0": 2 * GB}}, total=64 * GB)
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
+    assert acts and all(isinstance(a, P.WriteIntent) for a in acts), acts
+    assert P.WriteIntent("n1", "B", R.RESTORE, 9, 0) in acts or any(a.job == "A" and a.isolation for a in acts)
+
+
+def intent_need(job, token, mod, need):
+    return kv(f"in/{job}", R.IntentValue(R.SNAPSHOT, job, "g", token, 7, 1000, need_bytes=need), create=mod, mod=mod)
+
+
+def test_a_head_still_short_after_all_was_taken_from_the_others_fails_with_the_reason_in_time():
+    """Nothing more to take (A's regions and its residue are gone, the meter still shows it in the way)
+    and a head with nothing to restore: it waits within the swap timeout, then fails saying why."""
+    jobs = workers("A", "B")
+    done = kv("in/A", R.IntentValue(R.SNAPSHOT, "A", "g", 9, 7, 1000, isolation=R.ISOLATION_FULL), create=30, mod=40)
+    ns = NodeState(agent=agent_seen(10 * GB, job_bytes={"A": 3 * GB}, job_gpus={"A": {"gpu0": 3 * GB}}),
+                   intents={"A": done},
+                   statuses={"A": kv("st/A", R.StatusValue(R.SNAPSHOTTED, "A", op=R.SNAPSHOT, outcome=R.OK,
+                                                           intent_revision=40, token=9, device_bytes=20 * GB,
+                                                           gpu_bytes={"gpu0": 20 * GB}))})
+    g = group([("B", 9, 20 * GB)])
+    assert P.plan_group(g, {"n1": ns}, jobs, 0) == []
+    [f] = P.plan_group(g, {"n1": ns}, jobs, 10 ** 9)
+    assert isinstance(f, P.FailWaiter) and f.job == "B" and "no room" in f.reason, f
