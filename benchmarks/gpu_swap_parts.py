@@ -85,20 +85,7 @@ def _driver(n: int, size: int) -> dict:
 
 
 def _checksums(torch, mover, spans) -> dict:
-    from timeslice.torch_regions import Sums
     dev = mover._dev
-
-    def sums2():
-        s = Sums(torch)
-        for a, n in spans:
-            s.add(dev(a, n))
-        return s.digest([n for _, n in spans])
-
-    def rows_only():
-        parts = [dev(a, n).view(torch.int64).view(-1, 1 << 16).sum(1) for a, n in spans]
-        r = torch.cat(parts)
-        i = torch.arange(r.numel(), device=r.device)
-        return repr(torch.stack([r.sum(), (r * i).sum()]).tolist())
 
     w = {k: torch.randint(1, 127, (k, 8), dtype=torch.int8, device="cuda") for k in (4096, 16384)}
 
@@ -121,8 +108,9 @@ def _checksums(torch, mover, spans) -> dict:
             return repr(torch.stack([o.sum(0), (o * i).sum(0)]).tolist())
         return run
 
-    cands = {"sums2 (today)": sums2, "rows only": rows_only,
-             "rows 512 words": lambda: _rows(torch, dev, spans, 512),
+    cands = {"sums2 (today)": lambda: mover.checksum(spans),
+             "rows only": lambda: _rows(torch, dev, spans, 1 << 16),
+             "rows 512 words": lambda: mover.clean_checksum(spans),
              "rows 4096 words": lambda: _rows(torch, dev, spans, 4096), "int_mm k4096": int_mm(4096, False),
              "int_mm k4096 colmajor": int_mm(4096, True), "int_mm k16384 colmajor": int_mm(16384, True),
              "int_mm_rows k16384": int_mm_rows(16384)}
@@ -172,8 +160,7 @@ def _copies(torch, mem, tms, mover, spans, pieces, plain) -> dict:
     out: dict = {}
     out["plain_h2d_s"] = med(lambda: mover.to_device(pspans, pieces))
     out["plain_h2d_verify_overlapped_s"] = med(lambda: mover.to_device_checksum(pspans, pieces))
-    out["plain_h2d_then_rows512_s"] = med(lambda: (mover.to_device(pspans, pieces),
-                                                  _rows(torch, mover._dev, pspans, 512)))
+    out["plain_h2d_then_rows512_s"] = med(lambda: (mover.to_device(pspans, pieces), mover.clean_checksum(pspans)))
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     flat = [(e, i) for ps in pieces for i, e in enumerate(ps)]
 

@@ -40,7 +40,7 @@ from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
-from timeslice.lockd.residency import RESIDENT, parked_left, residency, residue_holders, unfenced
+from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
 
 
 @dataclass(frozen=True)
@@ -260,10 +260,15 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                 actions += [_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL) for j in rest]
                 pending = True
                 continue
-        rest_ok = not R.checkpoints_rest(spec.isolation)
+        # How much each must free: a cooperative worker then releases only that much
+        # (discard regions first); 0 = everything (unknown need, or a refused restore).
+        room = {j: 0 if need is None or refused_restore is not None else
+                sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
+                for j in evict}
+        asks = [a for j in evict if not isinstance(
+            a := _snapshot(ns, node, j, token, room[j], may_checkpoint_rest(view, jobs.get(j), spec.isolation)),
+            _Done)]
         if refused_restore is not None:
-            asks = [a for j in evict if not isinstance(
-                a := _snapshot(ns, node, j, token, 0, rest_ok and not _collective(view, jobs, j)), _Done)]
             step = _after_refused_restore(ns, node, head_job, head_kv, token, asks, refused_restore,
                                           now_ms, policy)
             if isinstance(step, FailWaiter):
@@ -272,13 +277,6 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             pending = True
             continue
         if evict:
-            # How much each must free: a cooperative worker then releases only that much
-            # (discard regions first); 0 = everything (unknown need, or a refused restore).
-            room = {j: 0 if need is None else
-                    sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
-                    for j in evict}
-            asks = [a for j in evict if not isinstance(
-                a := _snapshot(ns, node, j, token, room[j], rest_ok and not _collective(view, jobs, j)), _Done)]
             if asks:
                 actions += asks
                 pending = True
@@ -369,11 +367,6 @@ def _snapshot(ns: NodeState | None, node: str, job: str, token: int, need_bytes:
     if may_checkpoint_rest and not R.checkpoints_rest(cur.isolation):
         return WriteIntent(node, job, R.SNAPSHOT, token, kv.mod_revision, 0, R.ISOLATION_FULL)
     return _DONE
-
-
-def _collective(view: NodeView, jobs: dict[str, JobState], job: str) -> bool:
-    """A job with a collective worker: a driver checkpoint of its CUDA IPC / NCCL context loses it."""
-    return any(w.collective for w in view.workers(jobs.get(job)))
 
 
 def _intent(ns: NodeState | None, node: str, job: str, op: str, token: int,

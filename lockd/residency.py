@@ -68,17 +68,22 @@ def residue_holders(view: NodeView, ns: NodeState | None, where: dict[str, str],
     (``StatusValue.residue_bytes``, the worker's own measure), and whose residue the checkpoint of
     full isolation may take: none in a group that checkpoints it at every pause already, and never
     a job with a ``collective`` worker (a driver restore of a CUDA IPC / NCCL context loses it)."""
-    if R.checkpoints_rest(isolation):
-        return []
     out = []
     for j, w in sorted(where.items()):
         st = status_of(ns, j)
         if w != "snapshotted" or st is None or st.residue_bytes <= 0:
             continue
         js = jobs.get(j)
-        if any(wk.collective for wk in view.workers(js)):
+        if not may_checkpoint_rest(view, js, isolation):
             continue
         on = view.placement(j, js, st) or view.all_gpus
         if on & set(gpus):
             out.append(j)
     return out
+
+
+def may_checkpoint_rest(view: NodeView, js: JobState | None, isolation: str) -> bool:
+    """May the checkpoint of full isolation take what a job keeps outside its regions? Not in a
+    group that checkpoints it at every pause already; never for a job with a ``collective``
+    worker (a driver restore of a CUDA IPC / NCCL context loses it)."""
+    return not R.checkpoints_rest(isolation) and not any(wk.collective for wk in view.workers(js))
