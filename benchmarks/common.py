@@ -22,8 +22,8 @@ import uuid
 import grpc
 
 from timeslice.auth import metadata_for
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient, EtcdConfig
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.testing import rawjob
 from timeslice.testing.etcd import EtcdCluster

@@ -102,7 +102,7 @@ def job_cmd(a, job: str, mode: str, events: str, target: str = "", collective: i
 
 
 def analyse(events: list[dict], label: str, sampler: GpuSampler | None) -> dict:
-    from timeslice.launcher.demo.analysis import union_length
+    from timeslice.lockd.report.figures import union_length
     gpu = sorted((e for e in events if e["ev"] == "phase" and e.get("gpu")), key=lambda e: e["start"])
     res = {"label": label, "gpu_phases": len(gpu), "violations": [],
            "acquire_failed": sorted({e["error"][:400] for e in events if e["ev"] == "acquire_failed"}),
@@ -163,7 +163,7 @@ def swap_times(agent, events: list[dict]) -> dict:
 
 def sim_device(a, workdir: str, name: str, capacity: int) -> tuple[str, dict]:
     """A SIMULATED node of ``a.gpus`` GPUs of ``capacity`` bytes each (--sim dry runs)."""
-    from timeslice.nodeagent.sim.device import SimDevice
+    from timeslice.common.sim.device import SimDevice
     d, host = os.path.join(workdir, f"sim-{name}"), os.path.join(workdir, f"host-{name}")
     SimDevice(d, host, capacity_bytes=capacity, gpus=a.gpus)
     return d, {"TIMESLICE_SIM_HOST_DIR": host}
@@ -255,7 +255,7 @@ def table(doc: dict) -> str:
     for r in doc["results"]:
         rows.append(f"{r['label']:40} {r.get('wall_s', 0):7.1f} {r.get('duty_cycle', 0):6.0%} "
                     f"{r.get('restored_phases', 0):8d} {r.get('elided', 0):6d} {r.get('bytes_moved', 0) / GB:8.1f} "
-                    f"{r.get('refused_restores', 0):7d} {str(not any('all-reduce' in v for v in r['violations'])):>5} "
+                    f"{r.get('refused_restores', 0):7d} {not any('all-reduce' in v for v in r['violations'])!s:>5} "
                     f"{len(r['violations']):4d}")
         for g, ops in (r.get("per_gpu_s") or {}).items():
             rows.append("    " + g + ": " + ", ".join(f"{op} {x['mean']:.2f}s mean / {x['max']:.2f}s max (n={x['n']})"
@@ -288,7 +288,7 @@ def driver_main(a) -> int:
     for regime in [r for r in a.regimes.split(",") if r]:
         try:
             doc["results"].append(run_sliced(a, sampler, workdir, regime))
-        except Exception as e:  # noqa: BLE001 - keep the other regimes' figures; a failure is a result
+        except Exception as e:
             doc["results"].append({"label": f"time-sliced, {regime}", "violations": [f"run failed: {e!r}"]})
         print(json.dumps(doc["results"][-1]), flush=True)
         save()

@@ -98,7 +98,7 @@ class SimRank:
     UNIT = 1 << 20                                      # --mem-gb counts MiB on the simulator
 
     def __init__(self, a):
-        from timeslice.nodeagent.sim.client import SimDeviceClient
+        from timeslice.sim.runtime import SimDeviceClient
         self.a = a
         self.dev = SimDeviceClient.open(a.sim_dir, gpu=a.rank)
         self.nbytes = max(1, int(a.mem_gb * self.UNIT))
@@ -233,7 +233,7 @@ def gather(ranks: list[Rank], deadline_s: float) -> list[dict]:
     def one(i: int) -> None:
         try:
             out[i] = ranks[i].read()
-        except BaseException as e:  # noqa: BLE001 - re-raised below
+        except BaseException as e:
             out[i] = e
 
     ts = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(len(ranks))]
@@ -311,13 +311,13 @@ def job_main(a) -> int:
                 except TimeoutError as e:
                     rec(ev="hung", phase=name, error=str(e))
                     raise
-                except Exception as e:  # noqa: BLE001 - a refused swap is a result (collective-refused)
+                except Exception as e:
                     from timeslice.errors import SwapFailedError
                     if not isinstance(e, SwapFailedError):
                         raise
                     rec(ev="acquire_failed", phase=name, error=str(e)[:2000])
                     time.sleep(a.gen_s)
-    except Exception as e:  # noqa: BLE001 - the driver reports it
+    except Exception as e:
         rec(ev="error", error=f"{type(e).__name__}: {str(e)[:2000]}")
         rc = 1
     rec(ev="done", wall=time.monotonic() - t_start)

@@ -169,8 +169,8 @@ class Device:
     def prepare(self, alone: list[dict], a) -> dict:
         """Make the pair not fit side by side; returns what was done."""
         if self.dry_run:
-            from timeslice.nodeagent.sim.device import SimDevice
-            from timeslice.nodeagent.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
+            from timeslice.common.sim.device import SimDevice
+            from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
             states = [d["state_bytes"] for d in alone]
             cap = 2 * ctx + max(states) + min(states) // 2    # both contexts and one job, never both jobs
             sim = self.workdir / "sim"

@@ -38,7 +38,7 @@ import tempfile
 import threading
 import time
 
-from timeslice.launcher.demo.analysis import union_length
+from timeslice.lockd.report.figures import union_length
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.etcd import EtcdCluster
 from timeslice.testing.lockd import LockdCluster

@@ -35,9 +35,9 @@ import sys
 
 from benchmarks import common as C
 from benchmarks import procstats as P
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient, EtcdConfig
-from timeslice.common.etcd.watch import Watch
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.server.etcd.watch import Watch
 from timeslice.proto import lockd_pb2 as pb
 
 GROUP = "bench-handoff"

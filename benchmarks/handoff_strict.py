@@ -37,11 +37,11 @@ from benchmarks import common as C
 from benchmarks import procstats as P
 from benchmarks.handoff import one_handoff
 from timeslice.auth import metadata_for
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient, EtcdConfig
-from timeslice.common.keys import Keys
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.testing.agent import AgentProcess, SimWorker
 

@@ -5,7 +5,7 @@ For each of ``--mixes`` random job mixes (phase lengths, footprints, jitter):
 
 1. **baseline**: the jobs in arrival order, two per simulated GPU (one group
    per GPU), run for ``--run-s``; lockd's leader records their profiles;
-2. **advise** from those live profiles (``timeslice.placement.grouping``, as
+2. **advise** from those live profiles (``timeslice.advise.grouping``, as
    the CLI does): a proposal and its predicted duty, and the prediction for
    today's (the baseline) grouping;
 3. **advised**: the same jobs grouped as proposed, run again.
@@ -13,7 +13,7 @@ For each of ``--mixes`` random job mixes (phase lengths, footprints, jitter):
 Measured duty cycle: per group, the union of the jobs' GPU phases (from each
 job's grant to its yield, as the job saw them) over the window after the
 warm-up, weighted by GPUs over the GPUs in use (the demo's definition,
-``placement.simulate.union_length``). Reported: predicted vs measured for
+``common/intervals.py``). Reported: predicted vs measured for
 both groupings (target: within 5 points), the gain of advised over baseline,
 and each job's predicted vs measured slowdown (its step against its
 configured solo step, hold + gap).
@@ -38,10 +38,10 @@ from pathlib import Path
 
 from benchmarks import common as C
 from timeslice import OrchestratorClient
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.placement.grouping import Advice, Options, advise
-from timeslice.placement.profile import ProfileSet
-from timeslice.placement.simulate import duty
+from timeslice.advise.grouping import Advice, Options, advise
+from timeslice.advise.profile import ProfileSet
+from timeslice.common.intervals import duty
+from timeslice.common.sim.device import SimDevice
 from timeslice.testing.agent import AgentProcess
 
 NODE = "bench-node"

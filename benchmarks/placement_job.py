@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1, all_threads=True)    # the benchmark asks a stuck job where it is
 
     from timeslice import OrchestratorClient
-    from timeslice.common import logs
-    from timeslice.nodeagent.sim.client import SimDeviceClient
+    from timeslice.common.server import logs
+    from timeslice.sim.runtime import SimDeviceClient
     logs.configure("placement-job", "warning", json=False, stream=sys.stderr)
     rnd = random.Random(a.seed)
 

@@ -30,11 +30,11 @@ import time
 from collections import deque
 
 import grpc
-from timeslice.proto import lockd_pb2 as pb
-from timeslice.proto import lockd_pb2_grpc as pbg
 
 from benchmarks import common as C
 from benchmarks.handoff import one_handoff
+from timeslice.proto import lockd_pb2 as pb
+from timeslice.proto import lockd_pb2_grpc as pbg
 
 GROUP = "bench-polling"
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 
-from timeslice.launcher.demo.analysis import union_length
+from timeslice.lockd.report.figures import union_length
 
 GiB = float(1 << 30)
 

@@ -34,8 +34,8 @@ import sys
 from benchmarks import common as C
 from benchmarks import procstats as P
 from benchmarks.handoff import GroupObserver
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient, EtcdConfig
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient, EtcdConfig
 
 TARGET_GPS = 500
 

@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import grpc
 
 from chaos_tests.history import HistoryRecorder
-from timeslice.nodeagent.sim.coop import DEFAULT_CONTEXT_BYTES, SimCooperativeMemory
 from timeslice.proto import lockd_pb2 as pb
+from timeslice.sim.coop import DEFAULT_CONTEXT_BYTES, SimCooperativeMemory
 from timeslice.testing.rawjob import GiveUp, RawJob
 
 STAMP = 48
@@ -132,7 +132,7 @@ class SimCoopWorkerDevice:
     # -- the first grant -------------------------------------------------------------------
     async def _first_fill(self, group: str) -> None:
         """The scheduler made room: put our memory on the device, open the channel, register."""
-        from timeslice.channel import ChannelError
+        from timeslice.common.channel import ChannelError
         from timeslice.cooperative import CooperativeWorker
 
         try:
@@ -179,7 +179,7 @@ class SimCoopWorkerDevice:
 
     # -- every later grant -----------------------------------------------------------------
     def _check_and_stamp(self, group: str, token: int) -> None:
-        from timeslice.nodeagent.backends.errors import IllegalState
+        from timeslice.common.device_errors import IllegalState
 
         assert self.mem is not None
         bad = []

@@ -30,7 +30,7 @@ class SimWorkerDevice:
     backend = "checkpoint"
 
     def __init__(self, a: argparse.Namespace, job: RawJob, rec: HistoryRecorder):
-        from timeslice.nodeagent.sim.client import SimDeviceClient
+        from timeslice.sim.runtime import SimDeviceClient
 
         self.a, self.job, self.rec = a, job, rec
         self.dev = SimDeviceClient.open(a.sim_dir)    # the arena comes with the first grant
@@ -48,7 +48,7 @@ class SimWorkerDevice:
         Back: the arena whole and the process not checkpointed. A process still locked (frozen
         after a lost session, thawed a moment after it re-registered) has its memory on the
         device; if it stays locked, the section's data check says so after ``--device-timeout``."""
-        from timeslice.nodeagent.sim.device import CHECKPOINTED
+        from timeslice.common.sim.device import CHECKPOINTED
 
         if not self.expected_sha or self.lost:
             return None

@@ -88,7 +88,7 @@ class HistoryRecorder:
         with self._lock:
             self._file.close()
 
-    def __enter__(self) -> "HistoryRecorder":
+    def __enter__(self) -> HistoryRecorder:
         return self
 
     def __exit__(self, *exc) -> None:

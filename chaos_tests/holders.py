@@ -17,7 +17,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from timeslice.common.keys import Keys
+from timeslice.common.server.keys import Keys
 
 ALL = frozenset({-1})                  # "every GPU of the node"
 
@@ -81,8 +81,8 @@ def check_holders_not_parked(events: Iterable[Event], keys: Keys) -> list[str]:
 
 async def etcd_history(client, keys: Keys, upto: int | None = None) -> list[Event]:
     """Every put/delete under the prefix from revision 1 to ``upto`` (default: now)."""
-    from timeslice.common.etcd import ops
-    from timeslice.common.etcd.watch import Watch
+    from timeslice.common.server.etcd import ops
+    from timeslice.common.server.etcd.watch import Watch
     if upto is None:
         upto = (await client.range(ops.range_req(keys.prefix.encode(), prefix=True, count_only=True))
                 ).header.revision

@@ -1,7 +1,7 @@
 """Writes down what the server granted and where jobs were parked, for the checker's ghost
 (claims.py) and cross-group (crossgroup.py) rules.
 
-A thread of the test process runs one resumable etcd watch (``timeslice.common.etcd``'s ``Watch``)
+A thread of the test process runs one resumable etcd watch (``timeslice.common.server.etcd``'s ``Watch``)
 on the whole prefix, so its events come in etcd's revision order, and records:
 
     grant_put   group, job, token     a group's grant was written (or rewritten)
@@ -32,7 +32,7 @@ import threading
 
 from chaos_tests.crossgroup import PARKED
 from chaos_tests.history import HistoryRecorder
-from timeslice.common.etcd import EtcdClient, EtcdConfig, Watch, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, Watch, ops
 
 
 class GrantObserver:

@@ -32,7 +32,7 @@ class SimNode:
         self.world, self.node = world, node
         root = Path(world.dir) / f"sim-{node}"
         self.sim, self.host = root / "dev", root / "host"
-        from timeslice.nodeagent.sim.device import SimDevice
+        from timeslice.common.sim.device import SimDevice
 
         SimDevice(self.sim, self.host, capacity_bytes=capacity)
         self.env = {"TIMESLICE_SIM_HOST_DIR": str(self.host)}

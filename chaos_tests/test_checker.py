@@ -268,7 +268,7 @@ def test_the_observer_records_specs_and_parkings_from_etcd(etcd, tmp_path):
     import time
 
     from chaos_tests.observer import GrantObserver
-    from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+    from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
 
     prefix = "/obs-test/"
 

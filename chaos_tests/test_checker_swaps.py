@@ -151,7 +151,7 @@ def test_the_observer_records_sessions_and_knows_the_orphans(etcd, tmp_path):
 
     from chaos_tests.history import load_history
     from chaos_tests.observer import GrantObserver
-    from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+    from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
 
     prefix = f"/obs-sessions-{time.monotonic_ns()}/"
 
@@ -191,7 +191,7 @@ def test_the_cooperative_worker_checks_its_regions_bytes_after_a_resume(tmp_path
     job's back (as a bad restore would) fails the job's data check; a released region fails it too."""
     from chaos_tests.coopdevice import RecordingCoopMemory, SimCoopWorkerDevice
     from chaos_tests.history import HistoryRecorder, load_history
-    from timeslice.nodeagent.sim.device import SimDevice
+    from timeslice.common.sim.device import SimDevice
 
     SimDevice(tmp_path / "sim", tmp_path / "host", capacity_bytes=16 << 20)
     rec = HistoryRecorder(str(tmp_path / "h"), name="client-A", job="A")

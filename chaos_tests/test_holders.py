@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from chaos_tests.holders import Event, check_holders_not_parked
-from timeslice.common.keys import Keys
+from timeslice.common.server.keys import Keys
 
 K = Keys("/t/")
 

@@ -201,7 +201,7 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     section that its device bytes are exactly what it left there
     (``data_check``); a grant made before the job's context is back fails it.
     """
-    from timeslice.nodeagent.sim.device import SimDevice
+    from timeslice.common.sim.device import SimDevice
     from timeslice.testing.agent import AgentProcess
 
     sim, host = tmp_path / "sim", tmp_path / "host"

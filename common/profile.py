@@ -2,7 +2,7 @@
 
 lockd builds them from its hold history (``timeslice.lockd.profiles``) and sends them in
 GetProfiles; ``timeslice profile`` and ``timeslice advise`` read them back (the client's
-``timeslice.placement.profile``), and a profile file carries the same fields. One record,
+``timeslice.advise.profile``), and a profile file carries the same fields. One record,
 so a figure added on one side is there on the other.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from timeslice.common.auth import TOKEN_FILE_NAME
+from timeslice.common.server.auth import TOKEN_FILE_NAME
 from timeslice.launcher import start as _start
 from timeslice.launcher import state as S
 from timeslice.launcher.etcd import EtcdNotFound, probe_healthy

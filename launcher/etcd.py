@@ -6,7 +6,7 @@ cluster with its old data. Health and leadership are read over etcd's HTTP
 endpoints (``/health`` and the gRPC gateway's ``/v3/...``), which 3.4 and 3.5
 serve on the client port: a poll costs one local HTTP request.
 
-Ports are picked free (``timeslice.common.netutil.free_port``) and may be taken by
+Ports are picked free (``timeslice.common.server.netutil.free_port``) and may be taken by
 someone else before etcd binds them; ``start_members`` then starts the
 members again on fresh ones (tenacity: a bounded number of attempts).
 """
@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import tenacity
 
-from timeslice.common.netutil import http_json
+from timeslice.common.server.netutil import http_json
 from timeslice.launcher.procs import Child, ChildFailed
 
 ETCD_BIN_ENV = "TIMESLICE_ETCD_BIN"

@@ -8,7 +8,7 @@ A child known only from ``cluster.json`` (another process started it) is
 identified by pid *and* start time (see ``pids``).
 
 The servers print one ``<TAG> key=value ...`` line once they serve (see
-``timeslice.common.logs``); every other line of their logs is a JSON event.
+``timeslice.common.server.logs``); every other line of their logs is a JSON event.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
-from timeslice.common.logs import parse_ready
+from timeslice.common.server.logs import parse_ready
 from timeslice.launcher.pids import same_process, signal_tree, start_time, terminate
 
 __all__ = ["Child", "ChildFailed", "ChildNotReady", "log_events", "read_ready_line", "same_process",

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from timeslice.common.keys import Keys, prefix_range_end
-from timeslice.common.netutil import http_json
+from timeslice.common.server.keys import Keys, prefix_range_end
+from timeslice.common.server.netutil import http_json
 from timeslice.launcher.procs import Child, log_events, read_ready_line
 
 

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from timeslice.common.keys import Keys
+from timeslice.common.server.keys import Keys
 
 ENV_FILE_VAR = "TIMESLICE_LOCAL_ENV"
 BACKENDS = ("auto", "cuda-driver", "cuda-checkpoint", "sim")

@@ -12,13 +12,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from timeslice.common.auth import (
+from timeslice.common.server.auth import (
     ENV_ADMIN_TOKEN,
     ENV_ADMIN_TOKEN_FILE,
     TOKEN_FILE_NAME,
     write_token_file,
 )
-from timeslice.common.netutil import free_port
+from timeslice.common.server.netutil import free_port
 from timeslice.launcher.etcd import (
     EtcdMember,
     find_etcd,
@@ -131,7 +131,7 @@ def agent_child(c: LocalCluster, eps: str, env: dict) -> NodeAgent:
         sim_dir=c.sim_dir, sim_capacity_bytes=s.sim_device_capacity_bytes,
         sim_checkpoint_gbps=s.sim_snapshot_bytes_per_s / 1e9, sim_restore_gbps=s.sim_restore_bytes_per_s / 1e9,
         # The cooperative channel lives in the run dir: jobs find it through $TIMESLICE_AGENT_SOCKET
-        # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.local). Attestation
+        # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.common.local). Attestation
         # is required, as in deploy/: the agent acts only on processes that proved over the channel
         # that they are the registering job's.
         channel_socket=socket, extra=["--require-attestation"] if c.require_attestation else [],

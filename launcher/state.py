@@ -9,7 +9,7 @@ processes are still alive and whose etcd answers.
 So that other commands find the cluster from any directory, ``remember``
 also leaves a pointer to the state file in a per-user folder
 (``$TIMESLICE_USER_STATE_DIR``, else ``$XDG_STATE_HOME/timeslice``, else
-``~/.local/state/timeslice``, spelled in ``timeslice.local``, which jobs read to find
+``~/.local/state/timeslice``, spelled in ``timeslice.common.local``, which jobs read to find
 their node agent's socket); ``find_running_anywhere`` looks there first.
 """
 from __future__ import annotations
@@ -19,10 +19,10 @@ import json
 import os
 from pathlib import Path
 
+from timeslice.common.local import pointers_dir
+from timeslice.common.local import user_dir as user_dir  # the job side reads the pointers too (timeslice.common.local)
 from timeslice.launcher.etcd import probe_healthy
 from timeslice.launcher.procs import Child
-from timeslice.local import pointers_dir
-from timeslice.local import user_dir as user_dir  # the job side reads the pointers too (timeslice.local)
 
 STATE_FILE = "cluster.json"
 VERSION = 1

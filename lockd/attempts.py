@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from aetcd import rpc
 
 from timeslice.common.errors import EtcdUnavailable, GuardFailed, LockError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.errors import Superseded
 
 #: Tries of the compare-and-swap before giving up (UNAVAILABLE: the client re-sends).

@@ -21,8 +21,8 @@ import argparse
 import hmac
 from dataclasses import dataclass
 
-from timeslice.common.auth import Authority, presented_token
-from timeslice.common.serving import env_flag, parse_bool
+from timeslice.common.server.auth import Authority, presented_token
+from timeslice.common.server.serving import env_flag, parse_bool
 from timeslice.lockd import peers
 from timeslice.lockd.errors import Unauthenticated
 from timeslice.lockd.tenants import TenantBook

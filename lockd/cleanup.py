@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd.index import GroupState, JobState, NodeState
 
 _EMPTY = frozenset({R.RUNNING, R.GONE, R.LOST})

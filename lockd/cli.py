@@ -6,8 +6,8 @@ import asyncio
 import os
 import sys
 
-from timeslice.common import logs
 from timeslice.common.errors import ConfigError
+from timeslice.common.server import logs
 from timeslice.common.version import __version__
 from timeslice.lockd import config as C
 

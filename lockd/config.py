@@ -12,14 +12,14 @@ import socket
 from dataclasses import dataclass, field
 
 from timeslice.common import defaults as D
-from timeslice.common.auth import load_admin_token
 from timeslice.common.errors import ConfigError
-from timeslice.common.etcd.client import EtcdConfig
-from timeslice.common.etcd.timing import ElectionTiming
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
-from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config
-from timeslice.common.serving import parse_bool as _bool
+from timeslice.common.server.auth import load_admin_token
+from timeslice.common.server.etcd.client import EtcdConfig
+from timeslice.common.server.etcd.timing import ElectionTiming
+from timeslice.common.server.keys import Keys
+from timeslice.common.server.serving import add_etcd_flags, env_flag, etcd_config
+from timeslice.common.server.serving import parse_bool as _bool
 from timeslice.lockd import callers
 from timeslice.lockd.callers import CallerConfig
 from timeslice.lockd.plan import Policy

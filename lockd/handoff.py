@@ -20,10 +20,10 @@ import dataclasses
 
 from aetcd import rpc
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.election import Leadership
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import plan as P
 from timeslice.lockd.index import StateIndex
 

@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 import structlog
 
-from timeslice.common import records as R
 from timeslice.common.errors import TimesliceError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.election import Leadership
+from timeslice.common.server.etcd.watch import WatchEvent
+from timeslice.common.server.keys import Keys
 
 log = structlog.get_logger(__name__)
 

@@ -12,9 +12,9 @@ from typing import TypeAlias
 
 from aetcd import rpc
 
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
-from timeslice.common.records import GrantValue, GroupSpec, StatusValue
+from timeslice.common.server.etcd.watch import WatchEvent
+from timeslice.common.server.keys import Keys
+from timeslice.common.server.records import GrantValue, GroupSpec, StatusValue
 
 KV: TypeAlias = rpc.KeyValue   # aetcd ships no type information: Any, named for the reader
 

@@ -14,13 +14,13 @@ from collections.abc import Callable
 import structlog
 
 from timeslice.common.errors import TimesliceError
-from timeslice.common.etcd.backoff import Backoff
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.election import Election, Leadership, wait_deposed
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.session import Session
-from timeslice.common.etcd.timing import ElectionTiming
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd.backoff import Backoff
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.election import Election, Leadership, wait_deposed
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.etcd.session import Session
+from timeslice.common.server.etcd.timing import ElectionTiming
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.metrics import Metrics
 from timeslice.lockd.plan import Policy

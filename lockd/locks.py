@@ -30,8 +30,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
-from timeslice import tracing
-from timeslice.common import records as R
+from timeslice.common import tracing
 from timeslice.common.errors import (
     EtcdUnavailable,
     GuardFailed,
@@ -42,13 +41,14 @@ from timeslice.common.errors import (
     SessionLost,
     StaleToken,
 )
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.queue import FifoQueue
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.election import Leadership
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.etcd.queue import FifoQueue
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import handoff as H
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK

@@ -2,7 +2,7 @@
 
 Each replica has its own registry so several replicas can run in one process
 (tests, benchmarks); ``serve`` exposes it on --metrics-port. Naming follows
-``timeslice.common.metrics_common``.
+``timeslice.common.server.metrics_common``.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from timeslice.common.metrics_common import LATENCY_BUCKETS, add_common
+from timeslice.common.server.metrics_common import LATENCY_BUCKETS, add_common
 
 _LAT = LATENCY_BUCKETS
 

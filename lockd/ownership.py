@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.errors import NotOwner, SystemProcess
 
 

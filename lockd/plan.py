@@ -7,7 +7,7 @@ with hand-made states, and a new leader simply calls it again on what etcd
 holds: every step is resumable because the state *is* the plan's input.
 
 The swap for head job B (token t), per node of the group, GPU by GPU
-(``lockd.placement``: where each job has a device context, free bytes per GPU;
+(``timeslice.lockd.occupancy``: where each job has a device context, free bytes per GPU;
 ``lockd.residency``: running, partly paused, unknown, snapshotted):
   0. B's state unknown to the agent (a cooperative worker not reconnected to it)
      → restore intent for B first: the agent answers once it has seen B's memory
@@ -34,12 +34,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
-from timeslice.lockd.placement import NodeView, is_protected, need_per_gpu
+from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
 from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
 
 

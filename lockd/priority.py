@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
+from timeslice.common.server import records as R
 from timeslice.lockd.index import KV, GroupState
 
 MAX_PRIORITY = 9                       # classes 0..9; 0 is the default and the lowest

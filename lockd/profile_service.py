@@ -8,10 +8,10 @@ revision costs nothing.
 """
 from __future__ import annotations
 
-from timeslice.common import records as R
-from timeslice.common.etcd.mirror import Reflector
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import profiles as P
 from timeslice.lockd.groups import Groups
 from timeslice.lockd.index import StateIndex

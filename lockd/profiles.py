@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from timeslice.common import records as R
 from timeslice.common.profile import SAMPLE_LISTS, ProfileFigures
+from timeslice.common.server import records as R
 
 DEFAULT_PHASES = 64
 

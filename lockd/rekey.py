@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 from aetcd import rpc
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.keys import Keys
 
 
 def moved_value(value: bytes, token: int) -> bytes:

@@ -5,13 +5,13 @@ import asyncio
 
 import structlog
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.election import Leadership
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.etcd.watch import WatchEvent
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.groups import Groups
 from timeslice.lockd.history import History

@@ -8,10 +8,10 @@ those whose state it cannot read (``AgentValue.job_unknown``).
 """
 from __future__ import annotations
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import JobState, NodeState, status_of
-from timeslice.lockd.placement import NodeView
+from timeslice.lockd.occupancy import NodeView
 
 RESIDENT = ("running", "partial", "unknown")      # residencies that hold memory on the device
 

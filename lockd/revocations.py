@@ -14,11 +14,11 @@ looks for a notice); a KeepAlive pays one small keys-only read.
 """
 from __future__ import annotations
 
-from timeslice.common import records as R
 from timeslice.common.errors import EtcdLeaseGone
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.errors import GroupRevoked
 
 MAX_LISTED = 64      # revoked groups a KeepAlive reply lists

@@ -12,12 +12,12 @@ import time
 
 import structlog
 
-from timeslice.common import records as R
 from timeslice.common.errors import NotLeader, OutcomeUnknown, TimesliceError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.election import Leadership
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.election import Leadership
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import plan as P
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK

@@ -11,9 +11,9 @@ import time
 
 import structlog
 
-from timeslice.common.auth import Authority
 from timeslice.common.errors import LockError, TimesliceError
-from timeslice.common.serving import rpc, stream_rpc
+from timeslice.common.server.auth import Authority
+from timeslice.common.server.serving import rpc, stream_rpc
 from timeslice.lockd import peers, traces
 from timeslice.lockd.callers import Callers
 from timeslice.lockd.errors import NotFound

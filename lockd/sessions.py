@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import structlog
 
-from timeslice.common import records as R
 from timeslice.common.errors import ConfigError, EtcdError, EtcdUnavailable, InvalidIdError, OutcomeUnknown, SessionLost
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
-from timeslice.common.serving import bounded
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
+from timeslice.common.server.serving import bounded
 from timeslice.lockd import slots as S
 from timeslice.lockd.errors import AlreadyExists, BadSecret, LimitExceeded
 from timeslice.lockd.index import StateIndex

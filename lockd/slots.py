@@ -21,10 +21,10 @@ import hashlib
 import random
 from collections.abc import Collection
 
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 
 SESSIONS = "sessions"
 #: Transactions one call makes while parallel calls keep taking the slot it picked.

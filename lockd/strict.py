@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd.index import NodeState, status_of
-from timeslice.lockd.placement import NodeView, is_protected
+from timeslice.lockd.occupancy import NodeView, is_protected
 
 
 def is_frozen(ns: NodeState | None, job: str) -> bool:

@@ -19,12 +19,12 @@ and everyone sees everything. Sans-IO except ``job_tenant``'s fallback read.
 """
 from __future__ import annotations
 
-from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.callers import Caller
 from timeslice.lockd.errors import Forbidden, NotFound, Unauthenticated
 from timeslice.lockd.index import StateIndex

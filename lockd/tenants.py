@@ -23,9 +23,9 @@ import stat
 
 import structlog
 
-from timeslice.common.auth import check_token
 from timeslice.common.errors import ConfigError, InvalidIdError
 from timeslice.common.ids import check_id
+from timeslice.common.server.auth import check_token
 
 log = structlog.get_logger(__name__)
 

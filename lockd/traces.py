@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from timeslice import tracing
-from timeslice.common import records as R
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
+from timeslice.common import tracing
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.watch import WatchEvent
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import priority as PR
 
 log = structlog.get_logger(__name__)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from timeslice.common.etcd.watch import WatchEvent
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd.watch import WatchEvent
+from timeslice.common.server.keys import Keys
 
 
 class Waiters:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import random
 
-from timeslice.common import records as R
 from timeslice.common.errors import EtcdUnavailable, InvalidIdError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import slots as S
 from timeslice.lockd.errors import LimitExceeded, NotOwner
 from timeslice.lockd.index import StateIndex

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import structlog
 
-from timeslice.channel import default_socket_path
+from timeslice.common.channel import default_socket_path
 from timeslice.common.errors import ConfigError
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent.attestations import Attestations
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend

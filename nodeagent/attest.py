@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
 
 MAX_DEPTH = 64           # ancestors looked at; process trees are shallow
 

@@ -1,4 +1,4 @@
-"""The agent's end of the node-local channel to cooperative workers (``timeslice.channel``).
+"""The agent's end of the node-local channel to cooperative workers (``timeslice.common.channel``).
 
 A worker connects to a Unix socket and says hello with its job and session
 secret. Two facts decide whether it is accepted, and neither comes from what
@@ -20,7 +20,7 @@ size and nesting, hello fields, connections in total, requests in flight.
 Connections that have not said hello wait in the ``Lobby`` (bounded per
 process, per user and in total; the oldest of a flooder is evicted, never a
 newcomer refused), at most ``HELLO_TIMEOUT_S``. A frame out of protocol
-(``timeslice.frames``) gets a refusal frame, and the disconnect handling
+(``timeslice.common.frames``) gets a refusal frame, and the disconnect handling
 (which lifts a paused worker's freeze) runs however a connection ends.
 """
 from __future__ import annotations
@@ -37,12 +37,12 @@ from pathlib import Path
 
 import structlog
 
-from timeslice import channel as C
-from timeslice import frames as F
-from timeslice.common import records as R
+from timeslice.common import channel as C
+from timeslice.common import frames as F
+from timeslice.common import procfs
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
-from timeslice.nodeagent.backends import procfs
+from timeslice.common.server import records as R
 from timeslice.nodeagent.listener import Listener, Pending
 from timeslice.nodeagent.lobby import Lobby, Seat
 

@@ -5,11 +5,11 @@ import argparse
 import asyncio
 import sys
 
-from timeslice.common import logs
+from timeslice.common.device_errors import BackendUnavailable
 from timeslice.common.errors import ConfigError, TimesliceError
+from timeslice.common.server import logs
 from timeslice.common.version import __version__
 from timeslice.nodeagent import config as C
-from timeslice.nodeagent.backends.errors import BackendUnavailable
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,14 +15,14 @@ import socket
 from dataclasses import dataclass, field
 
 from timeslice.common import defaults as D
-from timeslice.common.auth import load_admin_token
 from timeslice.common.errors import ConfigError
-from timeslice.common.etcd.client import EtcdConfig
-from timeslice.common.etcd.timing import SessionTiming
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys
-from timeslice.common.serving import add_etcd_flags, env_flag, etcd_config
-from timeslice.common.serving import parse_bool as _bool
+from timeslice.common.server.auth import load_admin_token
+from timeslice.common.server.etcd.client import EtcdConfig
+from timeslice.common.server.etcd.timing import SessionTiming
+from timeslice.common.server.keys import Keys
+from timeslice.common.server.serving import add_etcd_flags, env_flag, etcd_config
+from timeslice.common.server.serving import parse_bool as _bool
 from timeslice.nodeagent.backends.ops import DEFAULT_LOCK_TIMEOUT_MS
 from timeslice.nodeagent.backends.records import DEFAULT_STATE_DIR, ENV_STATE_DIR
 from timeslice.nodeagent.hostmem import DEFAULT_HOST_RESERVE_BYTES

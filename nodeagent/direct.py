@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError, TimesliceError
 from timeslice.common.ids import check_id
+from timeslice.common.server import records as R
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.jobs import LocalJobs, load_status

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 # "pod<uid>" as a whole path segment (cgroupfs) or at the end of a

@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import structlog
 
-from timeslice.common import records as R
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import traces
 from timeslice.nodeagent.jobs import LocalJobs, load_status

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import structlog
 
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends.base import ProcState

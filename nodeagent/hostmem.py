@@ -25,8 +25,8 @@ import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from timeslice.common.device_errors import DeviceMemoryRefused, HostMemoryRefused
 from timeslice.common.errors import ConfigError
-from timeslice.nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
 
 ENV_HOST_RESERVE = "TIMESLICE_HOST_RESERVE_BYTES"
 # 4 GiB: room for the kernel, the agent, the jobs' own host allocations growing

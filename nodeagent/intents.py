@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.ops import JobResult, Outcome
 from timeslice.nodeagent.picture import Picture
 

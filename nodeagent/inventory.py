@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from timeslice.common import records as R
+from timeslice.common.device_errors import BackendError
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import Backend
-from timeslice.nodeagent.backends.errors import BackendError
 from timeslice.nodeagent.hostmem import HostMemory
 
 if TYPE_CHECKING:   # for the annotation only: the module is imported on first use (_nvml_gpus)
@@ -41,7 +41,7 @@ class Inventory:
         if self.backend.name != "sim" or dev is None:
             return None
         capacity = dev.ledger.layout()[0]
-        from timeslice.nodeagent.sim.device import device_id
+        from timeslice.common.sim.device import device_id
         return [{"index": g, "uuid": device_id(g), "total_bytes": capacity, "free_bytes": free}
                 for g, free in enumerate(dev.free_per_gpu())]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from aetcd import rpc
 
-from timeslice.common import records as R
-from timeslice.common.etcd.mirror import Reflector
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.mirror import Reflector
+from timeslice.common.server.keys import Keys
 
 
 def load_status(raw: bytes) -> R.StatusValue | None:
@@ -43,7 +43,7 @@ class LocalJobs:
         self._published: tuple[int, dict[int, tuple[str, R.WorkerValue]]] = (0, {})
         jobs_mirror.add_listener(self._on_jobs_batch)
 
-    # --- keys (spelled and parsed by timeslice.common.keys) ------------------------------
+    # --- keys (spelled and parsed by timeslice.common.server.keys) ------------------------------
     def intent_job(self, key: bytes) -> str | None:
         return self.keys.intent_job(key, self.node)
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import structlog
 
 from timeslice.common.errors import TimesliceError
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.etcd.session import Session
-from timeslice.common.etcd.timing import SessionTiming
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.etcd.session import Session
+from timeslice.common.server.etcd.timing import SessionTiming
 
 log = structlog.get_logger(__name__)
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import structlog
 
-from timeslice import channel as C
-from timeslice import frames as F
+from timeslice.common import channel as C
+from timeslice.common import frames as F
 from timeslice.nodeagent.lobby import Lobby, Seat
 
 log = structlog.get_logger(__name__)

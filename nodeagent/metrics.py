@@ -2,7 +2,7 @@
 
 Each agent has its own registry, so several agents can live in one process
 (tests); ``serve`` exposes it on --metrics-port. Naming follows
-``timeslice.common.metrics_common``.
+``timeslice.common.server.metrics_common``.
 
 Duty cycle: ``timeslice_agent_gpu_utilization_ratio{gpu}`` is read at scrape
 time from ``gpu_utilization`` (a callable the agent sets: NVML's utilization
@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from timeslice.common.metrics_common import LATENCY_BUCKETS, add_common
+from timeslice.common.server.metrics_common import LATENCY_BUCKETS, add_common
 
 
 class DutyCycle:
@@ -61,7 +61,7 @@ class DutyCycle:
 
 def nvml_utilization() -> dict[str, float] | None:
     """Per-GPU utilization from NVML, or None where there is no NVML (the simulator, CI)."""
-    from timeslice.nodeagent.backends.errors import BackendUnavailable
+    from timeslice.common.device_errors import BackendUnavailable
     from timeslice.nodeagent.backends.nvml import Nvml
     try:
         n = Nvml.open()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import Backend, ProcState
 
 _ON_DEVICE = (ProcState.RUNNING, ProcState.LOCKED)

@@ -15,10 +15,10 @@ from collections.abc import Iterable
 
 import structlog
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent import attest
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.discovery import local_registered_pids

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
 
 #: Module or program names of the system's own servers, matched against argv[0..2]'s base names.
 SERVER_PROGRAMS = frozenset({"etcd", "lockd", "nodeagent", "timeslice.lockd.cli",

@@ -26,7 +26,7 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Iterable
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
 from timeslice.nodeagent.channel import ChannelServer
 
 OPEN, GONE, AWAY = "open", "gone", "away"

@@ -25,11 +25,11 @@ from collections.abc import Awaitable, Callable
 import structlog
 from aetcd import rpc
 
-from timeslice.common import records as R
 from timeslice.common.errors import EtcdError, EtcdUnavailable, OutcomeUnknown
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent.intents import Intent
 
 log = structlog.get_logger(__name__)

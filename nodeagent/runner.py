@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from timeslice.common import records as R
+from timeslice.common.device_errors import AdmissionRefused, SizeUnknown
+from timeslice.common.server import records as R
 from timeslice.nodeagent import picture as P
 from timeslice.nodeagent.backends import freezing, ops
 from timeslice.nodeagent.backends.base import Backend, ProcState
-from timeslice.nodeagent.backends.errors import AdmissionRefused, SizeUnknown
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 from timeslice.nodeagent.intents import moved_bytes, outcome_of
 from timeslice.nodeagent.metrics import Metrics

@@ -14,12 +14,12 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from timeslice import tracing
-from timeslice.common import logs
-from timeslice.common.auth import Authority, Gate, load_admin_token
-from timeslice.common.etcd import ops
-from timeslice.common.grpc_metrics import GrpcServerMetrics
-from timeslice.common.serving import health_loop
+from timeslice.common import tracing
+from timeslice.common.server import logs
+from timeslice.common.server.auth import Authority, Gate, load_admin_token
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.grpc_metrics import GrpcServerMetrics
+from timeslice.common.server.serving import health_loop
 from timeslice.nodeagent.agent import Agent
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.direct import Operations

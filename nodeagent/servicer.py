@@ -9,9 +9,9 @@ caller holding the token.
 """
 from __future__ import annotations
 
-from timeslice.common import records as R
-from timeslice.common.auth import Authority
-from timeslice.common.serving import rpc
+from timeslice.common.server import records as R
+from timeslice.common.server.auth import Authority
+from timeslice.common.server.serving import rpc
 from timeslice.nodeagent.direct import Operation, Operations
 from timeslice.nodeagent.upkeep import Upkeep
 from timeslice.proto import nodeagent_pb2 as pb

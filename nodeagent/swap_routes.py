@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from aetcd import rpc
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.swapper import Swapper
 from timeslice.nodeagent.channel import ChannelServer

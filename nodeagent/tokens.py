@@ -19,8 +19,8 @@ import os
 import threading
 from pathlib import Path
 
-from timeslice.common import records as R
-from timeslice.nodeagent.backends.records import atomic_write_json
+from timeslice.common.files import atomic_write_json
+from timeslice.common.server import records as R
 
 
 class TokenBook:

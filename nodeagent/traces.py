@@ -10,11 +10,11 @@ starts when the op did and lasts that process's own time.
 """
 from __future__ import annotations
 
-from timeslice import tracing
-from timeslice.common import records as R
+from timeslice.common import tracing
 from timeslice.common.errors import TimesliceError
-from timeslice.common.etcd import ops
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.keys import Keys
 
 
 async def trace_of(client, keys: Keys, group: str, token: int) -> str:

@@ -24,8 +24,8 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-from timeslice.common import records as R
-from timeslice.common.etcd.session import Session
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.session import Session
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.composite import CompositeBackend

@@ -12,11 +12,11 @@ import hmac
 
 import structlog
 
-from timeslice.common import records as R
 from timeslice.common.errors import TimesliceError
-from timeslice.common.etcd import ops
-from timeslice.common.etcd.client import EtcdClient
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.etcd.client import EtcdClient
+from timeslice.common.server.keys import Keys
 from timeslice.nodeagent.jobs import LocalJobs
 
 log = structlog.get_logger(__name__)

@@ -5,7 +5,7 @@ serve`` on a free loopback port, logging JSON to its own file) with the
 harness's faults: stopped (SIGTERM: finishes the op in flight), killed
 (SIGKILL), paused and resumed, and restarted on the same node name and state
 dir. ``SimWorker`` is a worker process on the SIMULATED device
-(``python -m timeslice.nodeagent.sim.worker``) driven line by line: it holds real bytes
+(``python -m timeslice.sim.worker``) driven line by line: it holds real bytes
 whose checksum it can verify after a snapshot and restore.
 """
 from __future__ import annotations
@@ -59,7 +59,7 @@ class SimWorker:
     def __init__(self, sim_dir: str | os.PathLike, nbytes: int, seed: int = 1, step_ms: float = 1.0,
                  env: dict[str, str] | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timeslice.nodeagent.sim.worker", "--sim-dir", str(sim_dir), "--bytes", str(nbytes),
+            [sys.executable, "-m", "timeslice.sim.worker", "--sim-dir", str(sim_dir), "--bytes", str(nbytes),
              "--seed", str(seed), "--step-ms", str(step_ms)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
             start_new_session=True, env={**os.environ, **(env or {})})

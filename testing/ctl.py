@@ -5,7 +5,7 @@ import os
 import shutil
 import subprocess
 
-from timeslice.common.netutil import http_json
+from timeslice.common.server.netutil import http_json
 from timeslice.launcher.etcd import ETCD_BIN_ENV, PortTaken
 from timeslice.launcher.etcd import etcd_env as clean_env
 

@@ -14,7 +14,7 @@ import time
 
 import grpc
 
-from timeslice.common.auth import ENV_ADMIN_TOKEN
+from timeslice.common.server.auth import ENV_ADMIN_TOKEN
 from timeslice.launcher.servers import LockdReplica, read_leader
 from timeslice.testing.procs import terminate
 from timeslice.testing.server import ServerProcess

@@ -8,6 +8,6 @@ getting the same recently freed port).
 """
 from __future__ import annotations
 
-from timeslice.common.netutil import free_port
+from timeslice.common.server.netutil import free_port
 
 __all__ = ["free_port"]

@@ -44,7 +44,7 @@ def etcd3():
 @pytest.fixture
 async def etcd_client(etcd):
     """The project's etcd client, connected to the shared ``etcd``; closed after the test."""
-    from timeslice.common.etcd import EtcdClient, EtcdConfig
+    from timeslice.common.server.etcd import EtcdClient, EtcdConfig
     async with EtcdClient(EtcdConfig.parse(etcd.endpoints_str)) as c:   # connect / close
         yield c
 

@@ -34,14 +34,14 @@ from collections.abc import Callable
 import grpc
 import tenacity
 
-from timeslice.common.etcd.backoff import Backoff
+from timeslice.common.server.etcd.backoff import Backoff
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
 SC = grpc.StatusCode
 RETRYABLE = (SC.UNAVAILABLE, SC.DEADLINE_EXCEEDED, SC.CANCELLED)
 LOST = (SC.ABORTED, SC.UNAUTHENTICATED)
-#: Between re-sends: up to 20 ms doubling to 200 ms, full jitter (as timeslice.common.etcd.backoff), so jobs
+#: Between re-sends: up to 20 ms doubling to 200 ms, full jitter (as timeslice.common.server.etcd.backoff), so jobs
 #: do not move in step.
 BACKOFF_S = (0.02, 0.2)
 

@@ -102,9 +102,9 @@ def test_agents_dir_rejects_non_node_names(tmp_path):
 
 
 def test_the_policy_spells_keys_as_the_components_do_and_refuses_what_they_cannot_use(channel, tmp_path):
-    """The roles' ranges are ``timeslice.common.keys``'s: a node's own range is ``Keys.node``.
+    """The roles' ranges are ``timeslice.common.server.keys``'s: a node's own range is ``Keys.node``.
     A node name or a prefix no component accepts is refused before anything is set up."""
-    from timeslice.common.keys import Keys, prefix_range_end
+    from timeslice.common.server.keys import Keys, prefix_range_end
     roles = setup_mod.plan(PREFIX, ["gpu-a"])
     own = Keys(PREFIX).node("gpu-a")
     assert (own, prefix_range_end(own)) in [(k, e) for _, k, e in roles["timeslice-agent-gpu-a"]]

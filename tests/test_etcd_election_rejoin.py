@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from timeslice.common.errors import SessionLost
-from timeslice.common.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming
+from timeslice.common.server.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming
 
 
 @pytest.fixture

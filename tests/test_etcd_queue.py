@@ -9,7 +9,7 @@ import time
 import pytest
 
 from timeslice.common.errors import SessionLost, WaitCancelled
-from timeslice.common.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming, ops
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

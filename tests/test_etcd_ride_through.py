@@ -3,9 +3,7 @@ reads are re-sent in short attempts, and the HTTP/2 keepalive
 closes the dead connection so that the channel moves to another member."""
 import asyncio
 
-import pytest
-
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
 
 
 async def test_read_rides_through_a_paused_member(etcd3, key_prefix):

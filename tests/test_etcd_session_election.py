@@ -9,8 +9,16 @@ import time
 import pytest
 
 from timeslice.common.errors import ConfigError, NotLeader, SessionLost
-from timeslice.common.etcd import (Election, ElectionTiming, EtcdClient, EtcdConfig, Session, SessionTiming,
-                         ops, wait_deposed)
+from timeslice.common.server.etcd import (
+    Election,
+    ElectionTiming,
+    EtcdClient,
+    EtcdConfig,
+    Session,
+    SessionTiming,
+    ops,
+    wait_deposed,
+)
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 
 from timeslice.common.errors import WatchCompacted
-from timeslice.common.etcd import EtcdClient, EtcdConfig, Reflector, Watch, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, Reflector, Watch, ops
 
 
 async def test_watch_survives_member_restarts_without_missing_events(etcd3, key_prefix):

@@ -5,7 +5,7 @@ import asyncio
 import gc
 import logging
 
-from timeslice.common.etcd import EtcdClient, EtcdConfig, Reflector, Session, SessionTiming, Watch, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, Reflector, Session, SessionTiming, Watch, ops
 
 
 class Debris(logging.Handler):

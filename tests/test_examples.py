@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings
 

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FORBIDDEN = ("timeslice.lockd", "timeslice.nodeagent", "timeslice.launcher", "aetcd", "timeslice.testing",
-             "timeslice.common.etcd", "torch", "torch_memory_saver", "prometheus_client", "pynvml")
+             "timeslice.common.server", "torch", "torch_memory_saver", "prometheus_client", "pynvml")
 #: The top-level names the packages had before they moved under one namespace, and the
 #: folders' own names (the repository root on sys.path would make `import common` work by accident).
 OLD_NAMES = ("lockd", "nodeagent", "tscore", "tsproto", "common", "testing", "launcher", "proto")
@@ -25,8 +25,10 @@ PROBE = """
 import sys
 
 import pytest
-import timeslice, timeslice.cooperative, timeslice.channel, timeslice.torch_memory, timeslice.cli, timeslice.cli_admin
+import timeslice, timeslice.cooperative, timeslice.common.channel, timeslice.torch_memory, timeslice.cli, timeslice.cli_admin
 import timeslice.backup, timeslice.pinned, timeslice.torch_regions
+import timeslice.sim.runtime, timeslice.sim.coop, timeslice.sim.torch_memory, timeslice.sim.hostpool
+import timeslice.cli_advise, timeslice.cli_slurm, timeslice.common.cliout
 from timeslice import OrchestratorClient, AsyncOrchestratorClient, TimeSliceOrchestratorClient
 bad = sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in sys.argv[1:]))
 print(",".join(bad))
@@ -42,7 +44,7 @@ TRACING_OFF = """
 import os, sys
 os.environ.pop("TIMESLICE_TRACING", None)
 import timeslice, timeslice.holds
-from timeslice import tracing
+from timeslice.common import tracing
 with tracing.span("timeslice.acquire", kind="client", attributes={"timeslice.job": "j"}) as s:
     assert s is None and tracing.metadata() is None and tracing.traceparent() == ""
 assert tracing.record("x", start_ns=1, end_ns=2) == "" and not tracing.enabled()
@@ -149,3 +151,27 @@ def test_no_import_cycles_in_the_namespace():
     assert len(graph) > 100 and "timeslice.lockd.plan" in graph
     assert _cycles(graph) == []
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]     # the check can fail
+
+
+#: The parts of the namespace that are not the job library (``client/timeslice/``).
+NOT_CLIENT = ("timeslice.common", "timeslice.lockd", "timeslice.nodeagent", "timeslice.proto",
+              "timeslice.launcher", "timeslice.testing")
+
+
+def _under(name: str, parts: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in parts)
+
+
+def test_the_servers_stand_on_common_and_proto_alone():
+    """lockd and the node agent import nothing from the job library (client/timeslice/), and the
+    job-safe part of common/ nothing server-side (common/server/) and nothing of the job library."""
+    graph = _module_graph()
+    client = {m for m in graph if m.startswith("timeslice.") and not _under(m, NOT_CLIENT)} | {"timeslice"}
+    assert "timeslice.holds" in client and "timeslice.sim.coop" in client        # the check can fail
+    bad = {m: sorted(d & client) for m, d in graph.items()
+           if _under(m, ("timeslice.lockd", "timeslice.nodeagent", "timeslice.common")) and d & client}
+    assert bad == {}
+    shared = {m: sorted(d for d in deps if _under(d, ("timeslice.common.server",)))
+              for m, deps in graph.items()
+              if _under(m, ("timeslice.common",)) and not _under(m, ("timeslice.common.server",))}
+    assert {m: d for m, d in shared.items() if d} == {}

@@ -24,14 +24,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from timeslice.launcher import settings as L
-from timeslice.launcher.demo.analysis import (
+from timeslice.launcher.procs import log_events, same_process
+from timeslice.launcher.state import find_running
+from timeslice.lockd.report.figures import (
     gpu_phases,
     overlapping_pairs,
     read_events,
     union_length,
 )
-from timeslice.launcher.procs import log_events, same_process
-from timeslice.launcher.state import find_running
 from timeslice.testing.ctl import etcdctl_run, http_json
 
 PY = sys.executable

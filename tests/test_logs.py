@@ -1,4 +1,4 @@
-"""timeslice.common.logs: JSON for every line, library logs included; no bytes reprs; ready lines."""
+"""timeslice.common.server.logs: JSON for every line, library logs included; no bytes reprs; ready lines."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import logging
 import pytest
 import structlog
 
-from timeslice.common import logs
+from timeslice.common.server import logs
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings
 

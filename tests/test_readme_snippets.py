@@ -187,7 +187,7 @@ def _plain_loop() -> dict:
     """Real PyTorch on the CPU: a small module, and a client for the job on the readme node."""
     torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
     from timeslice.integrations.pytorch import Placement
-    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+    from timeslice.sim.torch_memory import SimTorchMemory
 
     def build_model():
         torch.manual_seed(0)
@@ -215,7 +215,7 @@ def _trl_job() -> dict:
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+    from timeslice.sim.torch_memory import SimTorchMemory
     R = _realmodel()
 
     def my_reward(completions, completion_ids, **_):

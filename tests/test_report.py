@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.common.keys import Keys
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import SimDevice
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.lockd import LockdCluster
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from timeslice.common.errors import EtcdError
-from timeslice.common.logs import parse_ready
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.logs import parse_ready
 from timeslice.testing.ports import free_port
 
 needs_openssl = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")

@@ -1,4 +1,4 @@
-"""The servicers' error mapping (timeslice.common.serving.rpc / stream_rpc): a TimesliceError ends
+"""The servicers' error mapping (timeslice.common.server.serving.rpc / stream_rpc): a TimesliceError ends
 the call with the status it means; any other exception with INTERNAL naming an incident, never
 UNKNOWN naming a Python class; an abort the method made itself passes through. The context is the
 smallest stand-in for grpc.aio's: its abort raises AbortError, as the real one does."""
@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from timeslice.common.errors import InvalidIdError
-from timeslice.common.serving import rpc, stream_rpc
+from timeslice.common.server.serving import rpc, stream_rpc
 
 
 class Context:

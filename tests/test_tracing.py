@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk.trace", reason="the trace extra (opentelemetry-sdk) is not installed")
 
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.sim.device import SimDevice
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.lockd import LockdCluster
 

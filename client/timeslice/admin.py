@@ -13,10 +13,10 @@ from typing import Any
 import grpc
 
 from timeslice import errors as E
+from timeslice.advise.profile import ProfileSet
 from timeslice.auth import metadata_for
 from timeslice.core import ALREADY_APPLIED, ClientCore
 from timeslice.model import Group, GroupStatus, JobInfo
-from timeslice.placement.profile import ProfileSet
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call, CallState, TryAgain
 from timeslice.transport import Transport

@@ -2,7 +2,7 @@
 
 The decisions of a cooperative pause/resume, kept apart from the bytes: a
 ``Mover`` (``torch_regions.TorchMover`` on a GPU, the simulator's in
-``nodeagent.sim.coop``) lists a region's live device spans, checksums them and
+``timeslice.sim.coop``) lists a region's live device spans, checksums them and
 copies them; a ``HostPool`` (``pinned.PinnedPool``, or the simulator's CPU
 stand-in) is host memory made of *slabs*, each one registration. This module
 decides what goes where and whether a pause copies at all.

@@ -9,10 +9,10 @@ which adds its parsers (pass ``parents=[common]`` so that ``--target``/``--json`
 each; ``handler(args) -> int`` returns the exit status. A module that is not
 there (``ModuleNotFoundError`` naming that very module) is skipped, so
 ``timeslice up`` and ``timeslice demo`` plug in from the local launcher
-(``timeslice.launcher.cli_up``, ``timeslice.launcher.cli_demo``, server-side:
-imported only when the parser is built, and they say so when the ``server``
-extra is missing). Helpers for handlers: ``admin_client(args)`` and
-``emit(args, data, text)``.
+(``timeslice.launcher.cli_up``, ``timeslice.launcher.cli_demo``, ``timeslice.lockd.report.cli``,
+server-side, registered as ``timeslice.commands`` entry points: imported only when the parser
+is built, and they say so when the ``server`` extra is missing). Helpers for handlers:
+``admin_client(args)`` here and ``emit(args, data, text)`` in ``timeslice.common.cliout``.
 
 Exit status: 0 ok, 1 an error from lockd or the client (message on stderr),
 2 bad usage, 130 interrupted.
@@ -21,20 +21,21 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import importlib.metadata
 import os
 import socket
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from timeslice.common.defaults import ENV_TARGET
+from timeslice.common.local import running_cluster
 from timeslice.common.version import __version__
 from timeslice.errors import TimesliceClientError
 
-#: Modules that contribute subcommands, in help order. Missing ones are skipped.
-COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_placement", "timeslice.launcher.cli_up",
-                              "timeslice.launcher.cli_demo", "timeslice.cli_slurm", "timeslice.launcher.cli_report"]
+#: The job library's own modules that contribute subcommands, in help order. The server side's
+#: (``up``, ``demo``, ``report``) plug in through the ``timeslice.commands`` entry points
+#: (pyproject.toml), so this module names none of them and imports nothing server-side.
+COMMAND_MODULES: list[str] = ["timeslice.cli_admin", "timeslice.cli_advise", "timeslice.cli_slurm"]
+ENTRY_POINTS = "timeslice.commands"
 CLI_JOB_ID = "timeslice-cli"   # the admin client never opens a session; this id is never used
 
 
@@ -76,7 +77,7 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"timeslice {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     common = _common(True)
-    for name in (COMMAND_MODULES if modules is None else modules):
+    for name in (COMMAND_MODULES + plugin_modules() if modules is None else modules):
         try:
             mod = importlib.import_module(name)
         except ModuleNotFoundError as e:
@@ -87,6 +88,12 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     for p in _all_parsers(parser):
         p.formatter_class = HelpFormatter
     return parser
+
+
+def plugin_modules() -> list[str]:
+    """The command modules other parts of the namespace register (entry points), by command name."""
+    found = sorted(importlib.metadata.entry_points(group=ENTRY_POINTS), key=lambda ep: ep.name)
+    return [ep.value for ep in found]
 
 
 def default_target() -> str | None:
@@ -112,13 +119,8 @@ def _use_local_admin_token() -> None:
 
 def running_local_cluster():
     """(state file, document) of a running ``timeslice up`` cluster, found from any directory
-    (the per-user pointers, then <LOG_DIR> of this directory), or None."""
-    try:
-        from timeslice.launcher.settings import load
-        from timeslice.launcher.state import find_running_anywhere
-        return find_running_anywhere(load()[0].log_dir)
-    except Exception:  # no launcher, no readable state: the plain default
-        return None
+    through the per-user pointers (``timeslice.common.local``, as the job library finds it), or None."""
+    return running_cluster()
 
 
 def admin_client(args: argparse.Namespace):
@@ -155,24 +157,6 @@ def fail_fast_if_refused(target: str | None, probe_timeout: float = 1.0) -> None
     raise UnavailableError(
         f"cannot reach lockd at {', '.join(refused)} (connection refused); start a local cluster with "
         f"`timeslice up --detach`, or point --target / ${ENV_TARGET} at a running lockd")
-
-
-def to_jsonable(data: Any) -> Any:
-    if hasattr(data, "to_dict"):
-        return data.to_dict()
-    if isinstance(data, (list, tuple)):
-        return [to_jsonable(d) for d in data]
-    if isinstance(data, dict):
-        return {k: to_jsonable(v) for k, v in data.items()}
-    return data
-
-
-def emit(args: argparse.Namespace, data: Any, text: Callable[[], str] | str) -> None:
-    """Print ``data`` as JSON with ``--json``, else the human ``text``."""
-    if getattr(args, "json", False):
-        print(json.dumps(to_jsonable(data), sort_keys=True), flush=True)
-    else:
-        print(text() if callable(text) else text, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,8 @@ import threading
 import time
 
 from timeslice import render
-from timeslice.cli import admin_client, emit, to_jsonable
+from timeslice.cli import admin_client
+from timeslice.common.cliout import emit, to_jsonable
 from timeslice.errors import TimesliceClientError
 from timeslice.model import NodeSpec
 
@@ -70,12 +71,12 @@ NO_ISOLATION = "none"
 
 def isolation_choices() -> list[str]:
     """The group isolation policies lockd knows (records.ISOLATIONS, read here, never copied)."""
-    from timeslice.common import records as R
+    from timeslice.common.server import records as R
     return sorted(v or NO_ISOLATION for v in R.ISOLATIONS)
 
 
 def _isolation(choice: str) -> str:
-    from timeslice.common import records as R
+    from timeslice.common.server import records as R
     return R.ISOLATION_NONE if choice == NO_ISOLATION and NO_ISOLATION not in R.ISOLATIONS else choice
 
 

@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from timeslice import slurm
-from timeslice.cli import admin_client, emit
+from timeslice.cli import admin_client
+from timeslice.common.cliout import emit
 from timeslice.common.errors import InvalidIdError
 from timeslice.errors import TimesliceClientError
 

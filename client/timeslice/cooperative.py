@@ -45,9 +45,9 @@ from typing import Protocol
 
 import structlog
 
-from timeslice import channel as C
-from timeslice import frames as F
 from timeslice import gil
+from timeslice.common import channel as C
+from timeslice.common import frames as F
 
 log = structlog.get_logger(__name__)
 

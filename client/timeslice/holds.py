@@ -29,8 +29,8 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from timeslice import errors as E
-from timeslice import tracing
 from timeslice import withdraw as W
+from timeslice.common import tracing
 from timeslice.core import ALREADY_APPLIED, ClientCore
 from timeslice.hooks import release_framework_cache
 from timeslice.logs import get_logger

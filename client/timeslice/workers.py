@@ -83,7 +83,7 @@ class Workers:
         The node agent acts only on pids a job attested (``--require-attestation``), so a
         job can never have another job's process snapshotted by registering its pid.
         """
-        from timeslice.channel import ChannelError, reachable
+        from timeslice.common.channel import ChannelError, reachable
         from timeslice.config import node_name
         from timeslice.cooperative import Attestation, CooperativeWorker
         mine = [w for w in self._cooperative if w.node == node]

@@ -2,7 +2,7 @@
 
     python examples/app_endpoint/sampler_trainer.py --rounds 3
 
-The sampler is the SIMULATED inference server (``nodeagent.sim.inference_server``,
+The sampler is the SIMULATED inference server (``timeslice.testing.standin.server``,
 vLLM flavour: ``/sleep?level=1``, ``/wake_up``, ``/is_sleeping``, over real
 bytes on a simulated device); the trainer is this process, on the same device.
 The device is too small for both, so each round the app-endpoint swapper
@@ -27,18 +27,19 @@ import tempfile
 import time
 import urllib.request
 
+from timeslice.common.device_errors import DeviceOutOfMemory
+from timeslice.common.server import logs
+from timeslice.common.server.records import WorkerValue
+from timeslice.common.sim.device import SimDevice
 from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
-from timeslice.nodeagent.backends.errors import DeviceOutOfMemory
-from timeslice.nodeagent.sim.client import SimDeviceClient
-from timeslice.nodeagent.sim.device import SimDevice, SimMeter
-from timeslice.common import logs
-from timeslice.common.records import WorkerValue
+from timeslice.nodeagent.sim.meter import SimMeter
+from timeslice.sim.runtime import SimDeviceClient
 
 MiB = 1 << 20
 
 
 def start_sampler(sim_dir: str, weights: int, kv: int) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen([sys.executable, "-m", "timeslice.nodeagent.sim.inference_server", "--flavor", "vllm",
+    proc = subprocess.Popen([sys.executable, "-m", "timeslice.testing.standin.server", "--flavor", "vllm",
                              "--sim-dir", sim_dir, "--region", f"weights={weights}:offload",
                              "--region", f"kv_cache={kv}:discard"], stdout=subprocess.PIPE, text=True)
     return proc, json.loads(proc.stdout.readline())

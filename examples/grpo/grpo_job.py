@@ -32,8 +32,7 @@ import time
 import zlib
 
 from timeslice import OrchestratorClient
-
-from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.sim.runtime import SimDeviceClient
 
 
 class Policy:

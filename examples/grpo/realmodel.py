@@ -64,7 +64,7 @@ def pick_device(choice: str) -> str:
 
 def sim_memory():
     """The SIMULATED device's memory for a job without a GPU (SimTorchMemory, on $TIMESLICE_SIM_DIR)."""
-    from timeslice.nodeagent.sim.torch_memory import SimTorchMemory
+    from timeslice.sim.torch_memory import SimTorchMemory
     return SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
 
 

@@ -100,7 +100,7 @@ def main(argv=None) -> int:
         if swap == "checkpoint" and device == "cpu":
             # SIMULATED: the CPU tensors are not device memory; an arena of the job's size on the
             # simulated device stands for them, for the agent's checkpoint backend to move.
-            from timeslice.nodeagent.sim.client import SimDeviceClient
+            from timeslice.sim.runtime import SimDeviceClient
             arena = SimDeviceClient.open(os.environ.get("TIMESLICE_SIM_DIR"))
             arena.alloc(R.footprint(a.size, a.dtype))
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,

@@ -31,7 +31,7 @@ class SimGpu:
     kind = "sim"
 
     def __init__(self, sim_dir: str, nbytes: int, seed: int):
-        from timeslice.nodeagent.sim.client import SimDeviceClient
+        from timeslice.sim.runtime import SimDeviceClient
         self.dev = SimDeviceClient.open(sim_dir)     # registers this process on the device
         self.nbytes = int(nbytes)
         self.hint_bytes = self.nbytes                # what the job will hold: device_bytes_hint
@@ -92,7 +92,7 @@ class SimGpu:
 
 
 class SimCoopGpu(SimGpu):
-    """SIMULATED device memory that the job moves itself (a cooperative region, ``nodeagent.sim.coop``).
+    """SIMULATED device memory that the job moves itself (a cooperative region, ``timeslice.sim.coop``).
 
     The same job as ``SimGpu`` (seeded blocks, rewritten round robin, checked
     by CRC), but its bytes live in one ``offload`` region of a
@@ -120,7 +120,7 @@ class SimCoopGpu(SimGpu):
             yield off, min(BLOCK, n - off)
 
     def allocate(self) -> None:
-        from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+        from timeslice.sim.coop import SimCooperativeMemory
         memory = SimCooperativeMemory({"weights": (self.nbytes - self.CONTEXT, "offload")}, self.sim_dir,
                                       seed=self.seed, context_bytes=self.CONTEXT)
         self.memory, self.dev = memory, memory.dev

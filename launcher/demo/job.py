@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
                     help="cooperative: the job's memory is a SIMULATED cooperative region it moves itself")
     a = ap.parse_args(argv)
-    from timeslice.common import logs
+    from timeslice.common.server import logs
     logs.configure("demo-job", "warning", json=False, stream=sys.stderr)
     return Job(a).main()
 

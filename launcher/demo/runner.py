@@ -13,7 +13,7 @@ Runs, in order (each with two fresh job processes):
   memory is 60% of the (simulated) device, so they cannot sit side by side:
   every handoff snapshots one job to host memory and restores the other;
 * ``sliced-coop``: as ``sliced-swap``, but each job's memory is a cooperative
-  region (SIMULATED, ``nodeagent.sim.coop``): the agent asks the job to move
+  region (SIMULATED, ``timeslice.sim.coop``): the agent asks the job to move
   it itself, at pinned-copy speed, instead of checkpointing the process;
 * ``sliced-elide``: the same with 40% each: both fit, lockd elides the swap
   and a handoff costs only a few etcd round trips.
@@ -32,8 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from timeslice.launcher.demo import analysis, timeline
-from timeslice.launcher.demo.analysis import RunFigures
+from timeslice.lockd.report import figures as analysis
+from timeslice.lockd.report import timeline
+from timeslice.lockd.report.figures import RunFigures
 
 JOBS = (("A", 11), ("B", 22))          # label letter, seed
 
@@ -215,7 +216,7 @@ class Demo:
         # them (a real GPU frees a process's memory when it exits); the jobs of
         # this run are gone, so their leftovers go.
         try:
-            from timeslice.nodeagent.sim.device import SimDevice
+            from timeslice.common.sim.device import SimDevice
             SimDevice(self.cluster["sim"]["dir"]).reap()
         except OSError:
             pass

@@ -15,8 +15,8 @@ import inspect
 
 import structlog
 
+from timeslice.common.device_errors import BackendError, BackendUnavailable
 from timeslice.nodeagent.backends.base import Backend, ProcState
-from timeslice.nodeagent.backends.errors import BackendError, BackendUnavailable
 
 log = structlog.get_logger(__name__)
 

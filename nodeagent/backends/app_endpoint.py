@@ -45,7 +45,7 @@ memory is a failed swap (``SwapNotVerified``), never a silent success.
 
 Only the standard library's HTTP client is used (``app_http``). The worker's ``pid`` is the
 process that holds the device memory (the meter reads it); ``endpoint`` is the
-server's base URL. Tested against ``nodeagent.sim.inference_server``, a
+server's base URL. Tested against ``timeslice.testing.standin.server``, a
 simulator of the documented endpoints.
 """
 from __future__ import annotations
@@ -58,11 +58,11 @@ from urllib.parse import urlencode
 import structlog
 import tenacity
 
-from timeslice.common import records as R
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
+from timeslice.common.device_errors import BackendError, ProcessGone
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
 from timeslice.nodeagent.backends.base import DeviceMeter
-from timeslice.nodeagent.backends.errors import BackendError, ProcessGone
 from timeslice.nodeagent.backends.swapper import (
     Swapper,
     SwapRefused,

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import tenacity
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
+from timeslice.common.device_errors import BackendError, ProcessGone
 from timeslice.nodeagent.backends.base import DeviceMeter
-from timeslice.nodeagent.backends.errors import BackendError, ProcessGone
 from timeslice.nodeagent.backends.swapper import SwapRefused, SwapTimeout
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from timeslice.common import records as R
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
 from timeslice.nodeagent.backends.swapper import Swapper, SwapState
 

@@ -20,8 +20,8 @@ import concurrent.futures
 import time
 from collections.abc import Sequence
 
-from timeslice import frames as F
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
+from timeslice.common import frames as F
 from timeslice.nodeagent.backends.swapper import Swapper, SwapRefused, SwapReport, SwapState, SwapTimeout
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.reconnects import GONE, OPEN, Reconnects

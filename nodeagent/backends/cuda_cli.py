@@ -18,8 +18,8 @@ import os
 import shutil
 import subprocess
 
+from timeslice.common import device_errors as e
 from timeslice.nodeagent.backends import curesult
-from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import DeviceMeter, ProcState
 from timeslice.nodeagent.backends.cuda_common import CudaCheckpointBackend
 from timeslice.nodeagent.backends.records import SnapshotRecords

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import abc
 
-from timeslice.nodeagent.backends import errors as e
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import device_errors as e
+from timeslice.common import procfs
 from timeslice.nodeagent.backends.base import Backend, DeviceMeter, ProcState
 from timeslice.nodeagent.backends.records import SnapshotRecords
 from timeslice.nodeagent.hostmem import DEFAULT_DEVICE_HEADROOM_BYTES

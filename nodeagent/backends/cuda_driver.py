@@ -25,10 +25,10 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from timeslice.common.device_errors import BackendError, BackendUnavailable
 from timeslice.nodeagent.backends import curesult
 from timeslice.nodeagent.backends.base import DeviceMeter, ProcState
 from timeslice.nodeagent.backends.cuda_common import CudaCheckpointBackend
-from timeslice.nodeagent.backends.errors import BackendError, BackendUnavailable
 from timeslice.nodeagent.backends.records import SnapshotRecords
 
 MIN_DRIVER_VERSION = 12080

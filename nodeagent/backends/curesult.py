@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
 
 # code -> (name, driver's description). Only the codes the checkpoint calls and
 # their callers are known to produce; anything else is reported by number.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from timeslice.nodeagent.backends.errors import BackendUnavailable
+from timeslice.common.device_errors import BackendUnavailable
 
 _lock = threading.Lock()
 _refs = 0

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
 from timeslice.nodeagent.backends.base import Backend, ProcState
 from timeslice.nodeagent.hostmem import HostMemory, admit_restore
 

@@ -18,26 +18,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
+from timeslice.common.files import atomic_write_json
 
 ENV_STATE_DIR = "TIMESLICE_AGENT_STATE_DIR"
 DEFAULT_STATE_DIR = "/var/lib/timeslice/nodeagent"
-
-
-def atomic_write_json(path: Path, doc: dict) -> None:
-    """Replace ``path`` with ``doc`` so that a reader sees the old or the new file, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(doc, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    # The rename itself is durable only once the directory is synced.
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class SnapshotRecords:

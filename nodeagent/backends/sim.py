@@ -27,9 +27,10 @@ from typing import overload
 
 import structlog
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
+from timeslice.common.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, device_id
 from timeslice.nodeagent.backends.base import Backend, ProcState
-from timeslice.nodeagent.sim.device import CHECKPOINTED, LOCKED, RUNNING, SimDevice, SimMeter, device_id
+from timeslice.nodeagent.sim.meter import SimMeter
 
 log = structlog.get_logger(__name__)
 

@@ -27,7 +27,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from timeslice.nodeagent.backends.errors import BackendError
+from timeslice.common.device_errors import BackendError
 
 
 class SwapState(str, enum.Enum):

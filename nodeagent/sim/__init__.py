@@ -1,6 +1,5 @@
-"""A SIMULATED GPU for machines without one: real bytes in a bounded shared-memory "device".
+"""The node agent's side of the SIMULATED GPU: its meter and its utilization counter.
 
-``device`` is the node-wide device (files, capacity ledger), ``client`` what a
-worker process uses instead of CUDA, ``worker`` a runnable worker for tests and
-the demo. The agent side is ``nodeagent.backends.sim``.
+The device itself is ``timeslice.common.sim`` (both ends open it); the job's side is
+``timeslice.sim``; the checkpoint state machine over it is ``nodeagent/backends/sim.py``.
 """

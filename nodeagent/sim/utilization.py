@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from timeslice.nodeagent.sim.device import DEVICE_ID
+from timeslice.common.sim.device import DEVICE_ID
 
 
 class SimUtilization:

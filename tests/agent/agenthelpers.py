@@ -4,9 +4,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
+from timeslice.common.server.keys import Keys
 
 MiB = 1 << 20
 NODE = "node-a"

@@ -6,15 +6,14 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
+from agenthelpers import NODE, MiB
 
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.common.keys import Keys
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
 from timeslice.testing.agent import AgentProcess, SimWorker
 from timeslice.testing.lockd import LockdCluster, admin_channel
-
-from agenthelpers import MiB, NODE
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import sys
 import time
 
 from agenthelpers import NODE
+
 from timeslice.proto import lockd_pb2 as lpb
 
 HERE = os.path.dirname(os.path.abspath(__file__))

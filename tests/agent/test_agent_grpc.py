@@ -5,13 +5,13 @@ import asyncio
 
 import grpc
 import pytest
+from agenthelpers import NODE, MiB, register, status
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agenthelpers import MiB, NODE, register, status
-from timeslice.common import records as R
-from timeslice.testing.lockd import admin_channel
+from timeslice.common.server import records as R
 from timeslice.proto import nodeagent_pb2 as pb
 from timeslice.proto import nodeagent_pb2_grpc as pbg
+from timeslice.testing.lockd import admin_channel
 
 
 async def finished(stub, op: pb.Operation, timeout: float = 10.0) -> pb.Operation:

@@ -6,10 +6,11 @@ intent_revision == the intent's mod_revision and outcome != "").
 """
 from __future__ import annotations
 
-from agenthelpers import MiB, NODE, agent_value, answered, intent, register, wait_agent, wait_status
+from agenthelpers import NODE, MiB, agent_value, answered, intent, register, wait_agent, wait_status
+
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.sim import SimBackend
-from timeslice.common import records as R
 
 
 async def test_snapshot_restore_round_trip_with_checksums(client, keys, agents, workers, sim_dir):

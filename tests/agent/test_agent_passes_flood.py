@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
+from agenthelpers import NODE, MiB, register, wait_agent
 
-from agenthelpers import MiB, NODE, register, wait_agent
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
 
 FLOOD_KEYS = 1000      # registrations made (and the previous round's removed) each round
 LOCAL = 100            # of them on this agent's node (the rest on another): the passes look at these

@@ -5,10 +5,11 @@ import asyncio
 import threading
 import time
 
-from agenthelpers import MiB, NODE, answered, get, intent, register, status, wait_status
+from agenthelpers import NODE, MiB, answered, get, intent, register, status, wait_status
+
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.sim import SimBackend
-from timeslice.common import records as R
 
 
 async def test_agent_killed_mid_snapshot_reconciles_on_restart(client, keys, agents, workers, sim_dir):

@@ -6,6 +6,8 @@ import argparse
 import pytest
 from aetcd import rpc
 
+from timeslice.common.errors import ConfigError
+from timeslice.common.server import records as R
 from timeslice.nodeagent import cli
 from timeslice.nodeagent import config as C
 from timeslice.nodeagent import intents as I
@@ -13,8 +15,6 @@ from timeslice.nodeagent.backends.base import ProcState as S
 from timeslice.nodeagent.inventory import differs
 from timeslice.nodeagent.picture import Picture, job_state
 from timeslice.nodeagent.tokens import TokenBook
-from timeslice.common import records as R
-from timeslice.common.errors import ConfigError
 
 
 def kv(value: bytes, rev: int = 7) -> rpc.KeyValue:
@@ -200,7 +200,7 @@ def test_cli_exits_2_on_bad_configuration(capsys):
 def test_the_agents_keys_are_spelled_and_parsed_by_common_keys():
     """The node's intent, status and worker keys are told apart by ``Keys`` alone: another
     node's, another prefix's, a malformed or non-UTF-8 key names no job."""
-    from timeslice.common.keys import Keys
+    from timeslice.common.server.keys import Keys
     k = Keys("/p/")
     assert k.node_workers("j", "n") == b"/p/jobs/j/workers/n/"
     assert k.worker("j", "n", 42) == b"/p/jobs/j/workers/n/42"

@@ -2,8 +2,9 @@
 SIMULATED device too small for both, so every handover needs a swap through etcd."""
 from __future__ import annotations
 
-from agenthelpers import MiB, NODE, status, wait_agent
-from timeslice.common import records as R
+from agenthelpers import NODE, MiB, status, wait_agent
+
+from timeslice.common.server import records as R
 from timeslice.proto import lockd_pb2 as lpb
 
 JOB = 6 * MiB          # each job; the device has 10 MiB: one job at a time

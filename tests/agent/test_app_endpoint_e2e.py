@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.nodeagent.sim.client import SimDeviceClient
 from timeslice import OrchestratorClient
 from timeslice.launcher.cluster import LocalCluster
 from timeslice.launcher.settings import Settings
+from timeslice.sim.runtime import SimDeviceClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "nodeagent"))
-from inference_helpers import Request, SimServer  # noqa: E402
-from simhelpers import wait_until  # noqa: E402
+from inference_helpers import Request, SimServer
+from simhelpers import wait_until
 
 MiB = 1 << 20
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import subprocess
 
-from agenthelpers import MiB, NODE, answered, intent, register, status
+from agenthelpers import NODE, MiB, answered, intent, register, status
 from test_cooperative_channel import SECRET, session
+
+from timeslice.common.server import records as R
 from timeslice.cooperative import Attestation, CooperativeWorker
-from timeslice.common import records as R
 
 
 async def test_a_job_cannot_have_another_jobs_process_snapshotted(client, keys, agents, workers):

@@ -4,12 +4,13 @@ refuses the snapshot with the reason before touching anything; a cooperative one
 here (its backend moves it)."""
 from __future__ import annotations
 
-from agenthelpers import MiB, NODE, answered, intent, put, wait_agent
+from agenthelpers import NODE, MiB, answered, intent, put, wait_agent
+
+from timeslice.common.server import records as R
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.picture import Picture
-from timeslice.common import records as R
 
 
 def test_only_checkpointed_collective_workers_are_refused():

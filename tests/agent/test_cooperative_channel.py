@@ -17,12 +17,12 @@ import sys
 import time
 
 import pytest
+from agenthelpers import NODE, MiB, answered, intent, put, status
 
-from agenthelpers import MiB, NODE, answered, intent, put, status
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.channel import ChannelError
+from timeslice.common.channel import ChannelError
+from timeslice.common.server import records as R
+from timeslice.common.sim.device import SimDevice
 from timeslice.cooperative import CallbackMemory, CooperativeWorker
-from timeslice.common import records as R
 
 SECRET = "s3cret-of-the-cooperative-job"
 
@@ -262,7 +262,7 @@ async def test_a_long_parked_job_is_said_once(client, keys, agents):
 async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, keys, agents, sim_dir):
     """isolation=full: after the cooperative pause, the checkpoint backend takes the rest (here the
     SIMULATED context arena), so nothing of the parked job stays on the device; a restore undoes both."""
-    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice.sim.coop import SimCooperativeMemory
     agent = agents()
     await session(client, keys, "coop-full")
     mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)
@@ -292,7 +292,7 @@ async def test_full_isolation_also_checkpoints_what_the_pause_leaves(client, key
 @pytest.fixture
 async def inproc_agent(client, keys, etcd, sim_dir, tmp_path):
     """An agent in this test's process (its mirrors can be stopped to make them lag etcd)."""
-    from timeslice.common.etcd.client import EtcdConfig
+    from timeslice.common.server.etcd.client import EtcdConfig
     from timeslice.nodeagent.agent import Agent
     from timeslice.nodeagent.config import AgentConfig
     (tmp_path / "state").mkdir()

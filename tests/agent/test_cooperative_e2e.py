@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from agenthelpers import MiB, NODE, status, wait_agent
+from agenthelpers import NODE, MiB, status, wait_agent
 from jobhelpers import Job, wait_for
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.common import records as R
+
+from timeslice.common.server import records as R
+from timeslice.common.sim.device import SimDevice
 from timeslice.testing.lockd import LockdCluster
 
 WEIGHTS, KV = 4 * MiB, 2 * MiB
@@ -172,8 +172,8 @@ async def test_only_what_the_incoming_job_needs_is_released(keys, client, stack_
 
 
 async def test_the_async_client_cooperates_too(etcd, key_prefix, keys, client, agents, sim_dir, tmp_path):
-    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
     from timeslice import AsyncOrchestratorClient
+    from timeslice.sim.coop import SimCooperativeMemory
     SimDevice(sim_dir, capacity_bytes=10 * MiB)
     lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
     agent = agents()

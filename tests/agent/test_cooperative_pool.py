@@ -1,5 +1,5 @@
 """The cooperative backup pool through the whole system, on the SIMULATED device: real etcd, lockd, agent and
-job processes; the pool is the simulator's CPU stand-in (nodeagent.sim.hostpool: real bytes, every copy counted).
+job processes; the pool is the simulator's CPU stand-in (timeslice.sim.hostpool: real bytes, every copy counted).
 
 * a reservation counts against the agent's host admission from the moment it starts (and stops counting
   when it fails);
@@ -13,13 +13,12 @@ import asyncio
 import subprocess
 import sys
 
-import pytest
 from agenthelpers import NODE, MiB, answered, intent, register, status
 from test_cooperative_channel import SECRET, session
 from test_cooperative_e2e import FOOTPRINT, WEIGHTS, stack_of  # noqa: F401 - stack_of: the e2e tests' fixture
 
-from timeslice.common import records as R
-from timeslice.nodeagent.sim.hostpool import ENV_PIN_GATE
+from timeslice.common.server import records as R
+from timeslice.sim.hostpool import ENV_PIN_GATE
 
 TiB = 1 << 40
 
@@ -27,7 +26,7 @@ TiB = 1 << 40
 RESERVING = r"""
 import sys
 from timeslice.cooperative import CooperativeWorker
-from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+from timeslice.sim.coop import SimCooperativeMemory
 job, secret, node, sock, sim_dir, gate, nbytes = sys.argv[1:8]
 mem = SimCooperativeMemory({"weights": (int(nbytes), "offload")}, sim_dir, gbps=0, resident=False, pin_gate=gate)
 w = CooperativeWorker(job, secret, mem, node, sock).start()

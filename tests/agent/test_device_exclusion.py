@@ -7,8 +7,8 @@ handoff, where nothing else would stop the stale holder's kernels). Its job regi
 from __future__ import annotations
 
 import pytest
+from agenthelpers import NODE, MiB, wait_agent
 
-from agenthelpers import MiB, NODE, wait_agent
 from timeslice.proto import lockd_pb2 as lpb
 
 JOB = 3 * MiB          # both fit on the 10 MiB device: the handoff is elided

@@ -15,15 +15,15 @@ import sys
 
 import grpc
 import pytest
-
 from agenthelpers import MiB, status, wait_agent, wait_status
+
 from chaos_tests.holders import check_holders_not_parked, etcd_history
-from timeslice.nodeagent.sim.device import SimDevice
-from timeslice.common import records as R
-from timeslice.testing.agent import AgentProcess, SimWorker
-from timeslice.testing.lockd import LockdCluster, admin_channel
+from timeslice.common.server import records as R
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
+from timeslice.testing.agent import AgentProcess, SimWorker
+from timeslice.testing.lockd import LockdCluster, admin_channel
 
 NODES = ("node-1", "node-2")
 CAP = 8 * MiB                      # per simulated GPU
@@ -218,7 +218,7 @@ async def test_a_worker_without_device_context_never_blocks_a_swap(etcd, key_pre
             # A worker registered before it initialised its device, which it does later: from
             # then on it is resident like any other, and the next head makes room.
             late = subprocess.Popen(
-                [sys.executable, "-c", "import sys; sys.stdin.readline(); from nodeagent.sim.worker import main; "
+                [sys.executable, "-c", "import sys; sys.stdin.readline(); from timeslice.sim.worker import main; "
                  f"main(['--sim-dir', {str(cluster.sim['node-1'])!r}, '--bytes', '{2 * MiB}', '--gpu', '0'])"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
                 env={**os.environ, "TIMESLICE_SIM_HOST_DIR": str(cluster.host["node-1"])})

@@ -8,9 +8,10 @@ job that needs 31.5 MiB, which fits only once the cooperative job's context is o
 """
 from __future__ import annotations
 
-from agenthelpers import MiB, NODE, status, wait_agent
+from agenthelpers import NODE, MiB, status, wait_agent
 from jobhelpers import CkptJob, Job
-from timeslice.common import records as R
+
+from timeslice.common.server import records as R
 
 COOP = f"weights:{12 * MiB}:offload,kv:{7 * MiB}:discard"
 FOOT = 20 * MiB                 # the cooperative job on the device: 1 MiB context + both regions

@@ -7,14 +7,14 @@ from __future__ import annotations
 from agenthelpers import NODE, MiB, answered, put
 
 from tests.agent.test_cooperative_channel import SECRET, register, session
-from timeslice.common import records as R
+from timeslice.common.server import records as R
+from timeslice.common.sim.device import SimDevice
 from timeslice.cooperative import CooperativeWorker
-from timeslice.nodeagent.sim.device import SimDevice
 
 
 async def test_a_frozen_cooperative_worker_is_unlocked_for_its_pause_and_resumes_intact(client, keys, agents,
                                                                                        sim_dir):
-    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice.sim.coop import SimCooperativeMemory
     agent = agents()
     await session(client, keys, "coop-s")
     mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)

@@ -13,8 +13,8 @@ from contextlib import asynccontextmanager
 import pytest
 from agenthelpers import NODE, MiB, get, status, wait_agent
 
-from timeslice.common import records as R
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.server import records as R
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
 
 JOB = 3 * MiB          # two fit on the 10 MiB device: every handoff here is elided

@@ -14,10 +14,10 @@ import asyncio
 
 import grpc
 import pytest
-
-from agenthelpers import MiB, NODE, get, status, wait_agent, wait_status
+from agenthelpers import NODE, MiB, get, status, wait_agent, wait_status
 from jobhelpers import CkptJob, Job, wait_for
-from timeslice.common import records as R
+
+from timeslice.common.server import records as R
 
 COOP = f"weights:{12 * MiB}:offload,kv:{7 * MiB}:discard"
 FOOT = 20 * MiB                 # the cooperative job on the device: context + both regions

@@ -1,4 +1,4 @@
-"""The retained backup's decisions (timeslice.backup) over the SIMULATED pool and copier (nodeagent.sim.hostpool):
+"""The retained backup's decisions (timeslice.backup) over the SIMULATED pool and copier (timeslice.sim.hostpool):
 real bytes, every copy counted. What runs on a GPU is the same BackupBook over PinnedPool and TorchMover."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 import pytest
 
 from timeslice.backup import BackupBook, BackupCorrupted, BackupError
-from timeslice.nodeagent.sim.hostpool import SimHostPool, SimMover
+from timeslice.sim.hostpool import SimHostPool, SimMover
 
 MiB = 1 << 20
 

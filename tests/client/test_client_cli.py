@@ -142,7 +142,7 @@ def test_group_create_takes_an_isolation_policy(lockd, uid, clients, capsys, mon
     assert rc == 0 and "isolation" not in out                                  # the default: none
     assert cli.main(["group", "create", g, "--isolation", "no-such-policy"]) == 2
     # The choices are lockd's list, read when the parser is built (a policy added there shows up).
-    from timeslice.common import records as R
+    from timeslice.common.server import records as R
     monkeypatch.setattr(R, "ISOLATIONS", R.ISOLATIONS | {"strict"})
     args = cli.build_parser().parse_args(["group", "create", g, "--isolation", "strict"])
     assert args.isolation == "strict"

@@ -16,11 +16,11 @@ import time
 from aetcd import rpc
 
 from timeslice import AsyncOrchestratorClient
-from timeslice.retry import RetryPolicy
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.keys import Keys
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
+from timeslice.retry import RetryPolicy
 from timeslice.testing.lockd import LockdCluster, admin_channel
 from timeslice.testing.rawjob import RawJob
 

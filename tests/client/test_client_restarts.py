@@ -169,7 +169,7 @@ def test_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lockd_own,
         def wait():
             try:
                 waiter.acquire(g)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 out["err"] = e
         t = threading.Thread(target=wait, daemon=True)
         t.start()

@@ -100,7 +100,7 @@ def test_a_notice_left_from_a_wait_does_not_end_a_later_grant(lockd, admin, uid,
     def wait():
         try:
             c.acquire(g, timeout=30)
-        except Exception as e:  # noqa: BLE001 - the test reads it
+        except Exception as e:
             out["err"] = e
     t = threading.Thread(target=wait)
     t.start()

@@ -58,7 +58,7 @@ def test_session_loss_while_blocked_in_acquire(etcd, lockd, group, uid, clients)
     def wait():
         try:
             b.acquire(group, timeout=30)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             out["err"] = e
     t = threading.Thread(target=wait)
     t.start()

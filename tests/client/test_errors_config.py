@@ -150,10 +150,10 @@ def test_cache_release_only_when_torch_is_loaded_and_cuda_initialised(monkeypatc
 
 
 def test_generated_job_id_is_logged_as_a_structured_event(monkeypatch):
+    import structlog
     from structlog.testing import capture_logs
 
     from timeslice import OrchestratorClient
-    import structlog
     monkeypatch.delenv("TIMESLICE_JOB_ID", raising=False)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     was_configured = structlog.is_configured()

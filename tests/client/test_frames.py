@@ -1,9 +1,9 @@
-"""The channel's messages (timeslice.frames): what one end builds, the other end's checks accept,
+"""The channel's messages (timeslice.common.frames): what one end builds, the other end's checks accept,
 through the real framing; what they must refuse, they refuse."""
 import pytest
 
-from timeslice import channel as C
-from timeslice import frames as F
+from timeslice.common import channel as C
+from timeslice.common import frames as F
 
 
 def roundtrip(msg):

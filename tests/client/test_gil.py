@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from timeslice import frames as F
 from timeslice import gil
+from timeslice.common import frames as F
 from timeslice.cooperative import CallbackMemory, CooperativeWorker
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.sim.device import SimDevice
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.lockd import LockdCluster
 from timeslice.testing.procs import track, untrack

@@ -13,11 +13,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
 
-from timeslice.common import records as R  # noqa: E402
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops  # noqa: E402
-from timeslice.common.keys import Keys  # noqa: E402
+from timeslice.common.server import records as R  # noqa: E402
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops  # noqa: E402
+from timeslice.common.server.keys import Keys  # noqa: E402
 from timeslice.integrations.pytorch import Placement  # noqa: E402
-from timeslice.nodeagent.sim.torch_memory import SimTorchMemory  # noqa: E402
+from timeslice.sim.torch_memory import SimTorchMemory  # noqa: E402
 
 NODE = "rl-node"
 CTX = 64 << 10
@@ -62,7 +62,7 @@ def test_a_checkpoint_workers_memory_made_inside_a_hold_is_reported_before_its_y
     # step, a cache). The Yield first has the agent report it (Workers.sync_reports), so the
     # grant lockd plans at that Yield sees the device as it is.
     from timeslice import OrchestratorClient
-    from timeslice.nodeagent.sim.client import SimDeviceClient
+    from timeslice.sim.runtime import SimDeviceClient
     jobs, agent = rl_stack(8 << 20, agent_extra=("--refresh-interval", "9"))
     monkeypatch.setenv("TIMESLICE_NODE_NAME", NODE)
     monkeypatch.setenv("TIMESLICE_AGENT_SOCKET", agent.socket)

@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
 
+from timeslice.common.device_errors import DeviceOutOfMemory, IllegalState  # noqa: E402
+from timeslice.common.sim.device import SimDevice  # noqa: E402
 from timeslice.integrations.pytorch import Placement, expected_state_bytes, needs_state  # noqa: E402
 from timeslice.integrations.slicing import TimeSlice  # noqa: E402
-from timeslice.nodeagent.backends.errors import DeviceOutOfMemory, IllegalState  # noqa: E402
-from timeslice.nodeagent.sim.device import SimDevice  # noqa: E402
-from timeslice.nodeagent.sim.torch_memory import SimTorchMemory  # noqa: E402
+from timeslice.sim.torch_memory import SimTorchMemory  # noqa: E402
 
 CTX = 4096
 

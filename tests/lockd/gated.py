@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from aetcd import rpc
 
-from timeslice.common.etcd import EtcdClient, EtcdConfig
-from timeslice.common.etcd.timing import ElectionTiming
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig
+from timeslice.common.server.etcd.timing import ElectionTiming
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.replica import Replica
 

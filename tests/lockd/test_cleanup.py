@@ -1,8 +1,8 @@
 """Housekeeping of departed jobs' intents and statuses, sans-IO."""
+from tests.lockd.test_plan import intent, kv, status
+from timeslice.common.server import records as R
 from timeslice.lockd.cleanup import Forget, plan_cleanup
 from timeslice.lockd.index import GroupState, JobState, NodeState
-from tests.lockd.test_plan import intent, kv, status
-from timeslice.common import records as R
 
 
 def test_only_departed_jobs_answered_intents_and_empty_statuses_go():

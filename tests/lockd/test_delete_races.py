@@ -16,8 +16,8 @@ import pytest
 
 from tests.lockd.conftest import Job, admin
 from tests.lockd.gated import deletes_prefix, puts, replica_in_process, until
-from timeslice.common.etcd import EtcdClient, ops
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd import EtcdClient, ops
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.errors import GroupBusy, NotFound
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.testing.lockd import LockdCluster

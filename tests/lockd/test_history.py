@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from aetcd import rpc
 
-from timeslice.common import records as R
-from timeslice.common.etcd.watch import DELETE, PUT, WatchEvent
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd.watch import DELETE, PUT, WatchEvent
+from timeslice.common.server.keys import Keys
 from timeslice.lockd import history as H
 
 K = Keys("/p/")

@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from tests.security.test_session_limits import from_address
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.keys import Keys
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.keys import Keys
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.testing.lockd import LockdCluster

@@ -7,7 +7,7 @@ import grpc
 import pytest
 
 from tests.lockd.conftest import Job, admin
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.proto import lockd_pb2 as pb
 
 
@@ -232,8 +232,8 @@ async def test_paused_leader_cannot_grant_after_waking(lockd3, etcd):
 
 async def test_leader_killed_mid_swap_new_leader_finishes(lockd3, etcd):
     """Play the node agent by hand: the swap started by one leader completes under the next."""
-    from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-    from timeslice.common.keys import Keys
+    from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+    from timeslice.common.server.keys import Keys
 
     keys = Keys(lockd3.prefix)
     c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))
@@ -333,8 +333,8 @@ async def test_yield_on_the_leader_hands_over_in_one_transaction(lockd3, etcd):
 
 
 async def test_leader_forgets_departed_jobs_intents_and_empty_statuses(lockd3, etcd):
-    from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-    from timeslice.common.keys import Keys
+    from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+    from timeslice.common.server.keys import Keys
 
     keys = Keys(lockd3.prefix)
     c = EtcdClient(EtcdConfig.parse(etcd.endpoints_str))

@@ -1,9 +1,9 @@
 """The swap planner, sans-IO: hand-made states in, actions out."""
 from aetcd import rpc
 
+from timeslice.common.server import records as R
 from timeslice.lockd import plan as P
 from timeslice.lockd.index import GroupState, JobState, NodeState
-from timeslice.common import records as R
 
 GB = 1 << 30
 
@@ -191,9 +191,9 @@ def test_never_grants_while_a_node_still_needs_a_move_even_if_its_intent_exists(
 
 
 def test_index_knows_which_groups_serve_a_node_as_specs_come_and_go():
+    from timeslice.common.server.etcd.watch import DELETE, PUT, WatchEvent
+    from timeslice.common.server.keys import Keys
     from timeslice.lockd.index import StateIndex
-    from timeslice.common.etcd.watch import DELETE, PUT, WatchEvent
-    from timeslice.common.keys import Keys
 
     keys = Keys("/t/")
     idx = StateIndex(keys)
@@ -315,9 +315,9 @@ def test_a_snapshot_without_a_per_gpu_record_must_fit_on_every_gpu_it_may_use():
 
 
 def test_index_knows_which_groups_a_job_holds():
+    from timeslice.common.server.etcd.watch import DELETE, PUT, WatchEvent
+    from timeslice.common.server.keys import Keys
     from timeslice.lockd.index import StateIndex
-    from timeslice.common.etcd.watch import DELETE, PUT, WatchEvent
-    from timeslice.common.keys import Keys
 
     keys = Keys("/t/")
     idx = StateIndex(keys)
@@ -350,10 +350,10 @@ def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
 
 
 def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
+    from timeslice.common.server.etcd.watch import DELETE, PUT, WatchEvent
+    from timeslice.common.server.keys import Keys
     from timeslice.lockd.index import StateIndex
     from timeslice.lockd.scheduler import Scheduler
-    from timeslice.common.etcd.watch import DELETE, PUT, WatchEvent
-    from timeslice.common.keys import Keys
 
     keys = Keys("/t/")
     idx = StateIndex(keys)

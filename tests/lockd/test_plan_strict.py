@@ -1,7 +1,7 @@
 """Strict groups in the planner: on an elided handoff the jobs left on the group's GPUs
 are frozen before the grant, and a frozen job is thawed before its own next grant. Sans-IO."""
 from tests.lockd.test_plan import GB, agent4, group_gpus, intent, kv, status, worker_on
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd import plan as P
 from timeslice.lockd.index import JobState, NodeState
 

@@ -2,8 +2,8 @@
 import pytest
 from aetcd import rpc
 
-from timeslice.common import records as R
 from timeslice.common.errors import InvalidIdError
+from timeslice.common.server import records as R
 from timeslice.lockd import plan as P
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK

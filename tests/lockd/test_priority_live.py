@@ -9,9 +9,9 @@ import pytest
 
 from chaos_tests.checker import check
 from tests.lockd.conftest import Job, admin
-from timeslice.common import records as R
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.keys import Keys
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.keys import Keys
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 

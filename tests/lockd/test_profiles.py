@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.lockd.profiles import build, fractions
 
 

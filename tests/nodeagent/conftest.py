@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from simhelpers import MiB, Worker
 
 from timeslice.nodeagent.backends.sim import SimBackend
-from simhelpers import MiB, Worker
 
 
 @pytest.fixture

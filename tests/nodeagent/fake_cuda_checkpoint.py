@@ -18,8 +18,8 @@ import sys
 
 import structlog
 
+from timeslice.common import device_errors as e
 from timeslice.nodeagent.backends import curesult
-from timeslice.nodeagent.backends import errors as e
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.sim import SimBackend
 

@@ -1,4 +1,4 @@
-"""Start the SIMULATED inference server (``nodeagent.sim.inference_server``) as a real process."""
+"""Start the SIMULATED inference server (``timeslice.testing.standin.server``) as a real process."""
 from __future__ import annotations
 
 import json
@@ -12,7 +12,7 @@ from pathlib import Path
 class SimServer:
     def __init__(self, sim_dir: Path, flavor: str, regions: list[str], port: int = 0,
                  context: str = "1MiB", token_ms: float = 5.0):
-        args = [sys.executable, "-m", "timeslice.nodeagent.sim.inference_server", "--flavor", flavor,
+        args = [sys.executable, "-m", "timeslice.testing.standin.server", "--flavor", flavor,
                 "--sim-dir", str(sim_dir), "--port", str(port), "--context-bytes", context,
                 "--token-ms", str(token_ms)]
         for r in regions:

@@ -1,5 +1,5 @@
 """Helpers for the node agent's backend tests: real simulated-GPU worker processes
-(``python -m timeslice.nodeagent.sim.worker``) driven over pipes, a fake meminfo, polling."""
+(``python -m timeslice.sim.worker``) driven over pipes, a fake meminfo, polling."""
 from __future__ import annotations
 
 import os
@@ -19,7 +19,7 @@ class Worker:
 
     def __init__(self, sim_dir: Path, nbytes: int, seed: int, step_ms: float = 1.0, gpu: int | None = None):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "timeslice.nodeagent.sim.worker", "--sim-dir", str(sim_dir),
+            [sys.executable, "-m", "timeslice.sim.worker", "--sim-dir", str(sim_dir),
              "--bytes", str(nbytes), "--seed", str(seed), "--step-ms", str(step_ms),
              *(["--gpu", str(gpu)] if gpu is not None else [])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -40,7 +40,7 @@ class Worker:
             raise EOFError(f"worker {self.pid} exited: rc={self.proc.wait()} stderr={self.proc.stderr.read()}")
         return line
 
-    def ready(self, timeout: float = 15.0) -> "Worker":
+    def ready(self, timeout: float = 15.0) -> Worker:
         line = self.read(timeout)
         tag, pid, sha = line.split()
         assert tag == "READY" and int(pid) == self.pid, line

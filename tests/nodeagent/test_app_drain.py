@@ -12,10 +12,10 @@ import pytest
 from inference_helpers import Request, SimServer
 from simhelpers import MiB, wait_until
 
-from timeslice.common.records import WorkerValue
+from timeslice.common.server.records import WorkerValue
 from timeslice.nodeagent.backends.app_endpoint import SwapConfigError, make_app_swapper
 from timeslice.nodeagent.backends.swapper import SwapTimeout
-from timeslice.nodeagent.sim.device import SimMeter
+from timeslice.nodeagent.sim.meter import SimMeter
 
 REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard"]
 

@@ -9,6 +9,8 @@ import pytest
 from inference_helpers import SimServer
 from simhelpers import MiB
 
+from timeslice.common.device_errors import ProcessGone
+from timeslice.common.server.records import WorkerValue
 from timeslice.nodeagent.backends.app_endpoint import (
     SglangSwapper,
     SwapConfigError,
@@ -16,10 +18,8 @@ from timeslice.nodeagent.backends.app_endpoint import (
     VllmSwapper,
     make_app_swapper,
 )
-from timeslice.nodeagent.backends.errors import ProcessGone
 from timeslice.nodeagent.backends.swapper import SwapRefused, SwapState, SwapTimeout
-from timeslice.nodeagent.sim.device import SimMeter
-from timeslice.common.records import WorkerValue
+from timeslice.nodeagent.sim.meter import SimMeter
 
 VLLM_REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard"]
 SGL_REGIONS = ["weights=8MiB:offload", "kv_cache=4MiB:discard", "cuda_graph=2MiB:discard"]

@@ -7,15 +7,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from simhelpers import MiB
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
+from timeslice.common.sim.device import SimDevice
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.cuda_cli import CudaCliBackend
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
 from timeslice.nodeagent.backends.records import SnapshotRecords
-from timeslice.nodeagent.sim.device import SimDevice, SimMeter
-from simhelpers import MiB
+from timeslice.nodeagent.sim.meter import SimMeter
 
 FAKE = Path(__file__).with_name("fake_cuda_checkpoint.py")
 

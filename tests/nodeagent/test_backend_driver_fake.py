@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.cuda_driver import CudaDriver, CudaDriverBackend
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes

@@ -7,14 +7,19 @@ import shutil
 import time
 
 import pytest
+from simhelpers import MiB, wait_until, write_meminfo
 from structlog.testing import capture_logs
 
 from timeslice.nodeagent.backends.base import ProcState
-from timeslice.nodeagent.backends.ops import (Outcome, arestore_processes, asnapshot_processes, restore_processes,
-                                    snapshot_processes)
+from timeslice.nodeagent.backends.ops import (
+    Outcome,
+    arestore_processes,
+    asnapshot_processes,
+    restore_processes,
+    snapshot_processes,
+)
 from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.hostmem import HostMemory
-from simhelpers import MiB, wait_until, write_meminfo
 
 
 def test_snapshot_refused_when_host_memory_is_short_touches_nothing(sim, spawn, proc_root):

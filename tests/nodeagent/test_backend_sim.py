@@ -6,14 +6,14 @@ import os
 import time
 
 import pytest
+from simhelpers import MiB, wait_until
 
-from timeslice.nodeagent.backends import errors as e
+from timeslice.common import device_errors as e
+from timeslice.common.sim.device import DEVICE_ID
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
 from timeslice.nodeagent.backends.sim import SimBackend
-from timeslice.nodeagent.sim.device import DEVICE_ID
-from timeslice.nodeagent.sim.worker import pattern
-from simhelpers import MiB, wait_until
+from timeslice.sim.worker import pattern
 
 
 def test_round_trip_keeps_the_bytes_and_really_frees_the_device(sim, spawn):
@@ -153,7 +153,7 @@ def test_a_failed_checkpoint_leaves_no_half_written_host_copy(sim, sim_dir):
     """A cooperative worker's memory is not one arena the simulator could copy (its holding is its
     context arena plus its regions): taken for a checkpoint process, the copy runs short. The device
     must keep the bytes and no ``host-<pid>.partial`` may be left behind."""
-    from timeslice.nodeagent.sim.coop import SimCooperativeMemory
+    from timeslice.sim.coop import SimCooperativeMemory
     mem = SimCooperativeMemory({"weights": (3 * MiB, "offload")}, sim_dir, gbps=0)
     pid = os.getpid()
     try:

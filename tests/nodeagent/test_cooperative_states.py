@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from timeslice.common.server import records as R
 from timeslice.cooperative import CooperativeWorker
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.composite import CompositeBackend
@@ -20,7 +21,6 @@ from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.reconnects import AWAY, GONE, OPEN, Reconnects
 from timeslice.nodeagent.swap_routes import SwapRoutes
-from timeslice.common import records as R
 
 MiB = 1 << 20
 
@@ -52,7 +52,7 @@ class TwoRegions:
 class Unregistered:
     """The agent's view of etcd's registrations, with none for this process (its job closed)."""
 
-    class jobs_mirror:          # noqa: N801 - the attribute LocalJobs has
+    class jobs_mirror:
         revision = 0
 
     def local_workers(self) -> dict:

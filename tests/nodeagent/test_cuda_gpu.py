@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from timeslice.common.device_errors import LockTimeout
 from timeslice.nodeagent.backends import cuda_driver
 from timeslice.nodeagent.backends.base import ProcState
-from timeslice.nodeagent.backends.errors import LockTimeout
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
 from timeslice.nodeagent.backends.records import SnapshotRecords
 from timeslice.nodeagent.hostmem import HostMemory

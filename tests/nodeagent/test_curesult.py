@@ -6,7 +6,8 @@ import ctypes.util
 
 import pytest
 
-from timeslice.nodeagent.backends import curesult, errors as e, pick_backend
+from timeslice.common import device_errors as e
+from timeslice.nodeagent.backends import curesult, pick_backend
 from timeslice.nodeagent.backends.cuda_driver import CheckpointArgs, CudaDriver, LockArgs, RestoreArgs, UnlockArgs
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.nodeagent.backends import procfs
+from timeslice.common import procfs
 from timeslice.nodeagent.discovery import local_registered_pids, parse_pod_uid, pod_gpu_pids, pod_uid_of
 
 PROC = Path(__file__).parent / "fixtures" / "proc"

@@ -7,7 +7,7 @@ import queue
 
 from simhelpers import MiB, wait_until
 
-from timeslice.common import records as R
+from timeslice.common.server import records as R
 from timeslice.nodeagent import orphans as O
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.freezing import freeze_processes, thaw_processes

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from timeslice.nodeagent.backends.errors import DeviceMemoryRefused, HostMemoryRefused
-from timeslice.nodeagent.hostmem import ENV_HOST_RESERVE, HostMemory, admit_restore, read_meminfo
+from timeslice.common.device_errors import DeviceMemoryRefused, HostMemoryRefused
 from timeslice.common.errors import ConfigError
+from timeslice.nodeagent.hostmem import ENV_HOST_RESERVE, HostMemory, admit_restore, read_meminfo
 
 PROC = Path(__file__).parent / "fixtures" / "proc"
 GiB = 1 << 30

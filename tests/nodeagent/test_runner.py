@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from timeslice.common import records as R
+from simhelpers import MiB
+
+from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.runner import Runner
-from simhelpers import MiB
 
 
 class Bracketed(SimBackend):

@@ -3,13 +3,13 @@ GPU, snapshot and restore back onto that GPU, admission per GPU (real bytes, rea
 from __future__ import annotations
 
 import pytest
+from simhelpers import MiB, Worker
 
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
 from timeslice.nodeagent.backends.sim import SimBackend
 from timeslice.nodeagent.hostmem import HostMemory
 from timeslice.nodeagent.inventory import Inventory
-from simhelpers import MiB, Worker
 
 
 @pytest.fixture

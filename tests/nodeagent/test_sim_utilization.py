@@ -1,8 +1,9 @@
 """SIMULATOR: the simulated device's utilization (the duty-cycle metric in CI) follows its workers."""
 from __future__ import annotations
 
-from timeslice.nodeagent.sim.utilization import SimUtilization
 from simhelpers import MiB
+
+from timeslice.nodeagent.sim.utilization import SimUtilization
 
 
 def test_idle_device_is_not_busy(sim_dir, sim, spawn):
@@ -27,10 +28,10 @@ def test_a_worker_inside_a_device_operation_is_busy(sim_dir, sim, spawn):
 
 def test_fraction_is_over_the_window(tmp_path):
     u = SimUtilization(tmp_path, window_s=10.0)
-    u.busy = lambda: True                     # noqa: E731 - the samples' source, fixed
+    u.busy = lambda: True
     for t in range(5):
         u.sample(now=float(t))
-    u.busy = lambda: False                    # noqa: E731
+    u.busy = lambda: False
     for t in range(5, 15):
         u.sample(now=float(t))
     # At t=14 the 10 s window keeps the samples of t=4..14: one busy of eleven.

@@ -1,13 +1,13 @@
-"""The advisor (timeslice.placement.grouping) and the profile file format, sans-IO."""
+"""The advisor (timeslice.advise.grouping) and the profile file format, sans-IO."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from timeslice.placement.grouping import Advisor, Options, advise
-from timeslice.placement.profile import GpuSet, JobProfile, NodeInfo, ProfileFormatError, ProfileSet
-from timeslice.placement.simulate import SimGroup, simulate
+from timeslice.advise.grouping import Advisor, Options, advise
+from timeslice.advise.profile import GpuSet, JobProfile, NodeInfo, ProfileFormatError, ProfileSet
+from timeslice.advise.simulate import SimGroup, simulate
 
 MiB = 1 << 20
 

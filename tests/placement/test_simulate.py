@@ -1,10 +1,11 @@
-"""The scheduler's simulation (timeslice.placement.simulate), sans-IO: each figure checked against
+"""The scheduler's simulation (timeslice.advise.simulate), sans-IO: each figure checked against
 what the scheduler's rule gives by hand for fixed phase lengths."""
 from __future__ import annotations
 
 import pytest
 
-from timeslice.placement.simulate import SimGroup, SimJob, duty, simulate, union_length
+from timeslice.advise.simulate import SimGroup, SimJob, simulate
+from timeslice.common.intervals import duty, union_length
 
 H = 0.005     # handoff and op costs used throughout
 

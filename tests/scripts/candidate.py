@@ -11,7 +11,7 @@ import sys
 import time
 
 from timeslice.common.errors import NotLeader, TimesliceError
-from timeslice.common.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming, ops
+from timeslice.common.server.etcd import Election, EtcdClient, EtcdConfig, Session, SessionTiming, ops
 
 
 def log(out, **rec):

@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from timeslice.common.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming
 
 
 async def main(endpoints, prefix, name, out, hold=0.02, ttl=5):

@@ -27,10 +27,9 @@ import os
 import sys
 import time
 
-from timeslice.channel import ChannelError
-
-from timeslice.nodeagent.sim.coop import SimCooperativeMemory
 from timeslice import OrchestratorClient
+from timeslice.common.channel import ChannelError
+from timeslice.sim.coop import SimCooperativeMemory
 
 
 def say(**kw):
@@ -104,7 +103,7 @@ def main(target, job, node, sim_dir, sock, regions):
             elif cmd == "quit":
                 say(ok=True)
                 break
-        except Exception as e:  # noqa: BLE001 - the test reads the error
+        except Exception as e:
             say(ok=False, error=f"{type(e).__name__}: {e}")
     client.close()
 

@@ -18,8 +18,8 @@ import socket
 import sys
 import threading
 
-from timeslice import channel as C
-from timeslice.nodeagent.sim.client import SimDeviceClient
+from timeslice.common import channel as C
+from timeslice.sim.runtime import SimDeviceClient
 
 MiB = 1 << 20
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.keys import Keys
-from timeslice.nodeagent.sim.device import SimDevice
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
 from timeslice.testing.agent import AgentProcess, SimWorker

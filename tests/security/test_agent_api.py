@@ -10,13 +10,13 @@ import os
 
 import grpc
 
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
+from tests.security.conftest import NODE, MiB, etcd_state, rpc_error
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
 from timeslice.nodeagent import config as C
-from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from timeslice.testing.lockd import admin_channel
 from timeslice.proto import nodeagent_pb2 as pb
 from timeslice.proto import nodeagent_pb2_grpc as pbg
+from timeslice.testing.lockd import admin_channel
 
 
 async def test_unauthenticated_callers_cannot_snapshot_restore_or_see_processes(stack, etcd_client, jobs, workers):

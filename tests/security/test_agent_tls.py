@@ -7,12 +7,12 @@ import subprocess
 import grpc
 import pytest
 
-from timeslice.nodeagent.sim.device import SimDevice
 from tests.security.conftest import MiB, rpc_error
-from timeslice.testing.agent import AgentProcess
-from timeslice.testing.lockd import shared_admin_token
+from timeslice.common.sim.device import SimDevice
 from timeslice.proto import nodeagent_pb2 as pb
 from timeslice.proto import nodeagent_pb2_grpc as pbg
+from timeslice.testing.agent import AgentProcess
+from timeslice.testing.lockd import shared_admin_token
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
 

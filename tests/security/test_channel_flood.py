@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from tests.security.conftest import MiB, NODE
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
+from tests.security.conftest import NODE, MiB
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.testing.procs import track, untrack
 

@@ -11,10 +11,10 @@ import asyncio
 import hashlib
 import json
 import os
+import queue
 import secrets
 import socket
 import struct
-import queue
 import subprocess
 import sys
 import threading
@@ -22,11 +22,11 @@ import time
 
 import pytest
 
-from timeslice import channel as C
-from timeslice.common import records as R
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.keys import Keys
-from timeslice.nodeagent.sim.device import LOCKED, RUNNING, SimDevice
+from timeslice.common import channel as C
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import LOCKED, RUNNING, SimDevice
 from timeslice.launcher.procs import log_events
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.procs import track, untrack

@@ -5,14 +5,14 @@ import asyncio
 
 import grpc
 
-from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.testing.lockd import LockdProcess, admin_channel
+from tests.security.conftest import NODE, MiB, etcd_state, rpc_error
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
 from timeslice.proto import nodeagent_pb2 as npb
 from timeslice.proto import nodeagent_pb2_grpc as npbg
+from timeslice.testing.lockd import LockdProcess, admin_channel
 
 
 async def test_group_calls_need_the_admin_token(stack, etcd_client, admin, jobs):

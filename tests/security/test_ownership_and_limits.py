@@ -7,11 +7,11 @@ import grpc
 import pytest
 from grpc.aio import Metadata
 
-from tests.security.conftest import MiB, NODE, etcd_state, rpc_error
-from timeslice.common.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.etcd.errmap import ETCD_ERROR_TABLE, map_error
+from tests.security.conftest import NODE, MiB, etcd_state, rpc_error
 from timeslice.common.errors import EtcdLeaseGone, EtcdRequestTooLarge, EtcdUnavailable, OutcomeUnknown
-from timeslice.common.serving import status_of
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
+from timeslice.common.server.etcd.errmap import ETCD_ERROR_TABLE, map_error
+from timeslice.common.server.serving import status_of
 from timeslice.proto import lockd_pb2 as lpb
 
 

@@ -16,9 +16,8 @@ import grpc
 import pytest
 
 from tests.security.conftest import NODE, etcd_state, rpc_error
-from timeslice.common import records as R
-from timeslice.common.etcd import ops
-from timeslice.proto import lockd_pb2 as lpb
+from timeslice.common.server import records as R
+from timeslice.common.server.etcd import ops
 from timeslice.testing.procs import track, untrack
 
 ATTEST = """

@@ -11,9 +11,9 @@ import pytest
 
 from tests.security.conftest import rpc_error
 from tests.security.test_session_limits import from_address
+from timeslice.lockd.watches import MAX_WATCHES_PER_CALLER
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
-from timeslice.lockd.watches import MAX_WATCHES_PER_CALLER
 from timeslice.testing.lockd import LockdCluster, admin_channel
 
 BAD_IDS = ["../x", "a/b", "", "x" * 300, "caf\u00e9", "a b", "-lead"]

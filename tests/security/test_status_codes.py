@@ -13,7 +13,7 @@ from timeslice.common.errors import TimesliceError
 
 #: The only errors that may say UNAVAILABLE: each goes away by itself (retry elsewhere or later).
 TRANSIENT = {
-    "EtcdError",          # base class only: map_error never returns it bare (see common/etcd/errmap.py)
+    "EtcdError",          # base class only: map_error never returns it bare (see common/server/etcd/errmap.py)
     "EtcdUnavailable",    # no etcd member answered in time
     "OutcomeUnknown",     # the reply of a write was lost
     "ElectionError", "NotLeader",   # leadership moves; the next replica answers

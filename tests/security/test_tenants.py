@@ -16,7 +16,7 @@ import pytest
 from tests.security.conftest import etcd_state, rpc_error
 from tests.security.test_agent_tls import pki  # noqa: F401  (the fixture)
 from timeslice.common.errors import ConfigError
-from timeslice.common.keys import Keys
+from timeslice.common.server.keys import Keys
 from timeslice.lockd.tenancy import REDACTED
 from timeslice.lockd.tenants import TenantBook
 from timeslice.proto import lockd_pb2 as lpb
@@ -248,8 +248,9 @@ def test_the_tenants_file_is_checked_at_start():
 
 
 def test_tenancy_is_on_in_deploy_and_off_in_the_local_cluster():
-    import yaml
     from pathlib import Path
+
+    import yaml
     root = Path(__file__).resolve().parents[2]
     dep = yaml.safe_load((root / "deploy" / "lockd" / "deployment.yaml").read_text())
     pod = dep["spec"]["template"]["spec"]

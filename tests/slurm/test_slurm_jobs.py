@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from slurmharness import SlurmCluster, missing_binaries
-from timeslice.common.keys import Keys
-from timeslice.launcher.demo.analysis import overlapping_pairs
-from timeslice.nodeagent.sim.device import SimDevice
+
+from timeslice.common.server.keys import Keys
+from timeslice.common.sim.device import SimDevice
+from timeslice.lockd.report.figures import overlapping_pairs
 from timeslice.testing.agent import AgentProcess
 from timeslice.testing.lockd import LockdCluster
 

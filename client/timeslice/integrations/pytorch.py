@@ -32,7 +32,7 @@ told the new sizes (``worker.announce(sync=True)``), so its first swap costs no 
 and the hold ends only once the agent's report counts them: a grant planned after
 it never takes the new state for free device memory.
 
-On the CPU stand-in (``timeslice.nodeagent.sim.torch_memory.SimTorchMemory``, a
+On the CPU stand-in (``timeslice.sim.torch_memory.SimTorchMemory``, a
 SIMULATOR) the same calls *adopt* the tensors instead, which lets CI check that
 nothing runs on them outside a hold. PyTorch is imported lazily.
 """

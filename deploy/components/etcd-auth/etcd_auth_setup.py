@@ -10,7 +10,7 @@ image), and again whenever a GPU node is added. It creates, or brings up to date
                                                        the statuses it reports)
 
 and then enables authentication. It runs with the timeslice package installed (the
-keys are spelled by ``timeslice.common.keys``, as every component spells them; node
+keys are spelled by ``timeslice.common.server.keys``, as every component spells them; node
 names and the prefix follow the same grammar). Passwords are read from files, never from the
 command line: ``--root-password-file``, ``--lockd-password-file`` and
 ``--agents-dir`` (one file per node, named after the node, holding that node's
@@ -31,12 +31,12 @@ from aetcd.rpc import auth_pb2, rpc_pb2, rpc_pb2_grpc
 
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import check_id
-from timeslice.common.keys import Keys, prefix_range_end
+from timeslice.common.server.keys import Keys, prefix_range_end
 
 
 def plan(prefix: str, nodes: list[str]) -> dict[str, list[tuple[int, bytes, bytes]]]:
     """role -> [(permission type, key, range_end)]; the whole policy, in one place. The keys are
-    spelled by ``timeslice.common.keys``, as every component spells them."""
+    spelled by ``timeslice.common.server.keys``, as every component spells them."""
     keys = Keys(prefix)
     p = keys.root()
     read, rw = auth_pb2.Permission.READ, auth_pb2.Permission.READWRITE
@@ -105,7 +105,7 @@ def agents(agents_dir: str | None) -> dict[str, str]:
 def setup(channel: grpc.Channel, prefix: str, root_pw: str, lockd_pw: str, agent_pws: dict[str, str]) -> list[str]:
     """Create or update the roles and users, then enable auth. Returns the users set."""
     if not prefix.startswith("/") or not prefix.endswith("/"):
-        raise SystemExit("prefix must start and end with '/'")   # as every component's (timeslice.common.keys)
+        raise SystemExit("prefix must start and end with '/'")   # as every component's (timeslice.common.server.keys)
     a = Auth(channel)
     try:
         a.login("root", root_pw)          # works only once auth is on (AuthStatus is 3.5+ only)
