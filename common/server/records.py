@@ -188,7 +188,7 @@ class SessionValue(Record):
     secret_sha256: str
     opened_ms: int = 0
     replica: str = ""
-    peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+    peer: str = ""                    # who opened it (lockd.callers): counted against --max-sessions-per-peer
     slot: int = -1                    # its slot of --max-sessions (lockd/slots.py); -1: none (older lockd)
     peer_slot: int = -1               # its slot of --max-sessions-per-peer among the peer's
     tenant: str = ""                  # the tenant its opener's credential named (lockd/tenancy.py; "*": the admin)
