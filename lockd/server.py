@@ -72,7 +72,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
 
 
 async def serve(config: LockdConfig, ready=None) -> None:
-    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): common/tracing.py.
     tracing.setup("lockd", {"timeslice.replica": config.replica_id})
     replica = Replica(config)
     await replica.start()

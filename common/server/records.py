@@ -141,7 +141,7 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
-    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
+    trace: str = ""                   # W3C traceparent of that Acquire (common/tracing.py); "" when off
     last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
     # Priority groups only (lockd/priority.py); left out of the stored JSON while 0:
     priority: int = 0                 # the class asked for: 0 (default, lowest) .. MAX_PRIORITY
