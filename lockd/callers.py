@@ -167,7 +167,6 @@ class TenantBook:
         return cls.parse(text, f"tenants file {path}")
 
 
-READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs", "GetProfiles"})
 
 
 @dataclass(frozen=True)

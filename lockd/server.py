@@ -9,7 +9,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from timeslice.common import tracing
+from timeslice.common import rpcs, tracing
 from timeslice.common.server import logs
 from timeslice.common.server.auth import Authority, Gate, load_admin_token
 from timeslice.common.server.grpc_metrics import GrpcServerMetrics
@@ -32,10 +32,6 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 500),
     ("grpc.http2.max_ping_strikes", 0),
 ]
-#: Methods that change what other jobs see (groups): they need the admin token.
-ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
-
-
 def _read(path: str) -> bytes:
     with open(path, "rb") as f:
         return f.read()
@@ -50,7 +46,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
                                                        else "; CreateGroup/DeleteGroup are refused"))
     tenants = config.callers.tenant_book()
     # With tenants, a tenant that administers a group may delete it: the servicer decides (lockd/tenancy.py).
-    gated = ADMIN_METHODS - {"DeleteGroup"} if tenants is not None else ADMIN_METHODS
+    gated = rpcs.ADMIN - {"DeleteGroup"} if tenants is not None else rpcs.ADMIN
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, gated)])
     pbg.add_LockdServicer_to_server(LockdServicer(replica, Callers(authority, config.callers, tenants)), server)
     if tenants is not None:

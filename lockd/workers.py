@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from timeslice.common import swaps
 from timeslice.common.errors import EtcdUnavailable, InvalidIdError
 from timeslice.common.ids import check_id
 from timeslice.common.server import records as R
@@ -46,15 +47,16 @@ class WorkerRegistry:
     @staticmethod
     def _swap(swap: str, gpus, endpoint: str, tags) -> tuple[str, list[int], dict]:
         """Validate how the agent is to move the worker; returns (swap, gpus, tags)."""
-        swap = swap or R.SWAP_CHECKPOINT
-        if swap not in R.SWAP_KINDS:
-            raise InvalidIdError(f"swap must be one of {sorted(R.SWAP_KINDS)}, got {swap[:32]!r}")
+        swap = swap or swaps.CHECKPOINT
+        kind = swaps.kind_of(swap)
+        if kind is None:
+            raise InvalidIdError(f"swap must be one of {sorted(swaps.KINDS)}, got {swap[:32]!r}")
         gpus = list(gpus)
         if len(gpus) > MAX_GPUS or any(not 0 <= g < 1024 for g in gpus):
             raise InvalidIdError(f"gpus: at most {MAX_GPUS} indexes in 0..1023")
         if len(endpoint) > MAX_ENDPOINT:
             raise InvalidIdError(f"endpoint longer than {MAX_ENDPOINT} characters")
-        if swap in (R.SWAP_VLLM, R.SWAP_SGLANG) and not endpoint.startswith(("http://", "https://")):
+        if kind.endpoint and not endpoint.startswith(("http://", "https://")):
             raise InvalidIdError(f"swap={swap} needs the server's http(s) base URL in endpoint")
         if len(tags) > MAX_TAGS:
             raise InvalidIdError(f"at most {MAX_TAGS} tags")

@@ -33,6 +33,7 @@ from timeslice.nodeagent.attestations import Attestations, WorkerAuth
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
+from timeslice.nodeagent.backends.swapper import SwapEnv
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.driver import IntentDriver
@@ -99,8 +100,8 @@ class Agent:
         self.node_mirror = Reflector(self.client, self.keys.node(self.node))
         self.jobs_mirror = Reflector(self.client, self.keys.jobs())
         self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.swappers = SwapRoutes(self.jobs, self.channel, lambda: self.backend.base, self.reconnects,
-                                 cfg.app_drain_s or None, cfg.app_drain_expired)
+        self.swappers = SwapRoutes(self.jobs, SwapEnv(self.channel, self.reconnects, self.backend.base,
+                                                       cfg.app_drain_s or None, cfg.app_drain_expired))
         # Who may open the channel for a job: the holder of its session secret.
         self.auth = WorkerAuth(self.client, self.keys, self.jobs)
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from aetcd import rpc
 
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.ops import JobResult, Outcome
 from timeslice.nodeagent.picture import Picture
@@ -103,7 +104,7 @@ def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
     (``swap`` cooperative / vllm / sglang: the communicator stays alive), it is refused before
     anything is touched.
     """
-    bad = sorted(w.pid for w in workers if w.collective and (w.swap or R.SWAP_CHECKPOINT) == R.SWAP_CHECKPOINT)
+    bad = sorted(w.pid for w in workers if w.collective and (w.swap or swaps.CHECKPOINT) == swaps.CHECKPOINT)
     if not bad:
         return ""
     shown = ", ".join(map(str, bad[:8])) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")

@@ -1,7 +1,7 @@
 """Which swapper moves each pid's memory: none (the checkpoint backend), cooperative, or an app server.
 
-A pid's registration (``jobs/<job>/workers/<node>/<pid>``, ``WorkerValue.swap``)
-decides. The registration is looked up in the agent's jobs mirror, unless the
+A pid's registration (``jobs/<job>/workers/<node>/<pid>``, ``WorkerValue.swap``: a kind
+of ``common/swaps.py``) decides; the kind's swapper class builds it (``for_worker``). The registration is looked up in the agent's jobs mirror, unless the
 op path has just read a newer one from etcd (``note``): the op decides from
 that fresh read, and the mirror may not have applied it yet. Looked up in a
 lagging mirror, a cooperative worker would pass for a plain process with no
@@ -21,24 +21,20 @@ and replaces them whole, never mutating one another thread iterates.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from aetcd import rpc
 
+from timeslice.common import swaps
 from timeslice.common.server import records as R
-from timeslice.nodeagent.backends.base import Backend
-from timeslice.nodeagent.backends.swapper import Swapper
+from timeslice.nodeagent.backends.swapper import SwapEnv, Swapper, swapper_class
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.jobs import LocalJobs
-from timeslice.nodeagent.reconnects import Reconnects
 
 
 class SwapRoutes:
-    def __init__(self, jobs: LocalJobs, channel: ChannelServer, base: Callable[[], Backend],
-                 reconnects: Reconnects | None = None, drain_s: float | None = None,
-                 on_drain_timeout: str = "refuse"):
-        self.jobs, self.channel, self._base, self.reconnects = jobs, channel, base, reconnects
-        self._drain = {"drain_s": drain_s, "on_drain_timeout": on_drain_timeout}   # app servers' drain
+    def __init__(self, jobs: LocalJobs, env: SwapEnv):
+        """``env``: what every swapper is built with (the channel, the reconnect wait, the meter, the drain)."""
+        self.jobs, self.env = jobs, env
+        self.channel: ChannelServer = env.channel
         self._made: dict[int, tuple[str, str, Swapper]] = {}          # pid -> (job, kind, swapper)
         self._fresh: dict[int, tuple[int, str, R.WorkerValue]] = {}   # pid -> (mod_revision, job, registration)
 
@@ -69,25 +65,20 @@ class SwapRoutes:
             if info is None or not info.tags or self.channel.job_of(pid) != info.job:
                 self._made.pop(pid, None)
                 return None
-            job, kind = info.job, R.SWAP_COOPERATIVE
+            job, kind = info.job, swaps.COOPERATIVE
         else:
             job, kind = reg[0], reg[1].swap
-        if kind in ("", R.SWAP_CHECKPOINT):
-            return None
+        known = swaps.kind_of(kind)
+        if known is not None and not known.swapper:
+            return None                                   # the checkpoint backend moves it
         hit = self._made.get(pid)
         if hit is not None and hit[:2] == (job, kind):
             return hit[2]
-        if kind == R.SWAP_COOPERATIVE:
-            from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
-            sw: Swapper = CooperativeSwapper(self.channel, pid, job, self.reconnects)
-        else:
-            from timeslice.nodeagent.backends.app_endpoint import make_app_swapper
-            assert reg is not None                        # only a registration names an app endpoint
-            sw = make_app_swapper(reg[1], self._base(), **self._drain)
+        sw = swapper_class(kind).for_worker(self.env, pid, job, reg[1] if reg is not None else None)
         self._made[pid] = (job, kind, sw)
         return sw
 
     def cooperative(self, pid: int) -> bool:
         """True if ``pid``'s memory is moved by the process itself, over its channel."""
-        from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
-        return isinstance(self.resolve(pid), CooperativeSwapper)
+        sw = self.resolve(pid)
+        return sw is not None and sw.kind == swaps.COOPERATIVE

@@ -10,17 +10,19 @@
   ``$TIMESLICE_TENANT_TOKEN_FILE`` names), which names the job's tenant where lockd
   runs with tenants; else the admin token.
 * Everything else carries no token: a job proves itself with its session secret.
+
+Which call is which is ``timeslice.common.rpcs``'s.
 """
 from __future__ import annotations
 
 import os
 
+from timeslice.common import rpcs
+
 ENV_ADMIN_TOKEN = "TIMESLICE_ADMIN_TOKEN"
 ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"
 ENV_TENANT_TOKEN = "TIMESLICE_TENANT_TOKEN"
 ENV_TENANT_TOKEN_FILE = "TIMESLICE_TENANT_TOKEN_FILE"
-ADMIN_METHODS = frozenset({"CreateGroup", "DeleteGroup"})
-READ_METHODS = frozenset({"ListGroups", "GetGroupStatus", "WatchGroup", "ListJobs", "GetProfiles"})
 _MAX = 1024
 
 
@@ -49,9 +51,9 @@ def tenant_token() -> str | None:
 
 def metadata_for(method: str) -> tuple[tuple[str, str], ...] | None:
     """The metadata a call of ``method`` carries (see the module doc)."""
-    if method in ADMIN_METHODS or method in READ_METHODS:
+    if method in rpcs.ADMIN or method in rpcs.READS:
         token = admin_token() or tenant_token()
-    elif method == "OpenSession":
+    elif method == rpcs.OPEN:
         token = tenant_token() or admin_token()
     else:
         return None

@@ -13,6 +13,7 @@ choose a class; the rest of the server's message is kept verbatim.
 """
 from __future__ import annotations
 
+from timeslice.common import rpcs
 from timeslice.common.errors import TimesliceError
 
 
@@ -252,12 +253,6 @@ _PER_METHOD: dict[tuple[str, str], type[TimesliceClientError]] = {
 }
 
 
-#: Calls a job makes with its session secret: UNAUTHENTICATED there means the secret no longer
-#: opens the session (AuthError); on any other call, a missing or unknown token (CredentialsError).
-SESSION_METHODS = frozenset({"CloseSession", "KeepAlive", "Acquire", "Yield", "RegisterWorker",
-                             "UnregisterWorker"})
-
-
 def reason_of(details: str) -> str | None:
     """The reason code a message starts with (``not_holder: ...`` → ``not_holder``), if any.
     lockd's limits say ``limit max_<name>: ...``: their reason is ``limit``."""
@@ -273,8 +268,8 @@ def error_class(code: str, details: str = "", method: str | None = None) -> type
     reason = reason_of(details)
     if (code, reason) in _TABLE and reason is not None:
         return _TABLE[(code, reason)]
-    if code == "UNAUTHENTICATED" and method is not None and method not in SESSION_METHODS:
-        return CredentialsError
+    if code == "UNAUTHENTICATED" and method is not None and method not in rpcs.SESSION:
+        return CredentialsError                  # a missing or unknown token; on a session call: AuthError
     if method is not None and (method, code) in _PER_METHOD:
         return _PER_METHOD[(method, code)]
     return _TABLE.get((code, None), InternalError)

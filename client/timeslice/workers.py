@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from timeslice.common import swaps
 from timeslice.core import ClientCore
 from timeslice.logs import get_logger
 from timeslice.model import Worker
@@ -50,7 +51,7 @@ class Workers:
         so its context must never be checkpointed."""
         core = self.core
         await self.sessions.ensure()
-        if swap != "cooperative":
+        if swap != swaps.COOPERATIVE:
             from timeslice.config import node_name
             seen = await self.user.blocking(self.attest_worker, node or node_name())
             if pid is None and seen:
@@ -134,7 +135,7 @@ class Workers:
         pid = await self.user.blocking(w.connect)
         try:
             await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
-                                       swap="cooperative", gpus=gpus, tags=dict(memory.tags))
+                                       swap=swaps.COOPERATIVE, gpus=gpus, tags=dict(memory.tags))
             w.start()
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()

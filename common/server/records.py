@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
+from timeslice.common import swaps
+
 T = TypeVar("T", bound="Record")
 
 # Where a job's context is on a node (status.state), written by the agent.
@@ -40,12 +42,6 @@ FREEZE = "freeze"              # lock the job's processes in place (strict group
 THAW = "thaw"                  # unlock them again (the frozen job acquires again)
 OPS = frozenset({SNAPSHOT, RESTORE, FREEZE, THAW})
 
-# How the agent moves a worker's memory (WorkerValue.swap; see lockd.proto WorkerRequest.swap).
-SWAP_CHECKPOINT = "checkpoint"
-SWAP_COOPERATIVE = "cooperative"
-SWAP_VLLM = "vllm"
-SWAP_SGLANG = "sglang"
-SWAP_KINDS = frozenset({SWAP_CHECKPOINT, SWAP_COOPERATIVE, SWAP_VLLM, SWAP_SGLANG})
 TAG_OFFLOAD = "offload"        # kept in host memory, restored bit-exact
 TAG_DISCARD = "discard"        # released on pause, recreated empty on resume
 TAG_POLICIES = frozenset({TAG_OFFLOAD, TAG_DISCARD})
@@ -209,7 +205,7 @@ class WorkerValue(Record):
     node: str
     device_bytes: int = 0
     registered_ms: int = 0
-    swap: str = SWAP_CHECKPOINT
+    swap: str = swaps.CHECKPOINT                   # how the agent moves it: a kind of common/swaps.py
     gpus: list[int] = field(default_factory=list)     # GPU indexes on the node; [] = unknown
     endpoint: str = ""                                 # vllm/sglang base URL
     tags: dict = field(default_factory=dict)           # tag -> offload|discard (cooperative, sglang)

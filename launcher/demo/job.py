@@ -27,6 +27,8 @@ import time
 import zlib
 from typing import TYPE_CHECKING, cast
 
+from timeslice.common import swaps
+
 if TYPE_CHECKING:
     from timeslice import OrchestratorClient
     from timeslice.launcher.demo.devices import SimCoopGpu, SimGpu, TorchGpu
@@ -47,7 +49,7 @@ class Job:
         if a.device == "cuda":
             from timeslice.launcher.demo.devices import TorchGpu
             self.gpu = TorchGpu(a.bytes, a.seed)
-        elif a.swap == "cooperative":
+        elif a.swap == swaps.COOPERATIVE:
             from timeslice.launcher.demo.devices import SimCoopGpu
             self.gpu = SimCoopGpu(a.sim_dir, a.bytes, a.seed)
         else:
@@ -81,7 +83,7 @@ class Job:
             # allocates on the GPU it was granted; then the worker is
             # registered, so that the node agent can snapshot it.
             self.gpu.allocate()
-            if self.client is not None and self.a.swap == "cooperative":
+            if self.client is not None and self.a.swap == swaps.COOPERATIVE:
                 self.client.cooperate(cast("SimCoopGpu", self.gpu).memory, node=self.a.node)
                 self._wait_reported()
             elif self.client is not None:
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", default="demo")
     ap.add_argument("--node", default=None)
     ap.add_argument("--events", required=True)
-    ap.add_argument("--swap", choices=["checkpoint", "cooperative"], default="checkpoint",
+    ap.add_argument("--swap", choices=sorted(swaps.job_kinds()), default=swaps.CHECKPOINT,
                     help="cooperative: the job's memory is a SIMULATED cooperative region it moves itself")
     a = ap.parse_args(argv)
     from timeslice.common.server import logs

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from timeslice.common import swaps
 from timeslice.lockd.report import figures as analysis
 from timeslice.lockd.report import timeline
 from timeslice.lockd.report.figures import RunFigures
@@ -46,7 +47,7 @@ class RunSpec:
     mode: str                  # baseline | sliced
     job_bytes: int
     ballast: bool = False      # real GPU: fill it so that only one job fits (see ballast.py)
-    swap: str = "checkpoint"   # checkpoint | cooperative (the job moves its own memory; sim device only)
+    swap: str = swaps.CHECKPOINT   # checkpoint | cooperative (the job moves its own memory; sim device only)
 
 
 @dataclass
@@ -78,7 +79,7 @@ def sim_runs(capacity: int, regimes: list[str]) -> list[RunSpec]:
                             f"of a {capacity / 1e6:.0f} MB device: they do not fit side by side)", "sliced", swap))
     if "coop" in regimes:
         runs.append(RunSpec("sliced-coop", f"time-sliced, cooperative swaps (each job {swap / 1e6:.0f} MB, "
-                            "moved by the job itself at PCIe speed)", "sliced", swap, swap="cooperative"))
+                            "moved by the job itself at PCIe speed)", "sliced", swap, swap=swaps.COOPERATIVE))
     if "elide" in regimes:
         runs.append(RunSpec("sliced-elide", f"time-sliced, elided (each job {elide / 1e6:.0f} MB: both fit)",
                             "sliced", elide))
@@ -147,7 +148,7 @@ class Demo:
             argv += ["--sim-dir", c["sim"]["dir"]]
         if spec.mode == "sliced":
             argv += ["--target", c["target"]]
-        if spec.swap != "checkpoint":
+        if spec.swap != swaps.CHECKPOINT:
             argv += ["--swap", spec.swap]
         return argv
 

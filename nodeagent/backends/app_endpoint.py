@@ -58,17 +58,20 @@ from urllib.parse import urlencode
 import structlog
 import tenacity
 
-from timeslice.common import procfs
+from timeslice.common import procfs, swaps
 from timeslice.common.device_errors import BackendError, ProcessGone
 from timeslice.common.server import records as R
-from timeslice.nodeagent.backends.app_http import ServerApi, SwapConfigError, as_meter
+from timeslice.nodeagent.backends.app_http import ServerApi, as_meter
 from timeslice.nodeagent.backends.base import DeviceMeter
 from timeslice.nodeagent.backends.swapper import (
+    SwapConfigError,
+    SwapEnv,
     Swapper,
     SwapRefused,
     SwapReport,
     SwapState,
     SwapTimeout,
+    swapper_class,
 )
 
 log = structlog.get_logger(__name__)
@@ -93,6 +96,12 @@ class AppEndpointSwapper(Swapper):
     """Shared HTTP, retry and verification logic; subclasses map pause/resume to calls."""
 
     kind = "app-endpoint"
+
+    @classmethod
+    def for_worker(cls, env: SwapEnv, pid: int, job: str, worker: R.WorkerValue | None) -> Swapper:
+        if worker is None:
+            raise SwapConfigError(f"pid {pid}: only a registration names an app server's endpoint")
+        return make_app_swapper(worker, env.meter, drain_s=env.drain_s, on_drain_timeout=env.on_drain_timeout)
 
     def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, *, proc_root: str = procfs.PROC_ROOT,
                  drain_s: float | None = None, on_drain_timeout: str = DRAIN_REFUSE):
@@ -252,7 +261,7 @@ class AppEndpointSwapper(Swapper):
 class VllmSwapper(AppEndpointSwapper):
     """vLLM sleep mode. The level: 2 if the worker registered ``weights=discard``, else 1."""
 
-    kind = R.SWAP_VLLM
+    kind = swaps.VLLM
 
     def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, **kw):
         super().__init__(worker, meter, **kw)
@@ -296,7 +305,7 @@ class VllmSwapper(AppEndpointSwapper):
 class SglangSwapper(AppEndpointSwapper):
     """SGLang's release/resume_memory_occupation over the registered tags (none: all regions)."""
 
-    kind = R.SWAP_SGLANG
+    kind = swaps.SGLANG
 
     def __init__(self, worker: R.WorkerValue, meter: DeviceMeter | None, **kw):
         super().__init__(worker, meter, **kw)
@@ -338,19 +347,17 @@ class SglangSwapper(AppEndpointSwapper):
         self.api.call("POST", "/continue_generation", {}, deadline)
 
 
-SWAPPERS: dict[str, type[AppEndpointSwapper]] = {R.SWAP_VLLM: VllmSwapper, R.SWAP_SGLANG: SglangSwapper}
-
-
 def make_app_swapper(worker: R.WorkerValue, meter, **kw) -> Swapper:
-    """The swapper for a worker registered with swap "vllm" or "sglang".
+    """The swapper for a worker registered with an app server's swap kind ("vllm", "sglang": the
+    kinds ``common/swaps.py`` lists with ``endpoint``).
 
     ``meter`` verifies the server's memory: a ``DeviceMeter`` (NVML, ``SimMeter``) or a
     checkpoint ``Backend`` (its ``device_usage``); None turns verification off."""
-    cls = SWAPPERS.get(worker.swap)
-    if cls is None:
+    kind = swaps.kind_of(worker.swap)
+    if kind is None or not kind.endpoint:
         raise SwapConfigError(f"no app-endpoint swapper for swap={worker.swap[:32]!r} "
-                              f"(one of {sorted(SWAPPERS)})")
-    return cls(worker, meter, **kw)
+                              f"(one of {sorted(k.name for k in swaps.KINDS.values() if k.endpoint)})")
+    return swapper_class(kind.name)(worker, meter, **kw)  # type: ignore[call-arg]
 
 
 __all__ = ["DRAIN_POLICIES", "AppEndpointSwapper", "SglangSwapper", "SwapConfigError", "SwapNotVerified", "VllmSwapper",

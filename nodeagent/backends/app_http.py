@@ -17,18 +17,12 @@ from urllib.parse import urlsplit
 import tenacity
 
 from timeslice.common import procfs
-from timeslice.common.device_errors import BackendError, ProcessGone
+from timeslice.common.device_errors import ProcessGone
 from timeslice.nodeagent.backends.base import DeviceMeter
-from timeslice.nodeagent.backends.swapper import SwapRefused, SwapTimeout
+from timeslice.nodeagent.backends.swapper import SwapConfigError, SwapRefused, SwapTimeout
 
 TRANSIENT_STATUS = frozenset({502, 503, 504})
 MAX_REPLY = 64 << 10          # the memory endpoints answer tiny JSON; bound what is read
-
-
-class SwapConfigError(BackendError):
-    """The worker's registration cannot be served by this swapper (bad URL, tags)."""
-
-    code = "INVALID_ARGUMENT"
 
 
 class _Transient(Exception):

@@ -137,6 +137,10 @@ class Backend(abc.ABC):
         usage = self.snapshot_usage(pid)
         return None if usage is None else sum(usage.values())
 
+    def reap(self) -> list[int]:
+        """Forget what exited processes left behind (the simulator's files); returns their pids."""
+        return []
+
     def close(self) -> None:  # noqa: B027 - optional: most backends hold nothing
         """Release what the backend holds (library handles, files). Idempotent."""
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from timeslice.common import device_errors as e
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.nodeagent.backends.base import Backend, DeviceBytes, ProcState
 from timeslice.nodeagent.backends.swapper import Swapper, SwapState
@@ -97,7 +98,7 @@ class CompositeBackend(Backend):
         self._mu = threading.Lock()
 
     def describe(self) -> dict:
-        return {**self.base.describe(), "swappers": ["cooperative", "vllm", "sglang"], "freeze": self.freeze}
+        return {**self.base.describe(), "swappers": swaps.swapper_kinds(), "freeze": self.freeze}
 
     # -- per-op context ------------------------------------------------------------
     def prepare(self, op: str, pids: Sequence[int], isolation: str = "", need_bytes: int = 0) -> None:
@@ -107,10 +108,8 @@ class CompositeBackend(Backend):
             regions = {}
             for p in pids:
                 sw = self.resolve(p)
-                resident = getattr(sw, "resident_regions", None)
-                if sw is not None and hasattr(sw, "tags") and resident is not None and \
-                        sw.state() in (SwapState.RUNNING, SwapState.PAUSED):
-                    left = resident()            # paused in part: only what is still there can go
+                if sw is not None and sw.state() in (SwapState.RUNNING, SwapState.PAUSED):
+                    left = sw.resident_regions()     # paused in part: only what is still there can go
                     if left:
                         regions[p] = ({t: pol for t, pol in sw.tags().items() if t in left}, left)
             ctx.tags = choose_tags(regions, 0 if R.checkpoints_rest(isolation) else need_bytes)
@@ -139,8 +138,7 @@ class CompositeBackend(Backend):
         if b in (ProcState.CHECKPOINTED, ProcState.FAILED):
             return b                                    # full isolation's checkpoint (or its loss)
         if s is SwapState.PAUSED:
-            left = getattr(sw, "releasable_bytes", None)
-            if left is not None and left() > 0:
+            if sw.releasable_bytes() > 0:
                 return ProcState.PARTIAL
             if R.checkpoints_rest(self._context(pid).isolation) and b in (ProcState.RUNNING, ProcState.LOCKED):
                 return ProcState.PARTIAL                # an op of full isolation: the rest is still to go
@@ -232,7 +230,7 @@ class CompositeBackend(Backend):
         paused = sw.paused_bytes()
         if paused is None:
             return out or None
-        dev = sw.device() if hasattr(sw, "device") else ""
+        dev = sw.device()
         if not dev:
             free = self.base.device_free() or {}
             dev = next(iter(free)) if len(free) == 1 else ""
@@ -245,12 +243,12 @@ class CompositeBackend(Backend):
         """Device bytes a paused cooperative ``pid`` keeps outside its regions (its own measure);
         0 once full isolation checkpointed the rest; None where nobody can say."""
         sw = self.resolve(pid)
-        measure = getattr(sw, "residue_bytes", None)
-        if measure is None:
-            return None
+        kind = swaps.kind_of(sw.kind) if sw is not None else None
+        if sw is None or kind is None or not kind.regions:
+            return None                                  # a swapper without regions measures no residue
         if self.base.get_state(pid) is ProcState.CHECKPOINTED:
             return 0                                     # the driver checkpoint took what the pause left
-        return measure()
+        return sw.residue_bytes()
 
     def host_bytes_needed(self, pid: int) -> int | None:
         """Host memory a snapshot of ``pid`` will take that is not allocated yet."""
@@ -258,8 +256,7 @@ class CompositeBackend(Backend):
         if sw is None:
             return self.base.device_bytes(pid)
         ctx = self._context(pid)
-        tags = sw.tags() if hasattr(sw, "tags") else {}
-        sizes = sw.region_bytes() if hasattr(sw, "region_bytes") else {}
+        tags, sizes = sw.tags(), sw.region_bytes()
         chosen = ctx.tags.get(pid)
         chosen = list(tags) if chosen is None else chosen
         offload = sum(sizes.get(t, 0) for t in chosen if tags.get(t) == R.TAG_OFFLOAD)
@@ -270,7 +267,7 @@ class CompositeBackend(Backend):
         return need
 
     def reap(self) -> list[int]:
-        return self.base.reap() if hasattr(self.base, "reap") else []
+        return self.base.reap()
 
     def close(self) -> None:
         self.base.close()

@@ -22,7 +22,9 @@ from collections.abc import Sequence
 
 from timeslice.common import device_errors as e
 from timeslice.common import frames as F
-from timeslice.nodeagent.backends.swapper import Swapper, SwapRefused, SwapReport, SwapState, SwapTimeout
+from timeslice.common import swaps
+from timeslice.common.server import records as R
+from timeslice.nodeagent.backends.swapper import SwapEnv, Swapper, SwapRefused, SwapReport, SwapState, SwapTimeout
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.reconnects import GONE, OPEN, Reconnects
 
@@ -34,10 +36,14 @@ class ChannelClosed(e.BackendError):
 
 
 class CooperativeSwapper(Swapper):
-    kind = "cooperative"
+    kind = swaps.COOPERATIVE
 
     def __init__(self, server: ChannelServer, pid: int, job: str, reconnects: Reconnects | None = None):
         self.server, self.pid, self.job, self.reconnects = server, pid, job, reconnects
+
+    @classmethod
+    def for_worker(cls, env: SwapEnv, pid: int, job: str, worker: R.WorkerValue | None) -> Swapper:
+        return cls(env.channel, pid, job, env.reconnects)
 
     def _info(self):
         info = self.server.info(self.pid)
@@ -63,10 +69,6 @@ class CooperativeSwapper(Swapper):
         """tag -> bytes of the regions on the device now (none paused: all of them)."""
         info = self._info()
         return {t: n for t, n in info.region_bytes.items() if t not in info.paused} if info else {}
-
-    def releasable_bytes(self) -> int:
-        """Device bytes a further pause could free (regions a selective pause kept resident)."""
-        return sum(self.resident_regions().values())
 
     def tags(self) -> dict[str, str]:
         info = self._info()

@@ -19,15 +19,25 @@ nothing of its memory is released by the agent.
 ``offload`` regions to host memory and dropping ``discard`` regions;
 ``resume()`` brings back what the last pause released. Both are idempotent:
 pausing a paused worker or resuming a running one reports zero bytes moved.
+
+The kinds and what each can do are listed once, in ``timeslice.common.swaps``; the
+agent builds a worker's swapper with ``swapper_class(kind).for_worker(env, ...)``. What
+a kind with tagged regions (``SwapKind.regions``) says about them (``tags``,
+``region_bytes``, ``resident_regions``, ``residue_bytes``, ``device``) is on this
+interface too, with the answers of a swapper that has none.
 """
 from __future__ import annotations
 
 import abc
 import enum
+import importlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from timeslice.common import swaps
 from timeslice.common.device_errors import BackendError
+from timeslice.common.server import records as R
 
 
 class SwapState(str, enum.Enum):
@@ -63,10 +73,32 @@ class SwapRefused(BackendError):
     code = "FAILED_PRECONDITION"
 
 
+class SwapConfigError(BackendError):
+    """The worker's registration cannot be served by this swapper (bad URL, tags, kind)."""
+
+    code = "INVALID_ARGUMENT"
+
+
+@dataclass(frozen=True)
+class SwapEnv:
+    """What the agent hands every swapper it builds."""
+
+    channel: Any = None                 # nodeagent/channel.py::ChannelServer: the cooperative workers' channel
+    reconnects: Any = None              # nodeagent/reconnects.py::Reconnects: the wait for one that is away
+    meter: Any = None                   # verifies an app server's memory: a DeviceMeter, or the checkpoint Backend
+    drain_s: float | None = None        # an app server's drain before its pause (None: half the deadline)
+    on_drain_timeout: str = "refuse"
+
+
 class Swapper(abc.ABC):
-    """Moves one worker's memory by asking it. Subclasses set ``kind``."""
+    """Moves one worker's memory by asking it. Subclasses set ``kind`` (a name in ``common/swaps.py``)."""
 
     kind: str = "abstract"
+
+    @classmethod
+    @abc.abstractmethod
+    def for_worker(cls, env: SwapEnv, pid: int, job: str, worker: R.WorkerValue | None) -> Swapper:
+        """The swapper of ``pid`` (of ``job``; ``worker``: its registration, None if it has none any more)."""
 
     @abc.abstractmethod
     def state(self) -> SwapState:
@@ -88,5 +120,39 @@ class Swapper(abc.ABC):
         """Host memory this worker keeps for its offloaded regions (retained pinned backup)."""
         return 0
 
+    def tags(self) -> dict[str, str]:
+        """Its regions: tag -> policy (``offload`` or ``discard``); {} for a swapper without regions."""
+        return {}
+
+    def region_bytes(self) -> dict[str, int]:
+        """Bytes per region (tag -> bytes)."""
+        return {}
+
+    def resident_regions(self) -> dict[str, int]:
+        """tag -> bytes of the regions on the device now: what a (further) pause can release."""
+        return {}
+
+    def releasable_bytes(self) -> int:
+        """Device bytes a further pause could free (regions a selective pause kept resident)."""
+        return sum(self.resident_regions().values())
+
+    def residue_bytes(self) -> int | None:
+        """What the paused worker still holds on the device outside its regions (None: not known)."""
+        return None
+
+    def device(self) -> str:
+        """The device its memory is on ("" : not known)."""
+        return ""
+
     def close(self) -> None:  # noqa: B027 - optional: a swapper may hold nothing
         """Forget the worker (channel closed, server gone). Idempotent."""
+
+
+def swapper_class(kind: str) -> type[Swapper]:
+    """The agent's ``Swapper`` class for the swap ``kind`` (``common/swaps.py``); SwapConfigError if the
+    kind has none (``checkpoint``: the checkpoint backend moves it) or is not on the list."""
+    k = swaps.kind_of(kind)
+    if k is None or not k.swapper:
+        raise SwapConfigError(f"no swapper for swap={kind[:32]!r} (one of {swaps.swapper_kinds()})")
+    module, _, name = k.swapper.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -12,11 +12,12 @@ import time
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlsplit
 
+from timeslice.common import swaps
 from timeslice.common.device_errors import DeviceOutOfMemory
 from timeslice.testing.standin.engine import Engine, EngineBusy, EngineDead, PauseCancelled
 from timeslice.testing.standin.memory import ServerMemory
 
-VLLM, SGLANG = "vllm", "sglang"
+VLLM, SGLANG = swaps.VLLM, swaps.SGLANG          # the APIs it stands in for
 MAX_BODY = 16 << 10  # request bodies are tiny JSON; bound what is read
 
 

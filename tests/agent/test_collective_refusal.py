@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from agenthelpers import NODE, MiB, answered, intent, put, wait_agent
 
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
@@ -16,7 +17,7 @@ from timeslice.nodeagent.picture import Picture
 def test_only_checkpointed_collective_workers_are_refused():
     plain = R.WorkerValue(1, NODE)
     coll = R.WorkerValue(2, NODE, collective=True)
-    coop = R.WorkerValue(3, NODE, collective=True, swap=R.SWAP_COOPERATIVE)
+    coop = R.WorkerValue(3, NODE, collective=True, swap=swaps.COOPERATIVE)
     assert I.checkpoint_refusal([plain, coop]) == ""
     why = I.checkpoint_refusal([plain, coll, coop])
     assert "pid(s) 2 " in why and "NCCL_P2P_DISABLE=1" in why and "cooperative" in why

@@ -19,6 +19,7 @@ import time
 import pytest
 from agenthelpers import NODE, MiB, answered, intent, put, status
 
+from timeslice.common import swaps
 from timeslice.common.channel import ChannelError
 from timeslice.common.server import records as R
 from timeslice.common.sim.device import SimDevice
@@ -32,7 +33,7 @@ async def session(client, keys, job: str, secret: str = SECRET) -> None:
 
 
 async def register(client, keys, job: str, pid: int, tags: dict) -> None:
-    val = R.WorkerValue(pid, NODE, 0, R.now_ms(), swap=R.SWAP_COOPERATIVE, tags=tags)
+    val = R.WorkerValue(pid, NODE, 0, R.now_ms(), swap=swaps.COOPERATIVE, tags=tags)
     await put(client, keys.worker(job, NODE, pid), val.dump())
 
 

@@ -14,6 +14,7 @@ import pytest
 from agenthelpers import NODE, MiB, status, wait_agent
 from jobhelpers import Job, wait_for
 
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.common.sim.device import SimDevice
 from timeslice.testing.lockd import LockdCluster
@@ -187,7 +188,7 @@ async def test_the_async_client_cooperates_too(etcd, key_prefix, keys, client, a
             from agenthelpers import get
             kv = await get(client, keys.worker("coop-aio", NODE, w.pid))
             reg = R.WorkerValue.load(kv.value)
-            assert (reg.swap, reg.tags) == (R.SWAP_COOPERATIVE, {"weights": "offload"})
+            assert (reg.swap, reg.tags) == (swaps.COOPERATIVE, {"weights": "offload"})
             assert mem.host_bytes() == MiB                     # prepinned at registration
             await c.yield_("g")
         assert w._closed.is_set()                              # close() closed the channel

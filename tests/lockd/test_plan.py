@@ -1,6 +1,7 @@
 """The swap planner, sans-IO: hand-made states in, actions out."""
 from aetcd import rpc
 
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.lockd import plan as P
 from timeslice.lockd.index import GroupState, JobState, NodeState
@@ -508,7 +509,7 @@ def test_a_parked_jobs_residue_in_the_way_is_checkpointed_not_ignored():
     [g] = P.plan_group(group([("B", 9, 20 * GB)]), {"n1": ns}, jobs, 0)
     assert isinstance(g, P.WriteGrant)
     collective = {**jobs, "C": JobState(session=kv("s", b"{}"), workers={("n1", 1001): kv(
-        "w", R.WorkerValue(1001, "n1", swap=R.SWAP_COOPERATIVE, collective=True))})}
+        "w", R.WorkerValue(1001, "n1", swap=swaps.COOPERATIVE, collective=True))})}
     assert not any(isinstance(a, P.WriteIntent) and a.job == "C"
                    for a in P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, collective, 0))
 

@@ -18,6 +18,7 @@ from timeslice.nodeagent.backends.composite import CompositeBackend
 from timeslice.nodeagent.backends.cooperative import CooperativeSwapper
 from timeslice.nodeagent.backends.ops import Outcome, restore_processes, snapshot_processes
 from timeslice.nodeagent.backends.sim import SimBackend
+from timeslice.nodeagent.backends.swapper import SwapEnv
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.reconnects import AWAY, GONE, OPEN, Reconnects
 from timeslice.nodeagent.swap_routes import SwapRoutes
@@ -66,7 +67,7 @@ async def _agent_side(tmp_path, grace_s: float = 5.0):
     await server.start()
     reconnects = Reconnects(server, grace_s)
     base = SimBackend(tmp_path / "sim", tmp_path / "host", capacity_bytes=64 * MiB)
-    swappers = SwapRoutes(Unregistered(), server, lambda: base, reconnects)
+    swappers = SwapRoutes(Unregistered(), SwapEnv(server, reconnects, base))
     return server, reconnects, CompositeBackend(base, swappers.resolve, deadline_s=5.0), swappers
 
 

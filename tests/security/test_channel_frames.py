@@ -23,6 +23,7 @@ import time
 import pytest
 
 from timeslice.common import channel as C
+from timeslice.common import swaps
 from timeslice.common.server import records as R
 from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
 from timeslice.common.server.keys import Keys
@@ -160,7 +161,7 @@ async def test_a_malformed_frame_from_a_paused_worker_is_refused_and_its_freeze_
     try:
         assert w.said("WELCOME") == f"WELCOME {w.pid}"
         await _put(stack.etcd, stack.keys.worker(job, NODE, w.pid),
-                   R.WorkerValue(w.pid, NODE, MiB, R.now_ms(), swap=R.SWAP_COOPERATIVE, tags={"w": "offload"}).dump())
+                   R.WorkerValue(w.pid, NODE, MiB, R.now_ms(), swap=swaps.COOPERATIVE, tags={"w": "offload"}).dump())
         rev = await _put(stack.etcd, stack.keys.intent(NODE, job),
                          R.IntentValue(R.SNAPSHOT, job, "g", 7, 1, R.now_ms()).dump())
 

@@ -8,10 +8,11 @@
         with ts.released():                    # CPU work (rewards): the group is free for others
             ...
 
-``swap`` says how the node agent moves this job's memory while it is parked:
+``swap`` says how the node agent moves this job's memory while it is parked: a kind
+the job library registers its own process with (``common/swaps.py``, ``in_job``):
 ``"cooperative"`` (the process pauses its own regions; default), ``"checkpoint"``
-(the agent checkpoints the whole process; nothing is placed in regions),
-``"none"`` (holds only: for jobs that fit side by side). With ``client=None``
+(the agent checkpoints the whole process; nothing is placed in regions); or
+``"none"`` (holds only, no worker registered: for jobs that fit side by side). With ``client=None``
 nothing is acquired (a standalone run of the same code), but the same cache
 release happens at every point where a sliced run would yield, so both runs
 allocate alike.
@@ -28,12 +29,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from timeslice.common import swaps
 from timeslice.hooks import release_framework_cache
 from timeslice.integrations.pytorch import ModelRegions
 from timeslice.logs import get_logger
 
 log = get_logger(__name__)
-SWAPS = ("cooperative", "checkpoint", "none")
+NO_SWAP = "none"                          # holds only: no worker is registered
+SWAPS = (*swaps.job_kinds(), NO_SWAP)
 
 
 def _cuda_ready() -> bool:
@@ -70,7 +73,7 @@ class PhaseLog:
 class TimeSlice:
     """Holds on ``group_id`` for one job (client may be None: standalone), with its memory."""
 
-    def __init__(self, client, group_id: str = "", memory=None, *, swap: str = "cooperative",
+    def __init__(self, client, group_id: str = "", memory=None, *, swap: str = swaps.COOPERATIVE,
                  device_bytes_hint: int = 0, timeout: float | None = None, node: str | None = None,
                  socket_path: str | None = None, gpus=(), sync_phases: bool = False):
         if swap not in SWAPS:
@@ -96,7 +99,7 @@ class TimeSlice:
     def memory(self):
         """The cooperative memory; torch-memory-saver regions on the current CUDA device unless
         one was given. Made on first use, which should be inside a hold (it initialises CUDA)."""
-        if self._memory is None and self.swap == "cooperative":
+        if self._memory is None and self.swap == swaps.COOPERATIVE:
             import torch
             if not torch.cuda.is_available():
                 raise RuntimeError("swap='cooperative' needs a memory to pause: no CUDA device here; give one "
@@ -210,12 +213,12 @@ class TimeSlice:
         if self._registered:
             return
         self._registered = True
-        if self.client is None or self.swap == "none":
+        if self.client is None or self.swap == NO_SWAP:
             return
         if not self.held:
             raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
         t0 = time.monotonic()
-        if self.swap == "cooperative":
+        if self.swap == swaps.COOPERATIVE:
             self.worker = self.client.cooperate(self.memory, node=self.node, socket_path=self.socket_path,
                                                 gpus=self.gpus)
             if self._regions is not None:
@@ -241,7 +244,7 @@ class TimeSlice:
         close = getattr(self._memory, "close", None)
         if close is not None:
             close()
-        if self.client is not None and self._registered and self.swap != "none":
+        if self.client is not None and self._registered and self.swap != NO_SWAP:
             pid = self.worker.pid if self.worker is not None else None
             self.client.unregister_worker(pid=pid, node=self.node)
         self.log.add("finished")
