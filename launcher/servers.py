@@ -12,6 +12,7 @@ import base64
 import json
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from timeslice.common.server.keys import Keys, prefix_range_end
@@ -27,17 +28,40 @@ def _metrics(port: int | None) -> list[str]:
 S = TypeVar("S", bound="_Server")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a server child is started, besides what it serves: its ports, extra flags, environment, interpreter."""
+
+    listen_port: int = 0                    # 0: a free one, which the server reports
+    metrics_port: int | None = None         # None: no metrics endpoint
+    extra: Iterable[str] = ()               # more flags, last on the command line
+    env: dict[str, str] | None = None
+    python: str = sys.executable
+    wrapper: Iterable[str] = ()             # e.g. ``ip netns exec NS``: it execs the server (same pid)
+
+
+@dataclass(frozen=True)
+class SimFlags:
+    """The SIMULATED device's flags of a node agent (None: the agent's default)."""
+
+    dir: str | None = None
+    capacity_bytes: int | None = None
+    checkpoint_gbps: float | None = None
+    restore_gbps: float | None = None
+
+
 class _Server(Child):
     """A server that reports the port it serves on in its ready line (read by ``probe``)."""
 
     host = "127.0.0.1"
 
-    def __init__(self, kind: str, name: str, log_path: str, env: dict[str, str] | None,
-                 metrics_port: int | None, probe: Callable[[Child], dict | None]):
-        super().__init__(kind, name, [], log_path, env)
-        self.metrics_port, self._probe = metrics_port, probe
-        if metrics_port:
-            self.info["metrics_port"] = metrics_port
+    def __init__(self, kind: str, name: str, log_path: str, launch: Launch, probe: Callable[[Child], dict | None]):
+        super().__init__(kind, name, [], log_path, launch.env)
+        self.metrics_port, self._probe = launch.metrics_port, probe
+        self.listen_port, self.extra, self.python = launch.listen_port, list(launch.extra), launch.python
+        self.wrapper = list(launch.wrapper)
+        if launch.metrics_port:
+            self.info["metrics_port"] = launch.metrics_port
 
     def command(self) -> list[str]:
         raise NotImplementedError
@@ -63,14 +87,10 @@ class _Server(Child):
 class LockdReplica(_Server):
     """One lockd replica against ``etcd_endpoints``, serving on ``host:listen_port``."""
 
-    def __init__(self, replica_id: str, etcd_endpoints: str, prefix: str, log_path: str, *,
-                 host: str = "127.0.0.1", listen_port: int = 0, metrics_port: int | None = None,
-                 extra: Iterable[str] = (), env: dict[str, str] | None = None, python: str = sys.executable,
-                 wrapper: Iterable[str] = ()):
-        super().__init__("lockd", replica_id, log_path, env, metrics_port, probe_lockd)
-        self.etcd_endpoints, self.prefix, self.host, self.listen_port = etcd_endpoints, prefix, host, listen_port
-        self.extra, self.python = list(extra), python
-        self.wrapper = list(wrapper)   # e.g. ``ip netns exec NS``: it execs the server (same pid)
+    def __init__(self, replica_id: str, etcd_endpoints: str, prefix: str, log_path: str, launch: Launch = Launch(),
+                 *, host: str = "127.0.0.1"):
+        super().__init__("lockd", replica_id, log_path, launch, probe_lockd)
+        self.etcd_endpoints, self.prefix, self.host = etcd_endpoints, prefix, host
 
     @property
     def replica_id(self) -> str:
@@ -86,19 +106,14 @@ class LockdReplica(_Server):
 class NodeAgent(_Server):
     """The node agent of ``node``; ``state_dir`` is where it keeps what must survive a restart."""
 
-    def __init__(self, node: str, etcd_endpoints: str, prefix: str, log_path: str, *, state_dir: str,
-                 backend: str = "sim", listen_port: int = 0, metrics_port: int | None = None,
-                 sim_dir: str | None = None, sim_capacity_bytes: int | None = None,
-                 sim_checkpoint_gbps: float | None = None, sim_restore_gbps: float | None = None,
-                 channel_socket: str | None = None, extra: Iterable[str] = (), env: dict[str, str] | None = None,
-                 python: str = sys.executable):
-        super().__init__("nodeagent", node, log_path, env, metrics_port, probe_agent)
+    def __init__(self, node: str, etcd_endpoints: str, prefix: str, log_path: str, launch: Launch = Launch(), *,
+                 state_dir: str, backend: str = "sim", sim: SimFlags = SimFlags(), channel_socket: str | None = None):
+        super().__init__("nodeagent", node, log_path, launch, probe_agent)
         self.etcd_endpoints, self.prefix, self.state_dir, self.backend = etcd_endpoints, prefix, state_dir, backend
-        self.listen_port, self.python = listen_port, python
-        self.sim_dir = sim_dir
-        self.sim = {"--sim-capacity-bytes": sim_capacity_bytes, "--sim-checkpoint-gbps": sim_checkpoint_gbps,
-                    "--sim-restore-gbps": sim_restore_gbps}
-        self.channel_socket, self.extra = channel_socket, list(extra)
+        self.sim_dir = sim.dir
+        self.sim = {"--sim-capacity-bytes": sim.capacity_bytes, "--sim-checkpoint-gbps": sim.checkpoint_gbps,
+                    "--sim-restore-gbps": sim.restore_gbps}
+        self.channel_socket = channel_socket
         self.info.update(node=node)
 
     @property

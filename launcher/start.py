@@ -27,7 +27,7 @@ from timeslice.launcher.etcd import (
 )
 from timeslice.launcher.procs import ChildFailed
 from timeslice.launcher.progress import clip, size_text
-from timeslice.launcher.servers import LockdReplica, NodeAgent, read_leader
+from timeslice.launcher.servers import Launch, LockdReplica, NodeAgent, SimFlags, read_leader
 
 if TYPE_CHECKING:
     from timeslice.launcher.cluster import LocalCluster
@@ -87,9 +87,9 @@ def start_lockd_and_agent(c: LocalCluster, timeout: float) -> None:
     for i in range(n):                     # all of them at once; then wait for each
         replicas.append(LockdReplica(
             f"r{i}", eps, s.prefix, str(c.run_dir / f"lockd-r{i}.log"),
-            listen_port=s.lockd_port + i if s.lockd_port else 0,
-            metrics_port=s.lockd_metrics_port + i if s.lockd_metrics_port else free_port(),
-            env=env, python=c.python).spawn())
+            Launch(listen_port=s.lockd_port + i if s.lockd_port else 0,
+                   metrics_port=s.lockd_metrics_port + i if s.lockd_metrics_port else free_port(),
+                   env=env, python=c.python)).spawn())
         c.lockd.append(replicas[-1])
     agent = c.agent = agent_child(c, eps, env).spawn()
     for r in replicas:
@@ -125,17 +125,18 @@ def agent_child(c: LocalCluster, eps: str, env: dict) -> NodeAgent:
     s = c.settings
     c.sim_dir = pick_sim_dir(c)
     socket = str(c.run_dir / "agent.sock")
+    # The cooperative channel lives in the run dir: jobs find it through $TIMESLICE_AGENT_SOCKET
+    # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.common.local). Attestation
+    # is required, as in deploy/: the agent acts only on processes that proved over the channel
+    # that they are the registering job's.
+    launch = Launch(listen_port=s.nodeagent_port or 0, metrics_port=s.nodeagent_metrics_port or free_port(),
+                    extra=["--require-attestation"] if c.require_attestation else [],
+                    env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(c.sim_dir) / "host")}, python=c.python)
     agent = NodeAgent(
-        c.node, eps, s.prefix, str(c.run_dir / "nodeagent.log"), state_dir=str(c.run_dir / "nodeagent-state"),
-        backend=s.backend, listen_port=s.nodeagent_port or 0, metrics_port=s.nodeagent_metrics_port or free_port(),
-        sim_dir=c.sim_dir, sim_capacity_bytes=s.sim_device_capacity_bytes,
-        sim_checkpoint_gbps=s.sim_snapshot_bytes_per_s / 1e9, sim_restore_gbps=s.sim_restore_bytes_per_s / 1e9,
-        # The cooperative channel lives in the run dir: jobs find it through $TIMESLICE_AGENT_SOCKET
-        # (`timeslice up` prints it) or the cluster's per-user pointer (timeslice.common.local). Attestation
-        # is required, as in deploy/: the agent acts only on processes that proved over the channel
-        # that they are the registering job's.
-        channel_socket=socket, extra=["--require-attestation"] if c.require_attestation else [],
-        env={**env, "TIMESLICE_SIM_HOST_DIR": str(Path(c.sim_dir) / "host")}, python=c.python)
+        c.node, eps, s.prefix, str(c.run_dir / "nodeagent.log"), launch, state_dir=str(c.run_dir / "nodeagent-state"),
+        backend=s.backend, channel_socket=socket,
+        sim=SimFlags(c.sim_dir, s.sim_device_capacity_bytes, s.sim_snapshot_bytes_per_s / 1e9,
+                     s.sim_restore_bytes_per_s / 1e9))
     agent.info.update(sim_dir=c.sim_dir, agent_socket=socket, sim_capacity_bytes=s.sim_device_capacity_bytes)
     return agent
 

@@ -199,6 +199,11 @@ class StateIndex:
         """The election key with the lowest create revision: the current leader's, as mirrored."""
         return min(self.leader.values(), key=lambda kv: kv.create_revision, default=None)
 
+    def leader_epoch(self) -> int:
+        """The current leader's epoch as this mirror knows it (0: none known)."""
+        head = self.leader_candidate()
+        return head.create_revision if head else 0
+
     def groups_on_node(self, node: str) -> list[str]:
         return sorted(self.node_groups.get(node, ()))
 

@@ -20,6 +20,7 @@ from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import LockdMetrics
 from timeslice.lockd.profiles import ProfileService
+from timeslice.lockd.revocations import RevocationNotices
 from timeslice.lockd.sessions import JobSessions
 from timeslice.lockd.tenancy import Tenancy
 from timeslice.lockd.traces import HandoffTraces
@@ -46,7 +47,8 @@ class Replica:
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
-        self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
+        self.revocations = RevocationNotices(self.client, self.keys)
+        self.groups = Groups(self.client, self.keys, self.index, self.revocations, max_groups=config.max_groups)
         self.workers = WorkerRegistry(self.client, self.keys, self.index, config.max_workers_per_job)
         self.watches = Watches(config.callers.max_watches, config.callers.max_watches_per_caller)
         self.tenancy = Tenancy(self.client, self.keys, self.index, enabled=config.callers.tenants_file is not None)
@@ -127,12 +129,6 @@ class Replica:
             return True
         except Exception:
             return False
-
-    @property
-    def epoch(self) -> int:
-        """The current leader's epoch as this replica knows it (0: none known)."""
-        head = self.index.leader_candidate()
-        return head.create_revision if head else 0
 
     async def stop(self) -> None:
         """Resign first (so the next leader starts at once), then stop everything."""

@@ -16,6 +16,7 @@ from timeslice.common.server.grpc_metrics import GrpcServerMetrics
 from timeslice.common.server.serving import health_loop
 from timeslice.lockd.callers import Callers
 from timeslice.lockd.config import LockdConfig
+from timeslice.lockd.reads import Reads
 from timeslice.lockd.replica import Replica
 from timeslice.lockd.servicer import LockdServicer
 from timeslice.proto import lockd_pb2_grpc as pbg
@@ -37,6 +38,14 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def servicer_of(replica: Replica, callers: Callers) -> LockdServicer:
+    """The servicer, handed the replica's rooms it calls (lockd/replica.py made them)."""
+    r = replica
+    reads = Reads(callers, r.tenancy, r.groups, r.workers, r.profile_view, r.index, r.reflector, r.keys, r.watches)
+    return LockdServicer(r.sessions, r.revocations, r.tenancy, callers, r.locks, r.groups, r.workers, reads,
+                         r.metrics, r.config.replica_id)
+
+
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
     authority = Authority(load_admin_token(config.admin_token_file), config.insecure_no_admin_auth)
@@ -48,7 +57,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
     # With tenants, a tenant that administers a group may delete it: the servicer decides (lockd/tenancy.py).
     gated = rpcs.ADMIN - {"DeleteGroup"} if tenants is not None else rpcs.ADMIN
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[GrpcServerMetrics(replica.metrics.registry), Gate(authority, gated)])
-    pbg.add_LockdServicer_to_server(LockdServicer(replica, Callers(authority, config.callers, tenants)), server)
+    pbg.add_LockdServicer_to_server(servicer_of(replica, Callers(authority, config.callers, tenants)), server)
     if tenants is not None:
         log.info("tenancy_on", tenants=sorted(tenants.tenants), tenants_file=config.callers.tenants_file)
     health_servicer = health.aio.HealthServicer()

@@ -50,6 +50,7 @@ from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
+from timeslice.nodeagent.traces import OpSpans
 from timeslice.nodeagent.upkeep import Upkeep
 
 log = structlog.get_logger(__name__)
@@ -82,51 +83,47 @@ class Agent:
         except OSError as e:
             raise ConfigError(f"state dir {cfg.state_dir!r} is not usable ({e}); set --state-dir") from e
         self.nodelock = NodeLock(cfg.state_dir, cfg.node)
+        self.stopping = asyncio.Event()           # set when the agent stops: no new intent or direct op
+        self.client = EtcdClient(cfg.etcd)
+        self.node_mirror = Reflector(self.client, self.keys.node(self.node))
+        self.jobs_mirror = Reflector(self.client, self.keys.jobs())
+        self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
+        # Who may open the channel for a job: the holder of its session secret.
+        self.auth = WorkerAuth(self.client, self.keys, self.jobs)
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node,
-                                     lambda job, secret: self.auth.authorize(job, secret),
-                                     self._worker_left, self._worker_back, on_attested=self._worker_attested,
-                                     on_state=self._worker_grew)
+                                     self.auth.authorize, self._worker_left, self._worker_back,
+                                     on_attested=self._worker_attested, on_state=self._worker_grew)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
-        self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
-                                        cfg.swap_deadline_s, cfg.freeze_parked, cfg.lock_timeout_ms)
+        base = backend or make_backend(cfg)
+        self.swappers = SwapRoutes(self.jobs, SwapEnv(self.channel, self.reconnects, base,
+                                                       cfg.app_drain_s or None, cfg.app_drain_expired))
+        self.backend = CompositeBackend(base, self.swappers.resolve, cfg.swap_deadline_s, cfg.freeze_parked,
+                                        cfg.lock_timeout_ms)
         # Pinned backups being reserved count against free host memory from the start.
         self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes, pending=self.channel.pending_host_bytes)
         self.inventory = Inventory(self.backend, self.host)
         self.runner = Runner(self.backend, self.host, cfg.lock_timeout_ms, self.metrics)
-        self.client = EtcdClient(cfg.etcd)
         # Everything that must vanish with the agent is leased to this one session.
-        self.lease = AgentLease(self.client, cfg.session, lambda: self.upkeep.lease_renewed())
-        self.node_mirror = Reflector(self.client, self.keys.node(self.node))
-        self.jobs_mirror = Reflector(self.client, self.keys.jobs())
-        self.jobs = LocalJobs(self.keys, self.node, self.node_mirror, self.jobs_mirror)
-        self.swappers = SwapRoutes(self.jobs, SwapEnv(self.channel, self.reconnects, self.backend.base,
-                                                       cfg.app_drain_s or None, cfg.app_drain_expired))
-        # Who may open the channel for a job: the holder of its session secret.
-        self.auth = WorkerAuth(self.client, self.keys, self.jobs)
+        self.lease = AgentLease(self.client, cfg.session)
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
                                       cfg.require_attestation)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
         self.attestations = Attestations(self.client, self.keys, self.node, self.lease.lease_id)
-        self.reporter = Reporter(self.client, self.keys, self.node, self.lease.lease_id, self.lease.renew)
+        self.reporter = Reporter(self.client, self.keys, self.node, self.lease)
         self.endpoint = ""
-        self.stopping = False
         self._tasks: list[asyncio.Task] = []
         # Sessions gone, processes on a GPU: frozen at the device, remembered on disk.
         self.exclusion = DeviceExclusion(self.backend, self.keys, self.jobs, self.jobs_mirror, self.processes,
-                                         Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self._busy)
+                                         Path(cfg.state_dir) / f"frozen-{cfg.node}.json", self.runner.busy)
         self.metrics.duty.gpu_utilization = duty_meter(self.backend)
         self.upkeep = Upkeep(cfg, self.backend, self.metrics, self.jobs, self.channel, self.processes, self.inventory,
-                             self.reporter, self.exclusion, self.lease.live, self.lease.renew, self._busy,
-                             lambda job: self.driver.pending(job) is not None)
+                             self.reporter, self.exclusion, self.runner)
+        self.lease.listeners.append(self.upkeep)      # a renewed lease: the liveness key moves to it at once
         # The intent loop: one driver per job (nodeagent/driver.py).
-        self.driver = IntentDriver(self.node, self.keys, self.client, self.backend.name, self.jobs, self.node_mirror,
-                                   self.processes, self.swappers, self.reconnects, self.tokens, self.runner,
-                                   self.upkeep, self.reporter, self.metrics, lambda: self.stopping)
-
-    def _busy(self, job: str) -> bool:
-        """An op (intent or direct) or an intent driver works on ``job``: its status is theirs."""
-        return self.runner.busy(job) or self.driver.driving(job)
+        self.driver = IntentDriver(self.jobs, self.processes, self.reconnects, self.tokens, self.runner, self.upkeep,
+                                   self.reporter, self.metrics, OpSpans(self.client, self.keys, self.node,
+                                                                        self.backend.name), self.stopping)
 
     # --- life cycle ----------------------------------------------------------
     async def start(self, endpoint: str = "", sync_timeout: float = 30.0) -> None:
@@ -141,7 +138,7 @@ class Agent:
         # After the mirrors: a worker's hello is checked against its job's session key.
         await self.channel.start()
         self.tokens.recover(self.jobs.statuses())
-        await self.upkeep.reconcile()
+        await self.upkeep.reconcile(self.driver.pending)
         await self.upkeep.refresh(force=True)
         self.node_mirror.add_listener(self.driver.on_node_batch)
         self.jobs_mirror.add_listener(self._on_jobs_batch)
@@ -154,7 +151,7 @@ class Agent:
 
     async def stop(self, grace: float = 30.0) -> None:
         """Finish the ops in flight (up to ``grace`` s), then give the lease back."""
-        self.stopping = True
+        self.stopping.set()
         await self.driver.settle(grace)
         tasks = [*self._tasks, *self.driver.tasks()]
         for t in tasks:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import structlog
@@ -70,8 +69,8 @@ class Operation:
 
 class Operations:
     def __init__(self, node: str, runner: Runner, processes: JobProcesses, jobs: LocalJobs, reporter: Reporter,
-                 upkeep: Upkeep, stopping: Callable[[], bool], keep: int = 1000):
-        """``stopping()``: the agent is stopping (no new operation is taken)."""
+                 upkeep: Upkeep, stopping: asyncio.Event, keep: int = 1000):
+        """``stopping``: set when the agent stops (no new operation is taken)."""
         self.node, self.runner, self.processes, self.jobs = node, runner, processes, jobs
         self.reporter, self.upkeep, self.stopping = reporter, upkeep, stopping
         self.keep = keep
@@ -97,7 +96,7 @@ class Operations:
         bad = [p for p in pids if not 0 < p <= MAX_PID]
         if bad:
             raise InvalidIdError(f"pids must be in 1..{MAX_PID}, got {bad[:8]}")
-        if self.stopping():
+        if self.stopping.is_set():
             raise AgentStopping("the agent is stopping; retry on its successor")
         runner = self.runner
         registered, remembered = await self.processes.pids(job)

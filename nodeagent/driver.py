@@ -12,39 +12,32 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 
 import structlog
 
 from timeslice.common.server import records as R
-from timeslice.common.server.etcd.client import EtcdClient
-from timeslice.common.server.etcd.mirror import Reflector
-from timeslice.common.server.keys import Keys
 from timeslice.nodeagent import intents as I
-from timeslice.nodeagent import traces
 from timeslice.nodeagent.jobs import LocalJobs, load_status
 from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
 from timeslice.nodeagent.runner import Runner
-from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
+from timeslice.nodeagent.traces import OpSpans
 from timeslice.nodeagent.upkeep import Upkeep
 
 log = structlog.get_logger(__name__)
 
 
 class IntentDriver:
-    def __init__(self, node: str, keys: Keys, client: EtcdClient, backend_name: str, jobs: LocalJobs,
-                 node_mirror: Reflector, processes: JobProcesses, swappers: SwapRoutes, reconnects: Reconnects,
-                 tokens: TokenBook, runner: Runner, upkeep: Upkeep, reporter: Reporter, metrics: Metrics,
-                 stopping: Callable[[], bool]):
-        """``stopping()``: the agent is stopping; no driver starts and none takes another intent."""
-        self.node, self.keys, self.client, self.backend_name = node, keys, client, backend_name
-        self.jobs, self.node_mirror, self.processes = jobs, node_mirror, processes
-        self.swappers, self.reconnects, self.tokens, self.runner = swappers, reconnects, tokens, runner
-        self.upkeep, self.reporter, self.metrics, self.stopping = upkeep, reporter, metrics, stopping
+    def __init__(self, jobs: LocalJobs, processes: JobProcesses, reconnects: Reconnects, tokens: TokenBook,
+                 runner: Runner, upkeep: Upkeep, reporter: Reporter, metrics: Metrics, spans: OpSpans,
+                 stopping: asyncio.Event):
+        """``stopping``: set when the agent stops; no driver starts and none takes another intent."""
+        self.jobs, self.processes, self.reconnects, self.tokens = jobs, processes, reconnects, tokens
+        self.runner, self.upkeep, self.reporter, self.metrics = runner, upkeep, reporter, metrics
+        self.spans, self.stopping = spans, stopping
         self._drivers: dict[str, asyncio.Task] = {}
         self._answered: dict[str, int] = {}          # job -> intent revision answered by this process
 
@@ -63,14 +56,11 @@ class IntentDriver:
             self.kick(job)
 
     def kick(self, job: str) -> None:
-        if not self.stopping() and job not in self._drivers:
+        if not self.stopping.is_set() and job not in self._drivers:
             self._drivers[job] = asyncio.create_task(self._drive(job), name=f"intent-{job}")
+            self.runner.driven.add(job)                 # its status is the driver's to write from now
 
     # --- the drivers ---------------------------------------------------------------------
-    def driving(self, job: str) -> bool:
-        """True while an intent driver works on ``job`` (its status is the driver's to write)."""
-        return job in self._drivers
-
     def tasks(self) -> list[asyncio.Task]:
         """The drivers running now."""
         return list(self._drivers.values())
@@ -93,7 +83,7 @@ class IntentDriver:
     async def _drive(self, job: str) -> None:
         delay = 0.1
         try:
-            while not self.stopping():
+            while not self.stopping.is_set():
                 intent = self.pending(job)
                 if intent is None:
                     return              # no await since the check: a new event starts a new driver
@@ -108,6 +98,7 @@ class IntentDriver:
                     delay = min(delay * 2, 5.0)
         finally:
             self._drivers.pop(job, None)
+            self.runner.driven.discard(job)
 
     async def _handle(self, intent: I.Intent) -> None:
         ctx = intent.log_ctx()
@@ -122,7 +113,7 @@ class IntentDriver:
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
         # Cooperative workers with no channel (not reconnected since this agent started, or closing):
         # their state is theirs to say. Wait for each to come back or exit (bounded), then look.
-        coop = [p for p in [*registered, *remembered] if self.swappers.cooperative(p)]
+        coop = self.processes.cooperative([*registered, *remembered])
         away = "" if stale or intent.error or not coop else await self.reconnects.wait_all(coop, intent.job)
         pic = await self.runner.picture(registered, remembered)
         d = I.decide(intent, pic, stale, self.tokens.highest(intent.group) if stale else 0,
@@ -157,7 +148,7 @@ class IntentDriver:
             st = R.StatusValue(**{**st.__dict__, "bytes": st.bytes + before})
         rev = await self._answer(intent, st, refresh=moves)
         # Opt-in spans of the op, per process (nodeagent/traces.py), after the answer: never in its way.
-        await traces.op_spans(self.client, self.keys, self.node, self.backend_name, intent, pic, rr, t0_ns)
+        await self.spans.record(intent, pic, rr, t0_ns)
         say = {R.FAILED: log.error, R.REFUSED: log.warning}.get(st.outcome, log.info)
         say("op_done", **ctx, outcome=st.outcome, state=st.state, bytes=st.bytes,
             device_bytes=st.device_bytes, elapsed_ms=st.elapsed_ms, error=st.error, written=bool(rev))
@@ -177,7 +168,7 @@ class IntentDriver:
             # Let the mirror catch up with the intent that replaced this one
             # before looking again, or the driver would chase the old one.
             try:
-                await self.node_mirror.wait_revision(self.reporter.newer_revision, timeout=5)
+                await self.jobs.seen(self.reporter.newer_revision, timeout=5)
             except asyncio.TimeoutError:
                 pass
         return rev

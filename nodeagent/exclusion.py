@@ -34,7 +34,8 @@ log = structlog.get_logger(__name__)
 class DeviceExclusion:
     def __init__(self, backend: CompositeBackend, keys: Keys, jobs: LocalJobs, jobs_mirror: Reflector,
                  processes: JobProcesses, orphans_path: Path, busy: Callable[[str], bool]):
-        """``busy(job)``: an op or an intent driver works on ``job`` now (its thaw waits a refresh)."""
+        """``busy(job)``: an op or an intent driver works on ``job`` now (its thaw waits a refresh:
+        ``Runner.busy``)."""
         self.backend, self.keys, self.jobs, self.jobs_mirror = backend, keys, jobs, jobs_mirror
         self.processes, self.busy = processes, busy
         self.orphans_path = orphans_path

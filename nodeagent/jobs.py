@@ -62,6 +62,10 @@ class LocalJobs:
         jobs = (self.intent_job(k) for k, _ in self.node_mirror.items(self.keys.intents(self.node)))
         return sorted(j for j in jobs if j)
 
+    async def seen(self, revision: int, timeout: float) -> None:
+        """Return once the node mirror has applied ``revision`` (asyncio.TimeoutError past ``timeout``)."""
+        await self.node_mirror.wait_revision(revision, timeout=timeout)
+
     def intent_kv(self, job: str) -> rpc.KeyValue | None:
         return self.node_mirror.get(self.keys.intent(self.node, job))
 

@@ -3,14 +3,14 @@
 What must vanish with the agent is leased to this one session: the liveness key
 (``nodes/<node>/agent``, so the leader declares a node's agent dead once it lapses), the
 attestations and the protected list. A lease lost while the agent lives on (etcd
-unreachable past the TTL, or a write said so) is replaced by a new one; ``on_renewed``
-then moves the liveness key to it at once. Renewals are one at a time: several writers
+unreachable past the TTL, or a write said so) is replaced by a new one; the listeners
+told of it (``LeaseListener``: the upkeep) then move the liveness key to it at once. Renewals are one at a time: several writers
 that saw the same lease fail renew it once.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from typing import Protocol
 
 import structlog
 
@@ -22,10 +22,16 @@ from timeslice.common.server.etcd.timing import SessionTiming
 log = structlog.get_logger(__name__)
 
 
+class LeaseListener(Protocol):
+    def lease_renewed(self) -> None:
+        """The agent's lease was replaced: what lives on it must move to the new one."""
+
+
 class AgentLease:
-    def __init__(self, client: EtcdClient, timing: SessionTiming, on_renewed: Callable[[], None]):
-        self.client, self.timing, self.on_renewed = client, timing, on_renewed
+    def __init__(self, client: EtcdClient, timing: SessionTiming):
+        self.client, self.timing = client, timing
         self.session: Session | None = None
+        self.listeners: list[LeaseListener] = []
         self._lock = asyncio.Lock()
 
     async def open(self) -> Session:
@@ -54,7 +60,8 @@ class AgentLease:
             s.orphan()
             self.session = new = await Session(self.client, self.timing).open()
             log.warning("agent_session_renewed", old=f"{s.lease_id:x}", lease=f"{new.lease_id:x}")
-            self.on_renewed()                   # the liveness key must move to the new lease
+            for listener in self.listeners:     # the liveness key must move to the new lease
+                listener.lease_renewed()
 
     async def close(self) -> None:
         """Give the lease back (at stop): the keys leased to it go with it."""

@@ -66,6 +66,10 @@ class JobProcesses:
         registered = set(self.trusted(job, registered))
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
 
+    def cooperative(self, pids) -> list[int]:
+        """Those of ``pids`` whose memory the process itself moves, over its channel."""
+        return [p for p in pids if self.swappers.cooperative(p)]
+
     def trusted(self, job: str, pids: Iterable[int]) -> list[int]:
         """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attestations.py)."""
         keep, refused = attestations.trusted(job, pids, self.channel.job_of, self.require_attestation)

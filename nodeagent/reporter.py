@@ -20,7 +20,7 @@ renewed first: the key must live on the new lease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import structlog
 from aetcd import rpc
@@ -31,6 +31,7 @@ from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.keys import Keys
 from timeslice.nodeagent.intents import Intent
+from timeslice.nodeagent.lease import AgentLease
 
 log = structlog.get_logger(__name__)
 
@@ -38,10 +39,10 @@ Build = Callable[[], tuple[list, list, list]]
 
 
 class Reporter:
-    def __init__(self, client: EtcdClient, keys: Keys, node: str, lease: Callable[[], int],
-                 renew_lease: Callable[[int], Awaitable[None]], max_delay: float = 2.0):
-        self.client, self.keys, self.node = client, keys, node
-        self.lease, self.renew_lease = lease, renew_lease
+    def __init__(self, client: EtcdClient, keys: Keys, node: str, lease: AgentLease, max_delay: float = 2.0):
+        """``lease``: the agent's lease, which the liveness key lives on (renewed here when a write finds
+        it gone)."""
+        self.client, self.keys, self.node, self.lease = client, keys, node, lease
         self.max_delay = max_delay
         self.last_agent: R.AgentValue | None = None
         self.newer_revision = 0          # of the intent that superseded the last answer
@@ -59,14 +60,19 @@ class Reporter:
                 if "lease not found" not in str(e):
                     raise
                 log.warning("agent_lease_gone", what=what, error=str(e))
-                await self.renew_lease(self._used_lease)
+                await self.lease.renew(self._used_lease)
                 continue
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.max_delay)
 
     def _agent_put(self, raw: bytes) -> rpc.RequestOp:
-        self._used_lease = self.lease()
+        self._used_lease = self.lease.lease_id()
         return ops.put(self.keys.agent(self.node), raw, self._used_lease)
+
+    async def keep_lease(self) -> None:
+        """Replace the agent's lease if it was lost while nothing was written (etcd unreachable past the TTL)."""
+        if not self.lease.alive():
+            await self.lease.renew()
 
     async def answer(self, intent: Intent, status: R.StatusValue, agent: R.AgentValue | None = None) -> int:
         """Write ``status`` if the intent is still the one it answers. Returns the revision, or 0."""

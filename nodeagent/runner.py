@@ -50,14 +50,16 @@ class Runner:
         self.backend, self.host, self.metrics = backend, host, metrics
         self.lock_timeout_ms = lock_timeout_ms
         self._locks: dict[str, asyncio.Lock] = {}
+        self.driven: set[str] = set()           # jobs an intent driver works on (nodeagent/driver.py)
 
     def lock(self, job: str) -> asyncio.Lock:
         """The job's op lock: at most one op per job at a time."""
         return self._locks.setdefault(job, asyncio.Lock())
 
     def busy(self, job: str) -> bool:
+        """An op (intent or direct) runs on ``job``, or an intent driver works on it: its status is theirs."""
         lk = self._locks.get(job)
-        return lk is not None and lk.locked()
+        return job in self.driven or (lk is not None and lk.locked())
 
     async def picture(self, pids: Sequence[int], remembered: Sequence[int] = ()) -> P.Picture:
         return await asyncio.to_thread(P.take, self.backend, pids, remembered)

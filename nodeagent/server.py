@@ -51,7 +51,7 @@ def authority_of(cfg: AgentConfig) -> Authority:
 def direct_ops(agent: Agent) -> Operations:
     """The direct API's operations, on the agent's runner and reports (nodeagent/direct.py)."""
     return Operations(agent.node, agent.runner, agent.processes, agent.jobs, agent.reporter, agent.upkeep,
-                      lambda: agent.stopping)
+                      agent.stopping)
 
 
 def create_server(agent: Agent, listen: str, operations: Operations | None = None,
@@ -117,7 +117,7 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("stopping", node=cfg.node)
-    agent.stopping = True
+    agent.stopping.set()
     health_task.cancel()
     await hs.enter_graceful_shutdown()
     await server.stop(grace=2.0)

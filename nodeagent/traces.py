@@ -34,23 +34,31 @@ async def trace_of(client, keys: Keys, group: str, token: int) -> str:
     return ""
 
 
-async def op_spans(client, keys: Keys, node: str, backend: str, intent, before, run, start_ns: int) -> None:
-    """Record the spans of ``run`` (a runner.RunResult) for ``intent``; nothing when traces are off."""
-    if not tracing.enabled() or intent.value is None or intent.op not in (R.SNAPSHOT, R.RESTORE):
-        return
-    trace = await trace_of(client, keys, intent.group, intent.token)
-    if not trace:
-        return
-    parent = tracing.child_of(trace, tracing.intent_span_id(trace, keys.intent(node, intent.job), intent.revision))
-    done = [(run.result.op, r) for r in run.result.results]
-    done += [(R.RESTORE, r) for r in (run.rollback.results if run.rollback else [])]   # a failed snapshot's undo
-    for op, res in done:
-        gpus = sorted((before.usage.get(res.pid) or {}) | (run.after.usage.get(res.pid) or {}))
-        tracing.record(f"nodeagent.{op}",
-                       start_ns=start_ns, end_ns=start_ns + int(res.elapsed_ms * 1e6), parent=parent,
-                       attributes={"timeslice.job": intent.job, "timeslice.group": intent.group,
-                                   "timeslice.token": intent.token, "timeslice.node": node,
-                                   "timeslice.pid": res.pid, "timeslice.bytes": res.bytes,
-                                   "timeslice.backend": backend, "timeslice.gpus": ",".join(gpus),
-                                   "timeslice.outcome": res.outcome.value},
-                       error=res.error if not res.ok else "")
+class OpSpans:
+    """The spans of this node's ops, for the backend named ``backend``."""
+
+    def __init__(self, client, keys: Keys, node: str, backend: str):
+        self.client, self.keys, self.node, self.backend = client, keys, node, backend
+
+    async def record(self, intent, before, run, start_ns: int) -> None:
+        """Record the spans of ``run`` (a runner.RunResult) for ``intent``; nothing when traces are off."""
+        if not tracing.enabled() or intent.value is None or intent.op not in (R.SNAPSHOT, R.RESTORE):
+            return
+        trace = await trace_of(self.client, self.keys, intent.group, intent.token)
+        if not trace:
+            return
+        node, backend = self.node, self.backend
+        parent = tracing.child_of(trace, tracing.intent_span_id(trace, self.keys.intent(node, intent.job),
+                                                                intent.revision))
+        done = [(run.result.op, r) for r in run.result.results]
+        done += [(R.RESTORE, r) for r in (run.rollback.results if run.rollback else [])]   # a failed snapshot's undo
+        for op, res in done:
+            gpus = sorted((before.usage.get(res.pid) or {}) | (run.after.usage.get(res.pid) or {}))
+            tracing.record(f"nodeagent.{op}",
+                           start_ns=start_ns, end_ns=start_ns + int(res.elapsed_ms * 1e6), parent=parent,
+                           attributes={"timeslice.job": intent.job, "timeslice.group": intent.group,
+                                       "timeslice.token": intent.token, "timeslice.node": node,
+                                       "timeslice.pid": res.pid, "timeslice.bytes": res.bytes,
+                                       "timeslice.backend": backend, "timeslice.gpus": ",".join(gpus),
+                                       "timeslice.outcome": res.outcome.value},
+                           error=res.error if not res.ok else "")

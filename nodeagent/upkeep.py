@@ -20,12 +20,11 @@ so a value computed before an op can never land after the op's own.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 
 import structlog
 
 from timeslice.common.server import records as R
-from timeslice.common.server.etcd.session import Session
 from timeslice.nodeagent import intents as I
 from timeslice.nodeagent.backends.base import ProcState
 from timeslice.nodeagent.backends.composite import CompositeBackend
@@ -38,6 +37,7 @@ from timeslice.nodeagent.metrics import Metrics
 from timeslice.nodeagent.picture import Picture, take
 from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reporter import Reporter
+from timeslice.nodeagent.runner import Runner
 
 log = structlog.get_logger(__name__)
 
@@ -45,15 +45,12 @@ log = structlog.get_logger(__name__)
 class Upkeep:
     def __init__(self, cfg: AgentConfig, backend: CompositeBackend, metrics: Metrics, jobs: LocalJobs,
                  channel: ChannelServer, processes: JobProcesses, inventory: Inventory, reporter: Reporter,
-                 exclusion: DeviceExclusion, session: Callable[[], Session], renew: Callable[[], Awaitable[None]],
-                 busy: Callable[[str], bool], unanswered: Callable[[str], bool]):
-        """``session()``: the agent's lease now, ``renew()`` replaces a lost one; ``busy(job)``: an op or
-        an intent driver works on ``job`` (its status is theirs to write); ``unanswered(job)``: the
-        job has an intent nobody answered yet (an op will finish what a dead agent left half-done)."""
+                 exclusion: DeviceExclusion, runner: Runner):
+        """``runner``: says whether an op or an intent driver works on a job (its status is theirs to
+        write). The agent's lease tells it of a renewal (``lease_renewed``, a ``LeaseListener``)."""
         self.cfg, self.node, self.backend, self.metrics = cfg, cfg.node, backend, metrics
         self.jobs, self.channel, self.processes, self.inventory = jobs, channel, processes, inventory
-        self.reporter, self.exclusion, self.session, self.renew = reporter, exclusion, session, renew
-        self.busy, self.unanswered = busy, unanswered
+        self.reporter, self.exclusion, self.runner = reporter, exclusion, runner
         self.endpoint = ""                  # the agent's direct API, named in the liveness key (set at start)
         self._warned: dict[str, int] = {}      # job -> the parking (status updated_ms) already warned of
         self.lock = asyncio.Lock()          # one writer of the liveness key at a time
@@ -134,7 +131,7 @@ class Upkeep:
                               for j, pic in pictures.items() if j in self.jobs.adopted})
         for job, pic in pictures.items():
             skv = self.jobs.status_kv(job)
-            if skv is None or self.busy(job):
+            if skv is None or self.runner.busy(job):
                 continue
             old = load_status(skv.value)
             new = I.corrected(old, pic) if old is not None else None
@@ -171,8 +168,7 @@ class Upkeep:
                 pass
             self.soon.clear()
             try:
-                if not self.session().alive:
-                    await self.renew()
+                await self.reporter.keep_lease()
                 await self.refresh()
                 self.metrics.etcd_connected.set(1)
                 self.channel.prune()                   # exited processes' word is void (pids are reused)
@@ -184,10 +180,12 @@ class Upkeep:
                 self.metrics.etcd_connected.set(0)
                 log.warning("refresh_failed", error=str(e))
 
-    async def reconcile(self) -> None:
+    async def reconcile(self, pending: Callable[[str], object]) -> None:
+        """``pending(job)``: the job's intent nobody answered yet, or None (an op will finish what a dead
+        agent left half-done: ``IntentDriver.pending``)."""
         for job, pic in (await self.pictures()).items():
             locked = [p for p, s in pic.states.items() if s is ProcState.LOCKED and p not in self.exclusion.frozen()]
-            if not locked or self.unanswered(job) or I.frozen_by_intent(self.jobs.status(job)):
+            if not locked or pending(job) is not None or I.frozen_by_intent(self.jobs.status(job)):
                 continue                    # an op will finish it, or the freeze is deliberate (kept)
             for pid in locked:
                 try:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 
-from timeslice.launcher.servers import NodeAgent
+from timeslice.launcher.servers import Launch, NodeAgent, SimFlags
 from timeslice.testing.lockd import shared_admin_token
 from timeslice.testing.procs import track, untrack
 from timeslice.testing.server import ServerProcess
@@ -37,8 +37,8 @@ class AgentProcess(ServerProcess, NodeAgent):
         # at once (same node names) must never share one.
         self._socket = os.path.join(state_dir, "agent.sock")
         super().__init__(node, etcd_endpoints, prefix, os.path.join(logdir, f"nodeagent-{node}.log"),
-                         state_dir=state_dir, backend=backend, sim_dir=str(sim_dir) if sim_dir else None,
-                         channel_socket=self._socket, extra=extra or [], env=dict(env or {}))
+                         Launch(extra=extra or [], env=dict(env or {})), state_dir=state_dir, backend=backend,
+                         sim=SimFlags(str(sim_dir) if sim_dir else None), channel_socket=self._socket)
 
     @property
     def socket(self) -> str:

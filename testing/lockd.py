@@ -15,7 +15,7 @@ import time
 import grpc
 
 from timeslice.common.server.auth import ENV_ADMIN_TOKEN
-from timeslice.launcher.servers import LockdReplica, read_leader
+from timeslice.launcher.servers import Launch, LockdReplica, read_leader
 from timeslice.testing.procs import terminate
 from timeslice.testing.server import ServerProcess
 
@@ -29,7 +29,7 @@ class LockdProcess(ServerProcess, LockdReplica):
                  listen_port: int = 0, env: dict[str, str] | None = None):
         shared_admin_token()
         super().__init__(replica_id, endpoints, prefix, os.path.join(logdir, f"lockd-{replica_id}.log"),
-                         listen_port=listen_port, extra=extra, env=dict(env or {}))
+                         Launch(listen_port=listen_port, extra=extra, env=dict(env or {})))
 
 
 def shared_admin_token() -> str:

@@ -110,18 +110,18 @@ class AsyncOrchestratorClient:
                           on_session_lost=on_session_lost, on_grant_revoked=on_grant_revoked)
         self._core = core
         self._user = UserCode(core.job_id)
-        # The transport verifies the session (an Acquire's ABORTED) through the session room,
-        # made after it; the withdrawals hand a grant back through the holds, made after them.
-        self._transport = Transport(core, self._user, credentials, verify_session=lambda: self._sessions.verify())
+        self._transport = Transport(core, self._user, credentials)
         self._revocations = Revocations(core, self._transport, self._user)
-        self._withdrawals = Withdrawals(core, self._transport,
-                                        release=lambda group_id, token: self._holds.release_quietly(group_id, token))
+        self._withdrawals = Withdrawals(core, self._transport)
         self._sessions = Sessions(core, self._transport, self._user, self._revocations, self._withdrawals)
-        # A Yield first has the local agents report what grew inside the hold (the workers, made after).
-        self._holds = Holds(core, self._transport, self._user, self._sessions, self._withdrawals,
-                            report_first=lambda: self._workers.sync_reports())
-        self._scopes = Scopes(core, self._holds)
         self._workers = Workers(core, self._transport, self._user, self._sessions)
+        # A Yield first has the local agents report what grew inside the hold.
+        self._holds = Holds(core, self._transport, self._user, self._sessions, self._withdrawals,
+                            report_first=self._workers.sync_reports)
+        # The one true loop: the keepalive runs the withdrawals, whose stray grant goes back through
+        # the holds, whose acquires open the session. A named protocol (GrantReturn), told here.
+        self._withdrawals.returns = self._holds
+        self._scopes = Scopes(core, self._holds)
         self._admin = Admin(core, self._transport)
 
     # == state (no I/O) ===================================================================

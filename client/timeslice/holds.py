@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 import grpc
 
@@ -46,14 +47,20 @@ log = get_logger(__name__)
 _POLL = 0.2          # s; how often a blocked acquire looks at session loss / failover / close
 
 
+class GrantReturn(Protocol):
+    async def release_quietly(self, group_id: str, token: int) -> None:
+        """Yield a grant nobody asked for any more; a failure is logged, not raised."""
+
+
 class Withdrawals:
     """The groups whose failed acquire may have left the job's entry behind, and taking them back.
 
-    ``release(group_id, token)``: yields a grant a withdrawing Acquire got (Holds')."""
+    ``returns``: who yields a grant a withdrawing Acquire got (``Holds``, which is made after this
+    room and uses it: the wiring tells it, ``aio.py``)."""
 
-    def __init__(self, core: ClientCore, transport: Transport, release: Callable[[str, int], Awaitable[None]]):
+    def __init__(self, core: ClientCore, transport: Transport):
         self.core, self.transport = core, transport
-        self._release = release
+        self.returns: GrantReturn | None = None
         self._groups: set[str] = set()
 
     def pending(self) -> bool:
@@ -91,7 +98,8 @@ class Withdrawals:
                 code, details = (e.code().name if e.code() else "UNKNOWN"), e.details() or ""
             v = W.verdict(code, details)
             if v is W.Verdict.GRANTED:
-                await self._release(group, r.token)   # granted to nobody: hand it straight back
+                if self.returns is not None:
+                    await self.returns.release_quietly(group, r.token)   # granted to nobody: hand it straight back
                 return True
             if v is W.Verdict.DONE:
                 return True
@@ -157,7 +165,7 @@ class Holds:
         try:
             reply = await self.transport.invoke(
                 Call.ACQUIRE, lambda: core.acquire_req(group_id, device_bytes_hint, last_hold, priority),
-                deadline=deadline, cap=0, attempt=attempt, st=st)
+                deadline=deadline, cap=0, attempt=attempt, st=st, verify=self.sessions.verify)
         except E.TimesliceClientError as e:
             if W.needs_withdraw(e.code, e.details) and not core.lost and not core.closing:
                 self.withdrawals.add(group_id)

@@ -35,16 +35,11 @@ MOVED = object()
 
 
 class Transport:
-    """Channels and the call driver.
+    """Channels and the call driver."""
 
-    ``verify_session``: one KeepAlive that raises if the session is really gone (the
-    session room's; what an Acquire's ABORTED asks for before it is believed)."""
-
-    def __init__(self, core: ClientCore, user: UserCode, credentials: grpc.ChannelCredentials | None,
-                 verify_session: Callable[[], Awaitable[None]]):
+    def __init__(self, core: ClientCore, user: UserCode, credentials: grpc.ChannelCredentials | None):
         self.core, self.user = core, user
         self._credentials = credentials
-        self._verify_session = verify_session
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._stubs: dict[int, pbg.LockdStub] = {}
 
@@ -65,12 +60,15 @@ class Transport:
             await ch.close()
 
     async def invoke(self, call: Call, build: Callable[[], Any], *, deadline: float | None,
-                     cap: float | None = None, attempt: Callable | None = None, st: CallState | None = None):
+                     cap: float | None = None, attempt: Callable | None = None, st: CallState | None = None,
+                     verify: Callable[[], Awaitable[None]] | None = None):
         """Send ``build()`` as ``call``, re-sending per retry.py until ``deadline`` (monotonic).
 
         ``cap``: deadline of one attempt (default: the policy's; 0: none, for calls that block
         by design). ``attempt(stub, idx, request, timeout)``: a coroutine that sends one attempt
-        itself (streams, acquire); it returns ``MOVED`` to be re-sent elsewhere."""
+        itself (streams, acquire); it returns ``MOVED`` to be re-sent elsewhere. ``verify()``: one
+        KeepAlive that raises if the session is really gone (``Sessions.verify``), for a call whose
+        failure retry.py asks to check before it is believed (an Acquire's ABORTED)."""
         core = self.core
         st = st or CallState(call)
         cap = core.config.retry.attempt_timeout if cap is None else cap
@@ -92,7 +90,9 @@ class Transport:
                 code = e.code().name if e.code() is not None else "UNKNOWN"
                 out = core.react(st, idx, code, e.details() or "")
                 if out is Action.VERIFY_SESSION:
-                    await self._verify_session()
+                    if verify is None:
+                        raise E.from_status(code, e.details() or "", call.method) from None
+                    await verify()
                     raise TryAgain(code, e.details() or "") from None
                 return out
 

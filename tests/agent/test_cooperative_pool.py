@@ -27,8 +27,10 @@ RESERVING = r"""
 import sys
 from timeslice.cooperative import CooperativeWorker
 from timeslice.sim.coop import SimCooperativeMemory
+from timeslice.sim.hostpool import SimPinning
 job, secret, node, sock, sim_dir, gate, nbytes = sys.argv[1:8]
-mem = SimCooperativeMemory({"weights": (int(nbytes), "offload")}, sim_dir, gbps=0, resident=False, pin_gate=gate)
+mem = SimCooperativeMemory({"weights": (int(nbytes), "offload")}, sim_dir, gbps=0, resident=False,
+                           pinning=SimPinning(gate=gate))
 w = CooperativeWorker(job, secret, mem, node, sock).start()
 print("READY", w.pid, flush=True)
 try:

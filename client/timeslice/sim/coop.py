@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from timeslice.backup import BackupBook, BackupCorrupted
 from timeslice.common.device_errors import IllegalState
 from timeslice.common.sim.device import device_id
-from timeslice.sim.hostpool import SimHostPool, SimMover
+from timeslice.sim.hostpool import SimHostPool, SimMover, SimPinning
 from timeslice.sim.runtime import SimDeviceClient
 
 ENV_COOP_GBPS = "TIMESLICE_SIM_COOP_GBPS"
@@ -47,8 +47,8 @@ class SimCooperativeMemory:
 
     def __init__(self, regions: Mapping[str, tuple[int, str]], sim_dir: str | os.PathLike | None = None,
                  seed: int = 0, context_bytes: int = DEFAULT_CONTEXT_BYTES, gbps: float | None = None,
-                 gpu: int | None = None, *, checksum: bool = True, slab_bytes: int = 1 << 30,
-                 pin_gbps: float = 0.0, pin_gate: str | None = None, resident: bool = True):
+                 gpu: int | None = None, *, checksum: bool = True, pinning: SimPinning | None = None,
+                 resident: bool = True):
         self.tags = {t: pol for t, (_, pol) in regions.items()}
         self._size = {t: int(n) for t, (n, _) in regions.items()}
         raw = os.environ.get(ENV_COOP_GBPS)
@@ -59,7 +59,8 @@ class SimCooperativeMemory:
         self._dev: dict[str, bytearray | None] = {}
         self._sha: dict[str, str] = {}
         self._listener = None
-        self.host_pool = SimHostPool(slab_bytes, pin_gbps, pin_gate, on_change=self._host_changed)
+        pinning = pinning or SimPinning()
+        self.host_pool = SimHostPool(pinning.slab_bytes, pinning.gbps, pinning.gate, on_change=self._host_changed)
         self.mover = SimMover(self._dev, self.host_pool, self._pace)
         self.book = BackupBook(self.host_pool, self.mover, checksum=checksum)
         self._seed, self._allocated = seed, False

@@ -20,6 +20,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from timeslice.backup import BackupError, Extent, Span, split_extents
@@ -27,6 +28,15 @@ from timeslice.backup import BackupError, Extent, Span, split_extents
 ENV_PIN_GATE = "TIMESLICE_SIM_PIN_GATE"
 GATE_WAIT_S = 120.0
 PAGE = 4096
+
+
+@dataclass(frozen=True)
+class SimPinning:
+    """SIMULATOR. How the simulated pool pins: slab size, pinning rate (0: instant), a gate file (tests)."""
+
+    slab_bytes: int = 1 << 30
+    gbps: float = 0.0
+    gate: str | None = None
 
 
 class SimHostPool:
