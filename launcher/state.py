@@ -73,7 +73,11 @@ def is_running(doc: dict) -> bool:
 
 def find_running(log_dir: str | os.PathLike) -> tuple[Path, dict] | None:
     """(state file, its document) of the newest running cluster under ``log_dir``, or None."""
-    for path in candidates(log_dir):
+    return _first_running(candidates(log_dir))
+
+
+def _first_running(paths: list[Path]) -> tuple[Path, dict] | None:
+    for path in dict.fromkeys(paths):           # each once, in order
         try:
             doc = read(path)
         except (OSError, ValueError):
@@ -130,16 +134,4 @@ def remembered() -> list[Path]:
 
 def find_running_anywhere(log_dir: str | os.PathLike | None = None) -> tuple[Path, dict] | None:
     """Like ``find_running``, over the per-user pointers first, then ``log_dir``."""
-    seen: set[Path] = set()
-    paths = remembered() + (candidates(log_dir) if log_dir is not None else [])
-    for path in paths:
-        if path in seen:
-            continue
-        seen.add(path)
-        try:
-            doc = read(path)
-        except (OSError, ValueError):
-            continue
-        if is_running(doc):
-            return path, doc
-    return None
+    return _first_running(remembered() + (candidates(log_dir) if log_dir is not None else []))

@@ -1,14 +1,13 @@
 """`lockd serve ...`: run one orchestrator replica."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import sys
 
 from timeslice.common.errors import ConfigError
 from timeslice.common.server import logs
-from timeslice.common.version import __version__
+from timeslice.common.server.serving import serve_config
 from timeslice.lockd import config as C
 
 
@@ -26,16 +25,9 @@ def _run(coro) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lockd", description="timeslice orchestrator replica")
-    p.add_argument("--version", action="version", version=f"lockd {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="serve the gRPC API; campaign for leadership")
-    C.add_arguments(s)
-    a = p.parse_args(argv)
-    try:
-        cfg = C.from_args(a)
-    except (ConfigError, ValueError) as e:
-        print(f"lockd: invalid configuration: {e}", file=sys.stderr)
+    cfg = serve_config("lockd", "timeslice orchestrator replica", "serve the gRPC API; campaign for leadership",
+                       C.add_arguments, C.from_args, argv, (ConfigError, ValueError))
+    if cfg is None:
         return 2
     logs.configure("lockd", cfg.log_level, replica=cfg.replica_id)
     from timeslice.lockd.server import serve

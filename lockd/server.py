@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import grpc
 import structlog
@@ -10,10 +9,9 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from timeslice.common import rpcs, tracing
-from timeslice.common.server import logs
 from timeslice.common.server.auth import Authority, Gate, load_admin_token
 from timeslice.common.server.grpc_metrics import GrpcServerMetrics
-from timeslice.common.server.serving import health_loop
+from timeslice.common.server.serving import health_loop, ready_until_signalled
 from timeslice.lockd.callers import Callers
 from timeslice.lockd.config import LockdConfig
 from timeslice.lockd.reads import Reads
@@ -91,15 +89,7 @@ async def serve(config: LockdConfig, ready=None) -> None:
         hs, SERVICE_NAME, replica.etcd_healthy, lambda ok: replica.metrics.etcd_connected.set(1 if ok else 0)))
     log.info("serving", replica=config.replica_id, port=port, metrics_port=config.metrics_port,
              tls=bool(config.tls_cert))
-    # Machine-readable line for launchers and tests that bind port 0.
-    logs.ready("LOCKD_READY", port=port, replica=config.replica_id, metrics_port=config.metrics_port)
-    if ready is not None:
-        ready(port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await ready_until_signalled("LOCKD_READY", port, ready, replica=config.replica_id, metrics_port=config.metrics_port)
     log.info("stopping", replica=config.replica_id)
     health_task.cancel()
     await hs.enter_graceful_shutdown()

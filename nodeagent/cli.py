@@ -1,28 +1,20 @@
 """`nodeagent serve ...`: run the node agent of one GPU node."""
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 
 from timeslice.common.device_errors import BackendUnavailable
 from timeslice.common.errors import ConfigError, TimesliceError
 from timeslice.common.server import logs
-from timeslice.common.version import __version__
+from timeslice.common.server.serving import serve_config
 from timeslice.nodeagent import config as C
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nodeagent", description="timeslice node agent")
-    p.add_argument("--version", action="version", version=f"nodeagent {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="run snapshot/restore intents for this node; serve the direct API")
-    C.add_arguments(s)
-    a = p.parse_args(argv)
-    try:
-        cfg = C.from_args(a)
-    except TimesliceError as e:         # ConfigError, InvalidIdError (a bad --node)
-        print(f"nodeagent: invalid configuration: {e}", file=sys.stderr)
+    cfg = serve_config("nodeagent", "timeslice node agent", "run snapshot/restore intents for this node; serve the "
+                       "direct API", C.add_arguments, C.from_args, argv, (TimesliceError,))   # a bad --node too
+    if cfg is None:
         return 2
     logs.configure("nodeagent", cfg.log_level, node=cfg.node)
     from timeslice.nodeagent.server import serve

@@ -112,8 +112,3 @@ class Reporter:
                                                     [ops.put(skey, raw)], []))
         return resp.header.revision if resp.succeeded else 0
 
-    async def delete_agent(self) -> None:
-        try:
-            await self.client.txn([], [ops.delete(self.keys.agent(self.node))])
-        except EtcdError as e:
-            log.warning("agent_key_delete_failed", error=str(e))

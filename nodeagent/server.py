@@ -7,7 +7,6 @@ launchers and tests that bind port 0 know where it is and that it is ready.
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import grpc
 import structlog
@@ -15,11 +14,10 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from timeslice.common import tracing
-from timeslice.common.server import logs
 from timeslice.common.server.auth import Authority, Gate, load_admin_token
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.grpc_metrics import GrpcServerMetrics
-from timeslice.common.server.serving import health_loop
+from timeslice.common.server.serving import health_loop, ready_until_signalled
 from timeslice.nodeagent.agent import Agent
 from timeslice.nodeagent.config import AgentConfig
 from timeslice.nodeagent.direct import Operations
@@ -106,16 +104,8 @@ async def serve(cfg: AgentConfig, ready=None) -> None:
     log.info("serving", node=cfg.node, port=port, metrics_port=cfg.metrics_port, backend=agent.backend.name,
              simulated=agent.backend.name == "sim", listen=cfg.listen, tls=bool(cfg.tls_cert),
              mutual_tls=bool(cfg.tls_client_ca))
-    # Machine-readable line for launchers and tests that bind port 0.
-    logs.ready("NODEAGENT_READY", port=port, node=cfg.node, backend=agent.backend.name,
-               metrics_port=cfg.metrics_port)
-    if ready is not None:
-        ready(port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await ready_until_signalled("NODEAGENT_READY", port, ready, node=cfg.node, backend=agent.backend.name,
+                                metrics_port=cfg.metrics_port)
     log.info("stopping", node=cfg.node)
     agent.stopping.set()
     health_task.cancel()

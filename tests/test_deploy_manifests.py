@@ -22,6 +22,7 @@ import pytest
 yaml = pytest.importorskip("yaml")
 
 from timeslice.common import defaults
+from timeslice.launcher import settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -976,18 +977,12 @@ LOCAL_ENV = DEPLOY / "local.env"
 
 
 def parse_env_file(text: str) -> dict[str, str]:
-    values: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if not sep or not re.fullmatch(r"[A-Z][A-Z0-9_]*", key):
-            raise ValueError(f"line {n}: not KEY=VALUE: {line!r}")
-        if key in values:
-            raise ValueError(f"line {n}: {key} set twice")
-        values[key] = value
-    return values
+    """The file as the launcher reads it (``launcher/settings.py``), and no key set twice."""
+    keys = [ln.partition("=")[0].strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ValueError(f"{twice[0]} set twice")
+    return settings.parse_env_file(text)
 
 
 def local_env_problems(values: dict[str, str]) -> list[str]:

@@ -42,7 +42,7 @@ import grpc
 from timeslice import errors as E
 from timeslice.admin import Admin
 from timeslice.config import DEFAULT_TIMEOUT, DEFAULT_TTL, ClientConfig
-from timeslice.core import ClientCore
+from timeslice.core import ClientCore, CoreState
 from timeslice.holds import Holds, Withdrawals
 from timeslice.model import Grant, GroupStatus
 from timeslice.retry import RetryPolicy
@@ -78,7 +78,7 @@ def _sync_in(room: str, fn: Callable[Concatenate[Any, P], R]) -> Callable[Concat
     return method
 
 
-class AsyncOrchestratorClient:
+class AsyncOrchestratorClient(CoreState):
     """Acquire and yield GPU groups on behalf of one job, from asyncio code."""
 
     is_async = True
@@ -123,70 +123,6 @@ class AsyncOrchestratorClient:
         self._withdrawals.returns = self._holds
         self._scopes = Scopes(core, self._holds)
         self._admin = Admin(core, self._transport)
-
-    # == state (no I/O) ===================================================================
-    @property
-    def config(self) -> ClientConfig:
-        return self._core.config
-
-    @property
-    def job_id(self) -> str:
-        return self._core.job_id
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return self._core.config.targets
-
-    @property
-    def target(self) -> str:
-        """The lockd address calls go to now."""
-        return self._core.target
-
-    @property
-    def session_lost(self) -> bool:
-        """True once the session was lost, until ``reset_session()``."""
-        return self._core.lost is not None
-
-    @property
-    def lease_id(self) -> int | None:
-        """The session's etcd lease id, once opened."""
-        return self._core.lease_id
-
-    @property
-    def held(self) -> dict[str, Grant]:
-        """Groups this client holds now (by its own acquire/yield calls), with their grants."""
-        return self._core.grants.snapshot()
-
-    @property
-    def closed(self) -> bool:
-        return self._core.closed
-
-    # The hooks and the cache setting may be changed after construction.
-    @property
-    def release_cache(self) -> bool:
-        return self._core.release_cache
-
-    @release_cache.setter
-    def release_cache(self, value: bool) -> None:
-        self._core.release_cache = value
-
-    @property
-    def before_yield(self) -> Callable[[Grant], Any] | None:
-        return self._core.before_yield
-
-    @before_yield.setter
-    def before_yield(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._core.before_yield = hook
-
-    @property
-    def after_acquire(self) -> Callable[[Grant], Any] | None:
-        return self._core.after_acquire
-
-    @after_acquire.setter
-    def after_acquire(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._core.after_acquire = hook
-
-    check_held = _sync_in("_core", ClientCore.check_held)
 
     # == calls ============================================================================
     open_session = _in("_sessions", Sessions.open_session)

@@ -43,7 +43,8 @@ import grpc
 from timeslice import errors as E
 from timeslice.aio import AsyncOrchestratorClient
 from timeslice.bridge import LoopThread
-from timeslice.config import DEFAULT_TIMEOUT, DEFAULT_TTL, ClientConfig
+from timeslice.config import DEFAULT_TIMEOUT, DEFAULT_TTL
+from timeslice.core import CoreState
 from timeslice.model import Grant, GroupStatus
 from timeslice.retry import RetryPolicy
 from timeslice.scope import AcceleratorScope
@@ -71,7 +72,7 @@ def _close_at_exit(aio_ref: weakref.ref, loop: LoopThread) -> None:
         loop.stop()
 
 
-class OrchestratorClient:
+class OrchestratorClient(CoreState):
     """Acquire and yield GPU groups on behalf of one job (see the module doc)."""
 
     is_async = False
@@ -88,78 +89,12 @@ class OrchestratorClient:
             release_cache=release_cache, before_yield=before_yield, after_acquire=after_acquire,
             credentials=credentials, retry=retry, on_grant_revoked=on_grant_revoked)
         self._aio._callbacks_off_loop()             # never on the loop thread: see the module doc
+        self._core = self._aio._core                # the state both faces show (CoreState)
         self._loop = LoopThread(f"timeslice-client-{self._aio.job_id}")
         self._atexit = functools.partial(_close_at_exit, weakref.ref(self._aio), self._loop)
         atexit.register(self._atexit)
 
     __init__.__doc__ = AsyncOrchestratorClient.__init__.__doc__
-
-    # == state (read on the calling thread; no I/O) =====================================
-    @property
-    def config(self) -> ClientConfig:
-        return self._aio.config
-
-    @property
-    def job_id(self) -> str:
-        return self._aio.job_id
-
-    @property
-    def targets(self) -> tuple[str, ...]:
-        return self._aio.targets
-
-    @property
-    def target(self) -> str:
-        """The lockd address calls go to now."""
-        return self._aio.target
-
-    @property
-    def session_lost(self) -> bool:
-        """True once the session was lost, until ``reset_session()``."""
-        return self._aio.session_lost
-
-    @property
-    def lease_id(self) -> int | None:
-        """The session's etcd lease id, once opened."""
-        return self._aio.lease_id
-
-    @property
-    def held(self) -> dict[str, Grant]:
-        """Groups this client holds now (by its own acquire/yield calls), with their grants."""
-        return self._aio.held
-
-    @property
-    def closed(self) -> bool:
-        return self._aio.closed
-
-    # The hooks and the cache setting may be changed after construction.
-    @property
-    def release_cache(self) -> bool:
-        return self._aio.release_cache
-
-    @release_cache.setter
-    def release_cache(self, value: bool) -> None:
-        self._aio.release_cache = value
-
-    @property
-    def before_yield(self) -> Callable[[Grant], Any] | None:
-        return self._aio.before_yield
-
-    @before_yield.setter
-    def before_yield(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._aio.before_yield = hook
-
-    @property
-    def after_acquire(self) -> Callable[[Grant], Any] | None:
-        return self._aio.after_acquire
-
-    @after_acquire.setter
-    def after_acquire(self, hook: Callable[[Grant], Any] | None) -> None:
-        self._aio.after_acquire = hook
-
-    def check_held(self, group_id: str) -> Grant:
-        return self._aio.check_held(group_id)
-
-    check_held.__doc__ = AsyncOrchestratorClient.check_held.__doc__
 
     def attest_worker(self, node: str):
         return self._aio.attest_worker(node)

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
@@ -233,3 +233,76 @@ class ClientCore:
     @staticmethod
     def deadline(timeout: float | None) -> float | None:
         return None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+
+
+T = TypeVar("T")
+
+
+class _Setting(Generic[T]):
+    """An attribute of the core that a face shows and lets the user change."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> _Setting[T]: ...
+    @overload
+    def __get__(self, obj: CoreState, objtype: type | None = None) -> T: ...
+    def __get__(self, obj, objtype=None):
+        return self if obj is None else getattr(obj._core, self.name)
+
+    def __set__(self, obj: CoreState, value: T) -> None:
+        setattr(obj._core, self.name, value)
+
+
+class CoreState:
+    """What both faces show of the core, read on the calling thread with no I/O (a mixin of
+    ``AsyncOrchestratorClient`` and ``OrchestratorClient``). The hooks and the cache setting may
+    be changed after construction."""
+
+    _core: ClientCore
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._core.config
+
+    @property
+    def job_id(self) -> str:
+        return self._core.job_id
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return self._core.config.targets
+
+    @property
+    def target(self) -> str:
+        """The lockd address calls go to now."""
+        return self._core.target
+
+    @property
+    def session_lost(self) -> bool:
+        """True once the session was lost, until ``reset_session()``."""
+        return self._core.lost is not None
+
+    @property
+    def lease_id(self) -> int | None:
+        """The session's etcd lease id, once opened."""
+        return self._core.lease_id
+
+    @property
+    def held(self) -> dict[str, Grant]:
+        """Groups this client holds now (by its own acquire/yield calls), with their grants."""
+        return self._core.grants.snapshot()
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    release_cache: _Setting[bool] = _Setting()
+    before_yield: _Setting[Callable[[Grant], Any] | None] = _Setting()
+    after_acquire: _Setting[Callable[[Grant], Any] | None] = _Setting()
+
+    def check_held(self, group_id: str) -> Grant:
+        return self._core.check_held(group_id)
+
+    check_held.__doc__ = ClientCore.check_held.__doc__

@@ -11,7 +11,9 @@ server is built; streams are timed until they end.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -37,9 +39,19 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
             return code.name
         return "UNKNOWN" if exc is not None and not isinstance(exc, grpc.aio.AbortError) else "OK"
 
-    def _done(self, labels: tuple[str, str, str], t0: float, context, exc: BaseException | None) -> None:
-        self.handled.labels(*labels, self._code(context, exc)).inc()
-        self.seconds.labels(*labels).observe(time.monotonic() - t0)
+    @contextlib.contextmanager
+    def _timed(self, labels: tuple[str, str, str], context) -> Iterator[None]:
+        """Count the RPC started, then handled (with its code) and its time, however it ends."""
+        t0, exc = time.monotonic(), None
+        self.started.labels(*labels).inc()
+        try:
+            yield
+        except BaseException as e:
+            exc = e
+            raise
+        finally:
+            self.handled.labels(*labels, self._code(context, exc)).inc()
+            self.seconds.labels(*labels).observe(time.monotonic() - t0)
 
     async def intercept_service(self, continuation, details):
         handler = await continuation(details)
@@ -50,35 +62,21 @@ class GrpcServerMetrics(grpc.aio.ServerInterceptor):
             inner, kind = handler.unary_unary, "unary"
 
             async def unary_unary(request, context):
-                labels, t0, exc = (service, method, kind), time.monotonic(), None
-                self.started.labels(*labels).inc()
-                try:
+                with self._timed((service, method, kind), context):
                     return await inner(request, context)
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    self._done(labels, t0, context, exc)
             return grpc.unary_unary_rpc_method_handler(unary_unary, handler.request_deserializer,
                                                        handler.response_serializer)
         if handler.unary_stream is not None:
             inner_s, kind = handler.unary_stream, "server_stream"
 
             async def unary_stream(request, context):
-                labels, t0, exc = (service, method, kind), time.monotonic(), None
-                self.started.labels(*labels).inc()
-                try:
+                with self._timed((service, method, kind), context):
                     result = inner_s(request, context)
                     if hasattr(result, "__aiter__"):
                         async for item in result:
                             yield item
                     else:                                  # a coroutine that writes with context.write
                         await result
-                except BaseException as e:
-                    exc = e
-                    raise
-                finally:
-                    self._done(labels, t0, context, exc)
             return grpc.unary_stream_rpc_method_handler(unary_stream, handler.request_deserializer,
                                                         handler.response_serializer)
         return handler          # client/bidi streams: none in our APIs; passed through untimed

@@ -28,7 +28,6 @@ FROZEN = "frozen"              # on the device, every process locked: it runs no
 # (not reconnected after an agent restart, past --reconnect-grace-s). Planned as resident; never granted
 # before the agent has seen its memory back.
 UNKNOWN = "unknown"
-TERMINAL = frozenset({RUNNING, SNAPSHOTTED, GONE, LOST, FROZEN, UNKNOWN})
 
 # How the op an intent asked for ended (status.outcome); "" while in progress.
 OK = "ok"

@@ -7,6 +7,8 @@
   load balancers and Kubernetes send traffic only to processes that can answer.
 - ``env_flag``: an argparse flag whose default comes from ``TIMESLICE_<FLAG>``;
   ``add_etcd_flags`` / ``etcd_config`` are the etcd connection flags every server takes.
+- ``serve_config`` parses a server's ``<prog> serve ...`` command line; ``ready_until_signalled``
+  prints its ready line and waits for SIGTERM or SIGINT.
 """
 from __future__ import annotations
 
@@ -14,8 +16,11 @@ import argparse
 import asyncio
 import functools
 import os
+import signal
+import sys
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import structlog
@@ -23,7 +28,9 @@ from grpc_health.v1 import health, health_pb2
 
 from timeslice.common import defaults as D
 from timeslice.common.errors import TimesliceError
+from timeslice.common.server import logs
 from timeslice.common.server.etcd.client import EtcdConfig
+from timeslice.common.version import __version__
 
 _log = structlog.get_logger(__name__)
 
@@ -96,6 +103,35 @@ async def health_loop(hs: health.aio.HealthServicer, service: str, probe: Callab
         if on_result is not None:
             on_result(ok)
         await asyncio.sleep(period)
+
+
+async def ready_until_signalled(tag: str, port: int, ready: Callable[[int], None] | None, **fields) -> None:
+    """Print the machine-readable ready line (``<TAG>``, with ``port``: what launchers and tests that
+    bind port 0 wait for), call ``ready(port)``, then return at SIGTERM or SIGINT."""
+    logs.ready(tag, port=port, **fields)
+    if ready is not None:
+        ready(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def serve_config(prog: str, description: str, serve_help: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+                 from_args: Callable[[argparse.Namespace], Any], argv: list[str] | None,
+                 invalid: tuple[type[Exception], ...]) -> Any:
+    """The config of ``<prog> serve ...`` parsed from ``argv``; None once an ``invalid`` error is said."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--version", action="version", version=f"{prog} {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    add_arguments(sub.add_parser("serve", help=serve_help))
+    a = p.parse_args(argv)
+    try:
+        return from_args(a)
+    except invalid as e:
+        print(f"{prog}: invalid configuration: {e}", file=sys.stderr)
+        return None
 
 
 def env_name(flag: str) -> str:

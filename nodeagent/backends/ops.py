@@ -112,6 +112,14 @@ def _refuse_all(op: str, pids: Sequence[int], states: dict[int, ProcState], exc:
     return JobResult(op, res, (time.monotonic() - t0) * 1000)
 
 
+def _all_done(op: str, backend: Backend, pids: Sequence[int], one, t0: float) -> JobResult:
+    """``one(pid)`` for every pid in parallel: the job's result of ``op``, logged (``<op>_done``)."""
+    result = JobResult(op, _parallel(one, pids), (time.monotonic() - t0) * 1000)
+    log.info(f"{op}_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
+             per_pid=_per_pid(result), backend=backend.name)
+    return result
+
+
 def _per_pid(result: JobResult, limit: int = 64) -> list[dict]:
     """Each process's outcome, bytes and time, for the log (per-GPU swap times); bounded."""
     return [{"pid": r.pid, "outcome": str(r.outcome), "bytes": r.bytes, "ms": round(r.elapsed_ms, 1)}
@@ -194,11 +202,7 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
         return PidResult(pid, Outcome.DONE, before, ProcState.CHECKPOINTED, bytes=nbytes,
                          elapsed_ms=(time.monotonic() - t) * 1000)
 
-    result = JobResult("snapshot", _parallel(one, pids), (time.monotonic() - t0) * 1000)
-    log.info("snapshot_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
-             per_pid=_per_pid(result),
-             backend=backend.name)
-    return result
+    return _all_done("snapshot", backend, pids, one, t0)
 
 
 def restore_processes(backend: Backend, pids: Sequence[int], *,
@@ -255,9 +259,5 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
         return PidResult(pid, Outcome.DONE, before, ProcState.RUNNING, bytes=nbytes,
                          elapsed_ms=(time.monotonic() - t) * 1000)
 
-    result = JobResult("restore", _parallel(one, pids), (time.monotonic() - t0) * 1000)
-    log.info("restore_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
-             per_pid=_per_pid(result),
-             backend=backend.name)
-    return result
+    return _all_done("restore", backend, pids, one, t0)
 

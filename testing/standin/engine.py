@@ -174,11 +174,6 @@ class Engine:
                 self.cv.notify_all()
                 raise EngineDead(self.crashed)
 
-    def check_alive(self) -> None:
-        with self.cv:
-            if self.crashed:
-                raise EngineDead(self.crashed)
-
     def describe(self) -> dict:
         with self.cv:
             states = [r.state for r in self.active.values()]

@@ -92,31 +92,25 @@ class Handler(BaseHTTPRequestHandler):
         if lie:
             self._reply(200)
             return
+        if self._answered(fn, {(DeviceOutOfMemory, EngineDead): 500, PauseCancelled: 409, (ValueError, KeyError): 400}):
+            self._reply(200)
+
+    def _answered(self, fn, statuses: dict) -> tuple | bool:
+        """``fn()``'s result (True if none); False once an exception ``statuses`` names (exception class or
+        classes -> HTTP status) is answered with its status and message (bounded for a 400)."""
         try:
-            fn()
-        except (DeviceOutOfMemory, EngineDead) as exc:
-            self._reply(500, {"error": str(exc)})
-            return
-        except PauseCancelled as exc:
-            self._reply(409, {"error": str(exc)})
-            return
-        except (ValueError, KeyError) as exc:
-            self._reply(400, {"error": str(exc)[:200]})
-            return
-        self._reply(200)
+            return fn() or True
+        except tuple(k for ks in statuses for k in (ks if isinstance(ks, tuple) else (ks,))) as exc:
+            status = next(st for ks, st in statuses.items() if isinstance(exc, ks))
+            self._reply(status, {"error": str(exc)[:200] if status == 400 else str(exc)})
+            return False
 
     def _generate(self, tokens) -> None:
-        try:
-            done, reason = self.engine.generate(int(tokens))
-        except EngineDead as exc:
-            self._reply(500, {"error": str(exc)})
+        got = self._answered(lambda: self.engine.generate(int(tokens)),
+                             {EngineDead: 500, EngineBusy: 503, (TypeError, ValueError): 400})
+        if not isinstance(got, tuple):
             return
-        except EngineBusy as exc:
-            self._reply(503, {"error": str(exc)})
-            return
-        except (TypeError, ValueError) as exc:
-            self._reply(400, {"error": str(exc)[:200]})
-            return
+        done, reason = got
         text = " tok" * done
         if self.flavor == VLLM:
             self._reply(200, {"choices": [{"text": text, "finish_reason": reason}],
@@ -164,6 +158,12 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._sglang_post(url.path, body)
 
+    def _pause(self, mode, modes: tuple[str, ...]) -> None:
+        if mode not in modes:
+            self._reply(400, {"error": f"mode must be {', '.join(modes[:-1])} or {modes[-1]}, got {str(mode)[:16]!r}"})
+            return
+        self._control_call(lambda: self.engine.pause(mode))
+
     def _vllm_post(self, path: str, query: dict, body: dict) -> None:
         if path == "/v1/completions":
             self._generate(body.get("max_tokens", 16))
@@ -171,10 +171,7 @@ class Handler(BaseHTTPRequestHandler):
             mode = (query.get("mode") or ["abort"])[0]
             if (query.get("wait_for_inflight_requests") or ["false"])[0].lower() == "true":
                 mode = "wait"
-            if mode not in ("abort", "wait", "keep"):
-                self._reply(400, {"error": f"mode must be abort, wait or keep, got {mode[:16]!r}"})
-                return
-            self._control_call(lambda: self.engine.pause(mode))
+            self._pause(mode, ("abort", "wait", "keep"))
         elif path == "/resume":
             self._control_call(self.engine.resume)
         elif path == "/sleep":
@@ -193,11 +190,7 @@ class Handler(BaseHTTPRequestHandler):
             params = body.get("sampling_params") or {}
             self._generate(params.get("max_new_tokens", 16) if isinstance(params, dict) else "bad")
         elif path == "/pause_generation":
-            mode = body.get("mode", "abort")
-            if mode not in ("abort", "retract", "in_place"):
-                self._reply(400, {"error": f"mode must be abort, retract or in_place, got {str(mode)[:16]!r}"})
-                return
-            self._control_call(lambda: self.engine.pause(mode))
+            self._pause(body.get("mode", "abort"), ("abort", "retract", "in_place"))
         elif path == "/continue_generation":
             self._control_call(self.engine.resume)
         elif path == "/release_memory_occupation":

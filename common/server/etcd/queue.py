@@ -31,10 +31,6 @@ class Entry:
     head: rpc.KeyValue | None       # the queue head when read (None: empty)
     created: bool = False           # True when this call created the key
 
-    @property
-    def is_head(self) -> bool:
-        return self.head is not None and self.head.key == self.key
-
 
 class FifoQueue:
     def __init__(self, client: EtcdClient, prefix: bytes):
