@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
@@ -49,6 +50,7 @@ class Policy:
     device_margin_bytes: int = 0          # kept free beside a restored/elided job
     evict_unknown: bool = True            # footprint unknown (never ran, no hint): make room
     refused_retry_ms: int = 2_000         # pause before re-trying a restore the agent refused for room
+    footprint: FP.FootprintPolicy = FP.DEFAULT_POLICY   # what a grant admits (lockd.footprints)
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             return [RaiseTurns(prio.raise_to, turns.mod_revision, turns.raised(prio.raise_to))]
     head_job, head_kv = head
     token, lease = head_kv.create_revision, head_kv.lease
-    hint = R.QueueValue.load(head_kv.value).device_bytes_hint
+    entry_value = R.QueueValue.load(head_kv.value)
+    hint = entry_value.device_bytes_hint
 
     actions: list[Action | None] = []                   # None: an intent already written as is
     # pending: some node still needs a snapshot or restore (even if its intent is
@@ -222,7 +225,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             b_where = "snapshotted"            # for itself: a snapshot to restore, like any other
         b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
-        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
+        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint, entry_value.peak_bytes,
+                            entry_value.context_bytes, policy.footprint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
         free: dict[int, int] = {}
         if need is None:
