@@ -60,7 +60,8 @@ class ProfileService:
                 snapshot_ms=p.snapshot_ms, restore_ms=p.restore_ms, swap_bytes=p.swap_bytes, busy_ms=p.busy_ms,
                 gpu_bytes=p.gpu_bytes, device_bytes=p.device_bytes, host_bytes=p.host_bytes, grants=p.grants,
                 elided=p.elided, restored=p.restored, first_unix_ms=p.first_ms, updated_unix_ms=p.updated_ms,
-                live=self._live(p.job)))
+                live=self._live(p.job), peak_bytes=p.peak_bytes, context_bytes=p.context_bytes,
+                residue_bytes=p.residue_bytes))
         out.groups.extend(self.groups.list())
         for node, ns in sorted(self.index.nodes.items()):
             a = _agent(ns.agent)

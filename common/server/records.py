@@ -317,5 +317,5 @@ class HoldRecord(Record):
     context_bytes: int = 0        # the queue entry's context_bytes: its memory outside the allocator
     gpu_bytes: dict = field(default_factory=dict)   # "<node>/<device id>" -> the job's bytes there at release
     # The agents' answers to this grant's swap intents:
-    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
+    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms", "residue_bytes"}]
     swaps: list[dict] = field(default_factory=list)

@@ -520,22 +520,33 @@ def test_a_parked_jobs_residue_in_the_way_is_checkpointed_not_ignored():
                    for a in P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, collective, 0))
 
 
-def test_a_head_to_restore_asks_the_agent_before_a_residue_is_checkpointed():
-    """B is parked itself: its restore is written first (the agent admits it on exact figures, and
-    lockd's need counts B's own context, on the device already); only a refusal for room sends
-    C's residue away, then the restore is asked again."""
+def test_a_head_to_restore_that_is_short_sends_the_residue_first_and_its_restore_beside_it():
+    """B is parked itself (29 GB snapshot); its footprint is its snapshot and the margin, less
+    nothing of its own left on the device. 28 GB are free beside C's 2 GB residue: C's residue goes
+    first, and B's restore waits (its snapshot alone does not fit). With 30 GB free the snapshot
+    fits but not the footprint: B's restore goes beside C's residue checkpoint, the grant waits for
+    both. Where lockd's figures say it fits and the agent (fresher figures) refuses, the residue goes
+    after the refusal, then the restore is asked again."""
+    from timeslice.nodeagent.hostmem import DEFAULT_DEVICE_HEADROOM_BYTES
+    assert P.RESTORE_HEADROOM_BYTES == DEFAULT_DEVICE_HEADROOM_BYTES       # lockd's copy of the agent's
     jobs = workers("B", "C")
     paused = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=5,
                                       bytes=10 * GB, device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
                                       residue_bytes=2 * GB), mod=31)
     ns = NodeState(agent=agent_seen(28 * GB), statuses={"C": paused, "B": snap("B", {"gpu0": 29 * GB})})
+    full_c = P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [full_c]
+    ns.agent = agent_seen(29 * GB + GB // 2)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [full_c, P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+    # A smaller B fits by lockd's figures: its restore goes to the agent, nothing else.
+    ns.statuses["B"] = snap("B", {"gpu0": 20 * GB})
     assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
     ns.intents["B"] = intent("B", R.RESTORE, 9, mod=40)
     ns.statuses["B"] = kv("st/B", R.StatusValue(R.SNAPSHOTTED, "B", outcome=R.REFUSED, intent_revision=40, token=9,
-                                                device_bytes=29 * GB, gpu_bytes={"gpu0": 29 * GB},
+                                                device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
                                                 error="no room"), mod=41)
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
-    assert a == P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL), a
+    assert a == full_c, a
 
 
 def test_a_selective_pause_that_left_too_little_is_asked_for_the_rest_not_waited_on_forever():
