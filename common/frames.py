@@ -7,7 +7,8 @@ the checks the agent runs on what a worker says after its hello. Messages
 
     worker -> agent   hello    {job, secret, device, tags: {tag: policy}, paused,
                                 region_bytes: {tag: n}, host_bytes, host_reserving, backup, version}
-    agent  -> worker  welcome  {pid, node}        the pid the agent sees for this peer
+    agent  -> worker  welcome  {pid, node, answers}   the pid the agent sees for this peer; the requests
+                                                  of the worker it answers (an older agent: none)
                       refused  {code, message}    then the agent closes
     agent  -> worker  pause    {id, tags | null, deadline_ms}
                       resume   {id, deadline_ms}
@@ -61,6 +62,7 @@ class Welcome(TypedDict):
     type: str
     pid: int
     node: str
+    answers: list[str]
 
 
 class Refused(TypedDict):
@@ -115,8 +117,8 @@ def done(rid: Any, fields: Mapping[str, Any], *, ok: bool = True, code: str = ""
 
 
 # -- what the agent sends ------------------------------------------------------------------
-def welcome(pid: int, node: str) -> Welcome:
-    return {"type": WELCOME, "pid": pid, "node": node}
+def welcome(pid: int, node: str, answers: Sequence[str] = ASKS) -> Welcome:
+    return {"type": WELCOME, "pid": pid, "node": node, "answers": list(answers)}
 
 
 def refused(code: str, message: str) -> Refused:

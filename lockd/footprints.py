@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-# The H200 figures behind the defaults (DESIGN §12 of the project handbook, also in the README):
+# The H200 figures behind the defaults (the README, "Memory a grant admits"):
 # a PyTorch process with nothing allocated holds 612 MiB (NVML) of a 143,771 MiB device; a paused
 # cooperative job keeps 1.4-1.8 GiB; a process with 44.0 GiB allocated had 45.16 GiB in use.
 H200_CONTEXT_BYTES = 612 << 20

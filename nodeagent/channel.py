@@ -332,7 +332,7 @@ class ChannelServer:
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
-            writer.write(C.encode(F.welcome(pid, self.node)))
+            writer.write(C.encode(F.welcome(pid, self.node, F.ASKS if self.on_ask is not None else ())))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs

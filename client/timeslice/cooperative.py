@@ -61,7 +61,7 @@ log = structlog.get_logger(__name__)
 OFFLOAD, DISCARD = "offload", "discard"
 POLICIES = (OFFLOAD, DISCARD)
 SYNC_TIMEOUT_S = 5.0     # how long announce(sync=True) waits for the agent's report (one refresh: ms)
-ROOM_TIMEOUT_S = 300.0   # how long a room request waits (the agent checkpoints residue: ~1 GB/s on an H200)
+ROOM_TIMEOUT_S = 120.0   # how long a room request waits (the agent checkpoints residue: ~1.8 GB/s on an H200)
 HOST_TIMEOUT_S = 10.0    # how long a host admission waits for the agent's answer
 ENV_HOST_WAIT = "TIMESLICE_HOST_WAIT_S"    # how long a backup the host cannot take yet waits for room (0: told at once)
 
@@ -184,6 +184,7 @@ class CooperativeWorker:
         self._syncs = itertools.count(1)
         self._synced: dict[int, threading.Event] = {}  # sync id -> set when the agent answered it
         self._answers: dict[int, dict] = {}             # id -> the agent's answer to a room/host request
+        self.agent_answers: frozenset[str] = frozenset()  # what the agent said it answers (its welcome)
         self.held = held or (lambda: [])
 
     # -- connection ------------------------------------------------------------------
@@ -209,6 +210,8 @@ class CooperativeWorker:
                                  f"{str(reply.get('message', ''))[:300]}")
         s.settimeout(None)
         self._sock, self.pid = s, int(reply["pid"])
+        answers = reply.get("answers")
+        self.agent_answers = frozenset(str(x) for x in answers) if isinstance(answers, list) else frozenset()
         log.info("cooperative_connected", job=self.job_id, pid=self.pid, socket=self.path, paused=self.paused)
         return self.pid
 
@@ -267,12 +270,15 @@ class CooperativeWorker:
 
     # -- what the worker asks the agent ----------------------------------------------------
     def _ask(self, frame: Callable[[int], dict], timeout: float) -> dict | None:
-        """Send a request to the agent and wait for its answer; None: no channel, or no answer in time
-        (an older agent does not know the request). Never from the serving thread: it reads the answer."""
+        """Send a request to the agent and wait for its answer; None: no channel, an agent that does not
+        answer this request (its welcome did not name it: an older agent), or no answer in time. Never
+        from the serving thread: it reads the answer."""
         s = self._sock
         if s is None or threading.current_thread() is self._thread:
             return None
         rid, done = next(self._syncs), threading.Event()
+        if frame(rid).get("type") not in self.agent_answers:
+            return None
         self._synced[rid] = done
         try:
             with self._send_mu:
