@@ -132,6 +132,7 @@ class AsyncOrchestratorClient(CoreState):
     register_worker = _in("_workers", Workers.register_worker)
     unregister_worker = _in("_workers", Workers.unregister_worker)
     attest_worker = _sync_in("_workers", Workers.attest_worker)
+    measured = _sync_in("_holds", Holds.measured)
     cooperate = _in("_workers", Workers.cooperate)
     groups = _in("_admin", Admin.groups)
     status = _in("_admin", Admin.status)

@@ -96,6 +96,11 @@ class OrchestratorClient(CoreState):
 
     __init__.__doc__ = AsyncOrchestratorClient.__init__.__doc__
 
+    def measured(self, group_id: str):
+        return self._aio.measured(group_id)
+
+    measured.__doc__ = AsyncOrchestratorClient.measured.__doc__
+
     def attest_worker(self, node: str):
         return self._aio.attest_worker(node)
 

@@ -202,7 +202,10 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
         return PidResult(pid, Outcome.DONE, before, ProcState.CHECKPOINTED, bytes=nbytes,
                          elapsed_ms=(time.monotonic() - t) * 1000)
 
-    return _all_done("snapshot", backend, pids, one, t0)
+    # While the copies run, what was admitted counts as taken: a pool admitted meanwhile must not count
+    # the same free memory (nodeagent/hostmem.py).
+    with host.promised(need):
+        return _all_done("snapshot", backend, pids, one, t0)
 
 
 def restore_processes(backend: Backend, pids: Sequence[int], *,
