@@ -1,16 +1,12 @@
 """Swap kinds: how the node agent moves a registered worker's memory, and what each kind can do.
 
-The one list of them. lockd checks a registration against it (``lockd/workers.py``), the
-node agent builds each worker's swapper from it and lists it in its report
-(``nodeagent/swap_routes.py``, ``nodeagent/backends/composite.py``), and the job library's
-integrations offer the kinds a job's own process can be moved by
-(``timeslice.integrations.slicing``). A worker's registration names its kind
-(``WorkerValue.swap``; "" is ``checkpoint``).
-
-A new swapper is one module (a ``nodeagent/backends/swapper.py::Swapper`` subclass whose
-``kind`` is the name) and one ``register`` call here; docs/ARCHITECTURE.md's checklist
-"Add a swapper" says what else to look at. The agent imports the class by its path, on
-first use; nothing here imports server code.
+The one list: lockd checks a registration against it (``lockd/workers.py``), the node agent
+builds each worker's swapper from it and names them in its report (``nodeagent/swap_routes.py``,
+``nodeagent/backends/composite.py``), the integrations offer the kinds a job's own process is
+moved by (``timeslice.integrations.slicing``). A new swapper is one module (a ``Swapper`` of
+``nodeagent/backends/swapper.py`` whose ``kind`` is its name) and one ``register`` here: see
+docs/ARCHITECTURE.md, "Add a swapper". The agent imports the class by its path; nothing here
+imports server code.
 """
 from __future__ import annotations
 

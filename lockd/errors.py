@@ -1,4 +1,4 @@
-"""lockd's own errors; each carries the gRPC status name it maps to (see servicer.py)."""
+"""lockd's own errors; each carries the gRPC status name it maps to (``rpc``, common/server/serving.py, maps it)."""
 from timeslice.common.errors import LockError, TimesliceError
 
 

@@ -9,7 +9,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from timeslice.common import rpcs, tracing
-from timeslice.common.server.auth import Authority, Gate, load_admin_token
+from timeslice.common.server.auth import Gate, configured_authority
 from timeslice.common.server.grpc_metrics import GrpcServerMetrics
 from timeslice.common.server.serving import health_loop, ready_until_signalled
 from timeslice.lockd.callers import Callers
@@ -46,11 +46,8 @@ def servicer_of(replica: Replica, callers: Callers) -> LockdServicer:
 
 def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build the server and bind it; returns (server, bound port, health servicer)."""
-    authority = Authority(load_admin_token(config.admin_token_file), config.insecure_no_admin_auth)
-    if authority.token is None:
-        log.warning("admin_calls_" + ("open" if authority.insecure else "disabled"),
-                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if authority.insecure
-                                                       else "; CreateGroup/DeleteGroup are refused"))
+    authority = configured_authority(config.admin_token_file, config.insecure_no_admin_auth, "admin_calls",
+                                     "CreateGroup/DeleteGroup")
     tenants = config.callers.tenant_book()
     # With tenants, a tenant that administers a group may delete it: the servicer decides (lockd/tenancy.py).
     gated = rpcs.ADMIN - {"DeleteGroup"} if tenants is not None else rpcs.ADMIN

@@ -3,15 +3,20 @@
 Every error the rooms raise is a TimesliceError carrying the name of its gRPC status;
 ``rpc`` / ``stream_rpc`` (common/server/serving.py) map it in one place, so a client always
 gets a precise status and a message that says what to do. What is left here is per call:
-the session check, the tenancy check before anything is written, an Acquire's deadline
-and its metrics and span. The reads are ``lockd/reads.py``'s.
+the ids first (``ids_checked``: ``job_id``, ``group_id`` and ``node`` follow the grammar of
+``timeslice.common.ids``, empty is ill-formed, so a bad one is INVALID_ARGUMENT on every
+RPC, never a session error first nor an exception escaping a stream), the session check,
+the tenancy check before anything is written, an Acquire's deadline and its metrics and
+span. The reads are ``lockd/reads.py``'s.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from timeslice.common.errors import LockError, TimesliceError
+from timeslice.common.ids import check_id
 from timeslice.common.server.serving import rpc, stream_rpc
 from timeslice.lockd import traces
 from timeslice.lockd.callers import Callers, peer_identity
@@ -20,7 +25,6 @@ from timeslice.lockd.groups import Groups, priorities_of
 from timeslice.lockd.locks import Locks
 from timeslice.lockd.metrics import LockdMetrics
 from timeslice.lockd.reads import Reads
-from timeslice.lockd.requests import check_ids, ids_checked
 from timeslice.lockd.revocations import RevocationNotices
 from timeslice.lockd.sessions import JobSessions
 from timeslice.lockd.tenancy import Tenancy, check_tenants
@@ -29,6 +33,24 @@ from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 
 _MARGIN = 0.05   # seconds kept back from the caller's deadline to remove our waiter in time
+ID_FIELDS = {"job_id": "job", "group_id": "group", "node": "node"}
+
+
+def check_ids(req) -> None:
+    """Raise ``InvalidIdError`` for the first ill-formed id field of ``req``."""
+    present = req.DESCRIPTOR.fields_by_name
+    for field, kind in ID_FIELDS.items():
+        if field in present:
+            check_id(kind, getattr(req, field))
+
+
+def ids_checked(fn):
+    """Decorator for a unary servicer method: its request's ids are checked first."""
+    @functools.wraps(fn)
+    async def wrapper(self, req, context):
+        check_ids(req)
+        return await fn(self, req, context)
+    return wrapper
 
 
 class LockdServicer(pbg.LockdServicer):

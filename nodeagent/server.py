@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from timeslice.common import tracing
-from timeslice.common.server.auth import Authority, Gate, load_admin_token
+from timeslice.common.server.auth import Authority, Gate, configured_authority
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.grpc_metrics import GrpcServerMetrics
 from timeslice.common.server.serving import health_loop, ready_until_signalled
@@ -37,15 +37,6 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def authority_of(cfg: AgentConfig) -> Authority:
-    a = Authority(load_admin_token(cfg.admin_token_file), cfg.insecure_no_admin_auth)
-    if a.token is None:
-        log.warning("direct_api_" + ("open" if a.insecure else "disabled"),
-                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if a.insecure
-                                                       else "; Snapshot/Restore/GetOperation are refused"))
-    return a
-
-
 def direct_ops(agent: Agent) -> Operations:
     """The direct API's operations, on the agent's runner and reports (nodeagent/direct.py)."""
     return Operations(agent.node, agent.runner, agent.processes, agent.jobs, agent.reporter, agent.upkeep,
@@ -60,7 +51,8 @@ def create_server(agent: Agent, listen: str, operations: Operations | None = Non
     ``cfg`` gives the credentials (admin token, TLS); without it the direct
     operations are refused (no token) and the port is plaintext.
     """
-    authority = authority_of(cfg) if cfg is not None else Authority(None)
+    authority = (configured_authority(cfg.admin_token_file, cfg.insecure_no_admin_auth, "direct_api",
+                                      "Snapshot/Restore/GetOperation") if cfg is not None else Authority(None))
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)], interceptors=[GrpcServerMetrics(agent.metrics.registry), Gate(authority, ADMIN_METHODS)])
     pbg.add_NodeAgentServicer_to_server(
         NodeAgentServicer(agent.upkeep, operations or direct_ops(agent), authority), server)

@@ -31,7 +31,6 @@ from timeslice.launcher.etcd import initial_cluster, start_members
 from timeslice.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
 from timeslice.testing.member import HarnessMember
 from timeslice.testing.ports import free_port
-from timeslice.testing.procs import Started
 
 _live: list[EtcdCluster] = []  # started and not yet stopped; see live_clusters()
 
@@ -49,7 +48,7 @@ def _default_tmp_root() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
 
 
-class EtcdCluster(Started):
+class EtcdCluster:
     """``size`` etcd members forming one cluster; start with ``start()`` or ``with``."""
 
     def __init__(self, size: int = 1, workdir: str | None = None, name_prefix: str = "m",
@@ -101,6 +100,12 @@ class EtcdCluster(Started):
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    def __enter__(self) -> EtcdCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     # -- addresses ---------------------------------------------------------
 

@@ -16,7 +16,7 @@ import grpc
 
 from timeslice.common.server.auth import ENV_ADMIN_TOKEN
 from timeslice.launcher.servers import Launch, LockdReplica, read_leader
-from timeslice.testing.procs import Started, terminate
+from timeslice.testing.procs import terminate
 from timeslice.testing.server import ServerProcess
 
 
@@ -38,7 +38,7 @@ def shared_admin_token() -> str:
     return os.environ.setdefault(ENV_ADMIN_TOKEN, secrets.token_urlsafe(24))
 
 
-class LockdCluster(Started):
+class LockdCluster:
     """``n`` replicas against one etcd (cluster) and one key prefix."""
 
     def __init__(self, etcd_endpoints: str, prefix: str, n: int = 3, logdir: str | None = None,

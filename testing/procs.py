@@ -13,7 +13,6 @@ import atexit
 import signal
 import subprocess
 import threading
-from typing import TypeVar
 
 from timeslice.launcher import pids
 from timeslice.launcher.pids import pid_alive, signal_tree
@@ -80,22 +79,3 @@ class ProcReaper:
         """Terminate every registered process that is still there (idempotent)."""
         procs, self._procs = self._procs, []
         terminate(procs, self.grace)
-
-
-S = TypeVar("S", bound="Started")
-
-
-class Started:
-    """``with x:`` starts it (``start`` returns it) and stops it on the way out, however the block ends."""
-
-    def start(self: S) -> S:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self: S) -> S:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, Generic, TypeVar
 
 from timeslice import errors as E
 from timeslice.config import ClientConfig, node_name, valid_id
@@ -255,12 +255,8 @@ class _Setting(Generic[T]):
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    @overload
-    def __get__(self, obj: None, objtype: type | None = None) -> _Setting[T]: ...
-    @overload
-    def __get__(self, obj: CoreState, objtype: type | None = None) -> T: ...
-    def __get__(self, obj, objtype=None):
-        return self if obj is None else getattr(obj._core, self.name)
+    def __get__(self, obj: CoreState | None, objtype: type | None = None) -> T:
+        return self if obj is None else getattr(obj._core, self.name)  # type: ignore[return-value]
 
     def __set__(self, obj: CoreState, value: T) -> None:
         setattr(obj._core, self.name, value)

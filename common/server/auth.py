@@ -89,6 +89,17 @@ def presented_token(metadata) -> str | None:
     return None
 
 
+def configured_authority(token_file: str | None, insecure: bool, event: str, refused: str) -> Authority:
+    """A server's ``Authority`` from its flags; with no token configured it says so: ``<event>_open``
+    (--insecure-no-admin-auth) or ``<event>_disabled`` (``refused`` are refused)."""
+    a = Authority(load_admin_token(token_file), insecure)
+    if a.token is None:
+        log.warning(f"{event}_" + ("open" if a.insecure else "disabled"),
+                    why="no admin token configured" + (" and --insecure-no-admin-auth given" if a.insecure
+                                                       else f"; {refused} are refused"))
+    return a
+
+
 @dataclass(frozen=True)
 class Authority:
     """The admin token a server holds (None: none configured) and whether it runs without one on purpose."""

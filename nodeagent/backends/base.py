@@ -63,6 +63,7 @@ class Backend(abc.ABC):
     # Extra free bytes a restore needs beyond the recorded snapshot, per device
     # (see nodeagent.hostmem.admit_restore). Real drivers rebuild a context.
     restore_headroom_bytes: int = 0
+    meter: DeviceMeter | None = None     # who measures device memory here (NVML, the simulated device's meter)
 
     # -- per-op context -----------------------------------------------------
     def prepare(self, op: str, pids: Sequence[int], isolation: str = "", need_bytes: int = 0) -> None:  # noqa: B027
@@ -108,13 +109,13 @@ class Backend(abc.ABC):
         """LOCKED -> RUNNING."""
 
     # -- sizes, for admission ----------------------------------------------
-    @abc.abstractmethod
     def device_usage(self, pid: int) -> DeviceBytes | None:
-        """Bytes ``pid`` holds now, per device; {} if none; None if unknowable."""
+        """Bytes ``pid`` holds now, per device; {} if none; None if unknowable (the meter's word)."""
+        return self.meter.usage(pid) if self.meter is not None else None
 
-    @abc.abstractmethod
     def device_free(self) -> DeviceBytes | None:
-        """Free bytes per device; None if unknowable."""
+        """Free bytes per device; None if unknowable (the meter's word)."""
+        return self.meter.free() if self.meter is not None else None
 
     @abc.abstractmethod
     def snapshot_usage(self, pid: int) -> DeviceBytes | None:

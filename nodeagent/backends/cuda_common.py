@@ -81,7 +81,7 @@ class CudaCheckpointBackend(Backend):
 
     def checkpoint(self, pid: int) -> int:
         self._alive_or_raise(pid, "checkpoint")
-        usage = self.meter.usage(pid)
+        usage = self.device_usage(pid)
         if usage is None:
             raise e.SizeUnknown(f"checkpoint pid {pid}: device usage unknown; a later restore could not be "
                                 "admitted, so the checkpoint is not started", pid=pid)
@@ -111,12 +111,6 @@ class CudaCheckpointBackend(Backend):
             return ProcState.UNKNOWN
 
     # -- sizes -------------------------------------------------------------------
-    def device_usage(self, pid: int):
-        return self.meter.usage(pid)
-
-    def device_free(self):
-        return self.meter.free()
-
     def snapshot_usage(self, pid: int):
         return self.records.get(pid)
 

@@ -238,12 +238,6 @@ class SimBackend(Backend):
         return dead
 
     # -- sizes -----------------------------------------------------------------
-    def device_usage(self, pid: int):
-        return self.meter.usage(pid)
-
-    def device_free(self):
-        return self.meter.free()
-
     def snapshot_usage(self, pid: int):
         doc = self.dev.read_state(pid)
         if doc is None or doc["state"] != CHECKPOINTED or self.dev.is_dead(pid):

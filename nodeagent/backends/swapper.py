@@ -20,11 +20,9 @@ nothing of its memory is released by the agent.
 ``resume()`` brings back what the last pause released. Both are idempotent:
 pausing a paused worker or resuming a running one reports zero bytes moved.
 
-The kinds and what each can do are listed once, in ``timeslice.common.swaps``; the
-agent builds a worker's swapper with ``swapper_class(kind).for_worker(env, ...)``. What
-a kind with tagged regions (``SwapKind.regions``) says about them (``tags``,
-``region_bytes``, ``resident_regions``, ``residue_bytes``, ``device``) is on this
-interface too, with the answers of a swapper that has none.
+The kinds are listed in ``timeslice.common.swaps``; the agent builds a worker's swapper
+with ``swapper_class(kind).for_worker(env, ...)``. What a kind with tagged regions says of
+them (``tags``, ``region_bytes``, ...) is on the interface, answered "none" by default.
 """
 from __future__ import annotations
 
