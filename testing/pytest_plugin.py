@@ -49,9 +49,31 @@ def _own_host_state() -> None:
     # worker's jobs never wait on another's.
     if worker and "TIMESLICE_PIN_LOCK" not in os.environ:
         os.environ["TIMESLICE_PIN_LOCK"] = os.path.join(state, "timeslice-pin.lock")
+    # PyTorch's CPU kernels (the real-framework jobs, in this process and the jobs it starts): one
+    # thread each beside the other workers; its OpenMP threads otherwise spin for CPUs they share.
+    if worker:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _own_host_state()
+
+
+def _group(item) -> str | None:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return None
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return                              # one process: the order and scopes as collected
+    named = {g for g in map(_group, items) if g is not None}
+    for item in items:
+        if _group(item) is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    long = {_group(i) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("chaos")}
+    items.sort(key=lambda i: 0 if _group(i) in named else 1 if _group(i) in long else 2)   # stable
 
 
 @pytest.fixture(scope="session")
