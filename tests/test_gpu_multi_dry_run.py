@@ -8,11 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 
 def test_gpu_multi_dry_run_on_simulated_gpus(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

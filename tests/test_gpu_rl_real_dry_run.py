@@ -16,9 +16,6 @@ import pytest
 
 pytest.importorskip("trl", reason="needs the test extra (torch, trl)")
 
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 
 def test_trl_grpo_pair_time_sliced_in_every_regime_equals_standalone_bit_for_bit(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

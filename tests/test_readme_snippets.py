@@ -33,9 +33,6 @@ from timeslice.launcher.procs import log_events
 from timeslice.launcher.settings import Settings
 from timeslice.launcher.start import create_group
 
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 ROOT = Path(__file__).resolve().parents[1]
 NODE = "readme-node"
 GROUPS = ("trainer-group", "sampler-group", "rl-gpus")   # the groups the snippets acquire

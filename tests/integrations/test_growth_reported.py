@@ -19,9 +19,6 @@ from timeslice.common.keys import Keys  # noqa: E402
 from timeslice.integrations.pytorch import Placement  # noqa: E402
 from timeslice.nodeagent.sim.torch_memory import SimTorchMemory  # noqa: E402
 
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 NODE = "rl-node"
 CTX = 64 << 10
 

@@ -13,9 +13,6 @@ from timeslice.nodeagent.backends.errors import DeviceOutOfMemory, IllegalState 
 from timeslice.nodeagent.sim.device import SimDevice  # noqa: E402
 from timeslice.nodeagent.sim.torch_memory import SimTorchMemory  # noqa: E402
 
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 CTX = 4096
 
 

@@ -17,9 +17,6 @@ import pytest
 pytest.importorskip("torch", reason="the real-framework tests need the test extra (torch, trl)")
 pytest.importorskip("trl", reason="the real-framework tests need the test extra (torch, trl)")
 
-# CPU-bound real-framework jobs (PyTorch): one at a time, beside the other workers' tests (scripts/test.sh).
-pytestmark = pytest.mark.xdist_group("torch")
-
 CONTEXT = 256 << 10          # SimTorchMemory's default context: what a parked job keeps on the device
 
 
