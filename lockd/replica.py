@@ -56,9 +56,7 @@ class Replica:
         self.profile_view = ProfileService(self.keys, self.index, self.reflector, self.groups, config.profile_phases)
         self.leader = LeaderLoop(self.client, self.keys, self.index, self.reflector, config.replica_id,
                                  config.election, config.policy, self.metrics)
-        # The leader exports each live job's busy and wait shares, from the same profiles.
-        self.metrics.job_fractions.source = lambda: (self.profile_view.fractions()
-                                                     if self.leader.leadership is not None else {})
+        self.metrics.job_fractions.source = self._job_fractions
         # Finished holds, recorded by the leader for `timeslice report` (lockd/history.py).
         self.history = History(self.keys, lambda: self.reflector.kvs, self.reflector.get)
         # The leader's spans of each traced handoff, from the same events (opt-in: lockd/traces.py).
@@ -66,6 +64,10 @@ class Replica:
         self.reflector.add_listener(self._on_batch)
         self._tasks: list[asyncio.Task] = []
         self._ops_seen: set[tuple[bytes, int]] = set()
+
+    def _job_fractions(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """The leader exports each live job's busy and wait shares, from the same profiles."""
+        return self.profile_view.fractions() if self.leader.leadership is not None else {}
 
     def _on_batch(self, events: list[WatchEvent], reset: bool) -> None:
         # Order matters: the index first, so waiters and the scheduler see the new state.

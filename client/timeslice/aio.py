@@ -47,7 +47,7 @@ from timeslice.holds import Holds, Withdrawals
 from timeslice.model import Grant, GroupStatus
 from timeslice.retry import RetryPolicy
 from timeslice.revocations import Revocations
-from timeslice.scope import AcceleratorScope, Scopes
+from timeslice.scope import Scopes
 from timeslice.session import Sessions
 from timeslice.transport import Transport
 from timeslice.usercode import UserCode
@@ -158,12 +158,6 @@ class AsyncOrchestratorClient(CoreState):
         self._withdrawals.clear()
 
     # == scopes ===========================================================================
-    def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
-        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
-        ``priority``: the class its acquire asks for (groups with priority classes)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
-
     def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0):
         raise TypeError("AsyncOrchestratorClient.on_accelerators is an async context manager: "
                         "use `async with`, or the sync OrchestratorClient")

@@ -47,7 +47,6 @@ from timeslice.config import DEFAULT_TIMEOUT, DEFAULT_TTL
 from timeslice.core import CoreState
 from timeslice.model import Grant, GroupStatus
 from timeslice.retry import RetryPolicy
-from timeslice.scope import AcceleratorScope
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -142,12 +141,6 @@ class OrchestratorClient(CoreState):
     watch.__doc__ = AsyncOrchestratorClient.watch.__doc__
 
     # == scopes ===========================================================================
-    def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
-        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
-        ``priority``: the class its acquire asks for (groups with priority classes)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
-
     def _scope_enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
         return self._loop.call(self._aio._scope_enter_async(group_id, timeout, hint, priority))
 

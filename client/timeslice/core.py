@@ -29,6 +29,7 @@ from timeslice.logs import get_logger
 from timeslice.model import Grant, Worker, node_specs
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Action, Call, CallState, TryAgain
+from timeslice.scope import AcceleratorScope
 
 log = get_logger(__name__)
 
@@ -246,8 +247,8 @@ class ClientCore:
 T = TypeVar("T")
 
 
-class _Setting(Generic[T]):
-    """An attribute of the core that a face shows and lets the user change."""
+class _Shown(Generic[T]):
+    """An attribute of the core that a face shows, read-only."""
 
     def __init__(self, doc: str | None = None):
         self.__doc__ = doc
@@ -257,6 +258,13 @@ class _Setting(Generic[T]):
 
     def __get__(self, obj: CoreState | None, objtype: type | None = None) -> T:
         return self if obj is None else getattr(obj._core, self.name)  # type: ignore[return-value]
+
+    def __set__(self, obj: CoreState, value: T) -> None:
+        raise AttributeError(f"{self.name} cannot be set")
+
+
+class _Setting(_Shown[T]):
+    """An attribute of the core that a face shows and lets the user change."""
 
     def __set__(self, obj: CoreState, value: T) -> None:
         setattr(obj._core, self.name, value)
@@ -269,22 +277,15 @@ class CoreState:
 
     _core: ClientCore
 
-    @property
-    def config(self) -> ClientConfig:
-        return self._core.config
-
-    @property
-    def job_id(self) -> str:
-        return self._core.job_id
+    config: _Shown[ClientConfig] = _Shown()
+    job_id: _Shown[str] = _Shown()
+    target: _Shown[str] = _Shown("The lockd address calls go to now.")
+    lease_id: _Shown[int | None] = _Shown("The session's etcd lease id, once opened.")
+    closed: _Shown[bool] = _Shown()
 
     @property
     def targets(self) -> tuple[str, ...]:
         return self._core.config.targets
-
-    @property
-    def target(self) -> str:
-        """The lockd address calls go to now."""
-        return self._core.target
 
     @property
     def session_lost(self) -> bool:
@@ -292,18 +293,9 @@ class CoreState:
         return self._core.lost is not None
 
     @property
-    def lease_id(self) -> int | None:
-        """The session's etcd lease id, once opened."""
-        return self._core.lease_id
-
-    @property
     def held(self) -> dict[str, Grant]:
         """Groups this client holds now (by its own acquire/yield calls), with their grants."""
         return self._core.grants.snapshot()
-
-    @property
-    def closed(self) -> bool:
-        return self._core.closed
 
     release_cache: _Setting[bool] = _Setting()
     before_yield: _Setting[Callable[[Grant], Any] | None] = _Setting()
@@ -317,3 +309,9 @@ class CoreState:
         return self._core.check_held(group_id)
 
     check_held.__doc__ = ClientCore.check_held.__doc__
+
+    def on_accelerators(self, group_id: str, *, timeout: float | None = None,
+                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
+        """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
+        ``priority``: the class its acquire asks for (groups with priority classes)."""
+        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)

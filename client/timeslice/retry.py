@@ -96,14 +96,11 @@ class CallState:
     maybe_applied: bool = False
     verifications: int = 0
     max_verifications: int = 3
-    last_code: str = ""
-    last_details: str = ""
 
     def decide(self, code: str, details: str = "") -> Decision:
         """What to do after an attempt failed with status ``code`` (a name, e.g. ``"UNAVAILABLE"``)."""
         self.attempts += 1
         prior_maybe_applied = self.maybe_applied
-        self.last_code, self.last_details = code, details
         d = _decide(self, code, details or "", prior_maybe_applied)
         if code in MAYBE_APPLIED or _is_transport(code, details):
             self.maybe_applied = True

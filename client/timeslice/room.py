@@ -24,7 +24,7 @@ half-way through an optimizer's update. Sans-IO apart from the two callables.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -129,6 +129,3 @@ def with_room(alloc: Callable[[], T], *, need_bytes: int, device: str, ask: Ask 
                 before_retry()
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
-
-def holders_text(holders: Sequence[dict]) -> str:
-    return ", ".join(_holder(h) for h in holders[:MAX_HOLDERS])

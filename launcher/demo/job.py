@@ -43,7 +43,6 @@ class Job:
         self.a = a
         self.events = open(a.events, "a", buffering=1)  # noqa: SIM115 - open for the whole run
         self.grant = None
-        self.grants_seen = 0
         self.client: OrchestratorClient | None = None
         self.gpu: TorchGpu | SimCoopGpu | SimGpu
         if a.device == "cuda":

@@ -75,10 +75,6 @@ class SimDeviceClient:
         """What the device's meter shows for this process (NVML): context, slack and all."""
         return self.dev.held(self.pid)
 
-    @property
-    def arena_bytes(self) -> int:
-        return self._arena
-
     # -- DeviceStats (timeslice.memstats): the simulated allocator's own figures ---------------
     def allocator_bytes(self) -> int:
         """What the allocator holds now (its slack included, the context not)."""
