@@ -3,7 +3,7 @@
 Every error the rooms raise is a TimesliceError carrying the name of its gRPC status;
 ``rpc`` / ``stream_rpc`` (common/server/serving.py) map it in one place, so a client always
 gets a precise status and a message that says what to do. What is left here is per call:
-the ids first (``ids_checked``: ``job_id``, ``group_id`` and ``node`` follow the grammar of
+the ids first (``unary``: ``job_id``, ``group_id`` and ``node`` follow the grammar of
 ``timeslice.common.ids``, empty is ill-formed, so a bad one is INVALID_ARGUMENT on every
 RPC, never a session error first nor an exception escaping a stream), the session check,
 the tenancy check before anything is written, an Acquire's deadline and its metrics and
@@ -44,13 +44,13 @@ def check_ids(req) -> None:
             check_id(kind, getattr(req, field))
 
 
-def ids_checked(fn):
-    """Decorator for a unary servicer method: its request's ids are checked first."""
+def unary(fn):
+    """Decorator for a unary servicer method: its request's ids checked first, its errors mapped (``rpc``)."""
     @functools.wraps(fn)
-    async def wrapper(self, req, context):
+    async def ids_checked(self, req, context):
         check_ids(req)
         return await fn(self, req, context)
-    return wrapper
+    return rpc(ids_checked)
 
 
 class LockdServicer(pbg.LockdServicer):
@@ -61,28 +61,24 @@ class LockdServicer(pbg.LockdServicer):
         self.locks, self.groups, self.workers, self.reads = locks, groups, workers, reads
         self.metrics, self.replica_id = metrics, replica_id
 
-    @rpc
-    @ids_checked
+    @unary
     async def OpenSession(self, req, context):
         tenant = self.tenancy.session_tenant(self.callers.of(context))
         secret, lease, ttl = await self.sessions.open(req.job_id, req.ttl_seconds, peer_identity(context), tenant)
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
-    @rpc
-    @ids_checked
+    @unary
     async def CloseSession(self, req, context):
         return pb.CloseSessionReply(closed=await self.sessions.close(req.job_id, req.session_secret, req.lost))
 
-    @rpc
-    @ids_checked
+    @unary
     async def KeepAlive(self, req, context):
         ttl = await self.sessions.keepalive(req.job_id, req.session_secret)
         # A holder learns here, within a keepalive period, that its group was deleted under it.
         revoked = await self.revocations.pending(req.job_id)
         return pb.KeepAliveReply(ttl_seconds=ttl, revoked_groups=revoked)
 
-    @rpc
-    @ids_checked
+    @unary
     async def Acquire(self, req, context):
         t0 = time.monotonic()
         lease = await self.sessions.verify(req.job_id, req.session_secret)
@@ -109,8 +105,7 @@ class LockdServicer(pbg.LockdServicer):
                                leader_epoch=g.leader_epoch, waited_ms=got.waited_ms, restored=g.restored,
                                elided=g.elided, bytes_moved=g.bytes_moved)
 
-    @rpc
-    @ids_checked
+    @unary
     async def Yield(self, req, context):
         await self.sessions.verify(req.job_id, req.session_secret)
         try:
@@ -123,23 +118,20 @@ class LockdServicer(pbg.LockdServicer):
             self.metrics.deferred.inc()
         return pb.YieldReply(released=released, deferred_snapshot=deferred)
 
-    @rpc
-    @ids_checked
+    @unary
     async def RegisterWorker(self, req, context):
         lease = await self.sessions.verify(req.job_id, req.session_secret)
         await self.workers.register(req.job_id, lease, req.node, req.pid, req.device_bytes, req.swap,
                                       req.gpus, req.endpoint, req.tags, req.collective)
         return pb.WorkerReply()
 
-    @rpc
-    @ids_checked
+    @unary
     async def UnregisterWorker(self, req, context):
         await self.sessions.verify(req.job_id, req.session_secret)
         await self.workers.unregister(req.job_id, req.node, req.pid)
         return pb.WorkerReply()
 
-    @rpc
-    @ids_checked
+    @unary
     async def CreateGroup(self, req, context):
         tenants, admins = check_tenants(req.tenants, "tenants"), check_tenants(req.admins, "admins")
         self.tenancy.check_create(self.callers.of(context), tenants)
@@ -150,24 +142,20 @@ class LockdServicer(pbg.LockdServicer):
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes],
                         **priorities_of(spec))
 
-    @rpc
-    @ids_checked
+    @unary
     async def DeleteGroup(self, req, context):
         self.tenancy.check_delete(self.callers.of(context), req.group_id)
         return pb.DeleteGroupReply(deleted=await self.groups.delete(req.group_id, req.force))
 
-    @rpc
-    @ids_checked
+    @unary
     async def ListGroups(self, req, context):
         return self.reads.list_groups(context)
 
-    @rpc
-    @ids_checked
+    @unary
     async def GetGroupStatus(self, req, context):
         return self.reads.group_status(context, req.group_id)
 
-    @rpc
-    @ids_checked
+    @unary
     async def ListJobs(self, req, context):
         return self.reads.jobs(context)
 
