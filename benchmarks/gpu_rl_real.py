@@ -248,7 +248,7 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
         dev.release()
     res = F.regime_figures(docs)
     res.update(regime=regime, fit=fit, swap=F.swap_figures(ops, docs), degradation=F.degradation(docs, alone),
-               agent_ops=ops)
+               agent_ops=ops, hints_bytes=hints)
     return res
 
 
@@ -355,6 +355,11 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
+def size(n: int) -> str:
+    """Bytes as GiB, or MiB where under a GiB (the dry run's simulated sizes)."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / (1 << 20):.1f} MiB"
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
@@ -382,7 +387,14 @@ def report(doc: dict) -> str:
             "residue GiB", "pin s", "bit-equal"]
     note = ("SIMULATED device (CPU dry run): no NVML; swaps are the simulator's" if doc["simulated"]
             else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
-    return table(head, rows) + f"\n{note}; ratios (x) against standalone, same run"
+    # Each sliced job's memory as the lock was told it (README, "Memory a grant admits"), and what it
+    # declared: the per-job context and residue of this device, in the JSON too.
+    mem = [f"{name}: {j['job']} declared {size(r['hints_bytes'][i])}, measured peak "
+           f"{size(j['measured'].get('peak', 0))}, context {size(j['measured'].get('context', 0))}, "
+           f"residue after each pause [{', '.join(map(size, j['residue_bytes']))}]"
+           for name, r in doc["regimes"].items() if name != "standalone" and "jobs" in r
+           for i, j in enumerate(r["jobs"])]
+    return "\n".join([table(head, rows) + f"\n{note}; ratios (x) against standalone, same run", *mem])
 
 
 if __name__ == "__main__":

@@ -25,6 +25,10 @@ run in which a job died is FAILED: its ratios are not printed, and the command e
 
     python -m benchmarks.gpu_timeslice --out benchmarks/results
     python -m benchmarks.gpu_timeslice --profile 40g_long --clean-weights --out $OUT
+    python -m benchmarks.gpu_timeslice --profile 40g_long --clean-weights --coop-residual-gb 1.5,0 --out $OUT
+
+The second runs the cooperative regime once at the default room for a parked job's residue (1.5) and
+once with none left for it (0), against the same one-after-the-other baseline (``--repeat`` repeats both).
 
 ``--dry-run`` runs the same orchestration and analysis on the CPU: a SIMULATED GPU of
 ``--dry-run-capacity-gb`` (read as MiB, default 140: the H200 scaled GiB to MiB) that charges each
@@ -225,6 +229,19 @@ def run_standalone(a, sampler, workdir):
     return res
 
 
+def label_of(regime: str, residual: float, named: bool) -> str:
+    return f"time-sliced, {regime}" + (f", residual {residual:g} GB" if named else "")
+
+
+def residuals(text: str) -> list[float]:
+    """--coop-residual-gb: one figure, or several (comma-separated): each cooperative regime runs once
+    per figure, all against the same one-after-the-other baseline."""
+    out = [float(x) for x in text.split(",") if x.strip()]
+    if not out or any(x < 0 for x in out):
+        raise argparse.ArgumentTypeError(f"GiB figures >= 0, comma-separated: {text!r}")
+    return out
+
+
 def failed(r: dict) -> bool:
     """A run in which a job died, or that broke a rule: its figures are no result."""
     return bool(r.get("violations")) or any(r.get("job_exit_codes") or [])
@@ -257,8 +274,12 @@ def agent_ops(agent: AgentProcess):
     return out
 
 
-def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
-    tag = regime.replace(" ", "-") + (f"-{rep}" if rep else "")
+def run_sliced(a, sampler, workdir, regime, release_cache, rep=0, residual=None):
+    """One time-sliced run; ``residual``: the room left for a parked cooperative job's residue (GiB;
+    default the first of --coop-residual-gb), named in the label where --coop-residual-gb gives several."""
+    residual = a.coop_residual_gb[0] if residual is None else residual
+    named = "coop" in regime and len(a.coop_residual_gb) > 1
+    tag = regime.replace(" ", "-") + (f"-r{residual:g}" if named else "") + (f"-{rep}" if rep else "")
     logdir = os.path.join(workdir, tag)
     os.makedirs(logdir, exist_ok=True)
     ballast = None
@@ -286,7 +307,7 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
                 if "coop" in regime:
                     # A parked cooperative job keeps its CUDA context and allocator remnants on the
                     # device (measured 1.78 GiB with PyTorch on an H200); full isolation would move them.
-                    keep += int(a.coop_residual_gb * gb)
+                    keep += int(residual * gb)
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
                 code = (("from timeslice.sim.runtime import SimDeviceClient; import time,sys;"
                          "d=SimDeviceClient.open(sys.argv[2]); d.alloc(max(1, int(sys.argv[1])));"
@@ -313,9 +334,10 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
             rcs = wait_jobs(procs, a.job_timeout)
             e2e = round(time.monotonic() - t_launch, 2)
             events = load(out)
-            res = analyse(events, sampler, f"time-sliced, {regime}")
+            res = analyse(events, sampler, label_of(regime, residual, named))
             ready = [e for e in events if e["ev"] == "ready"]
             res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache), e2e_wall_s=e2e,
+                       coop_residual_gb=residual if "coop" in regime else None,
                        peak_bytes_hint=peak, swap=swap,
                        register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready},
                        memory=memory_figures(events, agent))
@@ -440,8 +462,9 @@ def main():
     p.add_argument("--job-timeout", type=float, default=150)
     p.add_argument("--regimes", default="fit,nofit,nofit-nocache")
     p.add_argument("--no-standalone", action="store_true", help="skip the one-after-the-other baseline")
-    p.add_argument("--coop-residual-gb", type=float, default=1.5,
-                   help="extra room left in the nofit-coop regime for the parked job's context")
+    p.add_argument("--coop-residual-gb", type=residuals, default=[1.5],
+                   help="extra room left in the nofit-coop regime for the parked job's context (GiB); "
+                        "several, comma-separated (1.5,0): the cooperative regimes run once per figure")
     p.add_argument("--repeat", type=int, default=1, help="run the regimes this many times back to back")
     p.add_argument("--name", default="gpu_timeslice", help="file name stem of the results")
     p.add_argument("--dry-run", action="store_true",
@@ -481,11 +504,14 @@ def main():
             json.dump(doc, f, indent=1)
 
     save()
-    for rep, regime in [(i, r) for i in range(a.repeat) for r in a.regimes.split(",")]:
+    runs = [(i, r, x) for i in range(a.repeat) for r in a.regimes.split(",")
+            for x in (a.coop_residual_gb if "coop" in r else a.coop_residual_gb[:1])]
+    for rep, regime, residual in runs:
         try:
-            results.append(run_sliced(a, sampler, workdir, regime, 0 if "nocache" in regime else 1, rep))
+            results.append(run_sliced(a, sampler, workdir, regime, 0 if "nocache" in regime else 1, rep, residual))
         except Exception as e:   # keep the other regimes' figures; the failure is a result too
-            results.append({"label": f"time-sliced, {regime}", "violations": [f"run failed: {e!r}"],
+            named = "coop" in regime and len(a.coop_residual_gb) > 1
+            results.append({"label": label_of(regime, residual, named), "violations": [f"run failed: {e!r}"],
                             "timeline": [], "wall_s": 0, "duty_cycle_phases": 0, "duty_cycle_nvml": 0,
                             "swaps_restored": 0, "elided": 0, "bytes_moved": 0})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "timeline"}), flush=True)
@@ -494,10 +520,10 @@ def main():
     sampler.stop.set()
     png = os.path.join(a.out, f"{a.name}_timeline.png")
     plot(results, png)
-    print(f"{'run':38} {'nvml':>6} {'wall s':>7} {'e2e s':>7} {'phases':>6} {'steady':>6} {'restores':>8} "
+    print(f"{'run':44} {'nvml':>6} {'wall s':>7} {'e2e s':>7} {'phases':>6} {'steady':>6} {'restores':>8} "
           f"{'elided':>6} {'GB moved':>8} {'op s':>6} {'trip s':>7} {'viol':>4}")
     for r in results:
-        print(f"{r['label']:38} {r['duty_cycle_nvml']:6.0%} {r['wall_s']:7.1f} {r.get('e2e_wall_s', 0):7.1f} "
+        print(f"{r['label']:44} {r['duty_cycle_nvml']:6.0%} {r['wall_s']:7.1f} {r.get('e2e_wall_s', 0):7.1f} "
               f"{r['duty_cycle_phases']:6.0%} {r.get('duty_cycle_steady', 0):6.0%} "
               f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / unit(a):8.1f} "
               f"{r.get('op_seconds', 0):6.1f} {r.get('round_trip_steady_median_s', 0):7.3f} "

@@ -14,7 +14,8 @@ which all processes share. From them, per regime:
   the same window, and is added by the caller;
 * per job: steps, GPU-phase throughput (tokens/s inside ``generate``, samples/s inside
   the training part of ``train_step`` plus the optimizer step), first-pin time, the
-  residue its worker measured after each pause;
+  residue its worker measured after each pause, and the peak and context its client measured of its
+  holds (what its next Acquire would have told the lock: README, "Memory a grant admits");
 * the degradation check against the standalone documents of the same run.
 """
 from __future__ import annotations
@@ -97,6 +98,7 @@ def job_figures(doc: dict) -> dict:
             "peak_bytes": doc.get("peak_bytes", 0), "worker_swaps": doc.get("swaps", 0),
             "residue_bytes_max": max(residues) if residues else None,
             "residue_bytes_median": int(statistics.median(residues)) if residues else None,
+            "residue_bytes": residues, "measured": doc.get("measured", {}),
             "nondeterminism_warnings": doc.get("warnings", [])}
 
 

@@ -124,6 +124,8 @@ def main(argv=None) -> int:
            "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
            "swaps": getattr(ts.worker, "swaps", 0)}
     if client is not None:
+        m = client.measured(a.group)     # what the lock was told of this job's holds (its next Acquire's)
+        doc["measured"] = {"peak": m.peak_bytes, "context": m.context_bytes}
         client.close()
     text = json.dumps(doc)
     if a.out:
