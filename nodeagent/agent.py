@@ -105,7 +105,7 @@ class Agent:
         # Who may open the channel for a job: the holder of its session secret.
         self.auth = WorkerAuth(self.client, self.keys, self.jobs)
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
-                                      cfg.require_attestation)
+                                      cfg.require_attestation, cfg.reconnect_grace_s)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
         self.attestations = Attestations(self.client, self.keys, self.node, self.lease.lease_id)
         self.reporter = Reporter(self.client, self.keys, self.node, self.lease.lease_id, self.lease.renew)
@@ -138,6 +138,13 @@ class Agent:
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
                                sync_timeout)
         await self.attestations.publish_protected()   # before any job can register this node's pids
+        # Whose each process is, as the agent before this one was told: known before the first picture,
+        # so a registered worker not back on the channel yet is never planned as absent.
+        recalled = await self.attestations.recall()
+        adopted = sorted(p for p, (job, start) in recalled.items() if self.channel.adopt(p, job, start))
+        if recalled:
+            log.info("attestations_recalled", node=self.node, pids=adopted, stale=len(recalled) - len(adopted))
+        self.processes.inherit((job, pid) for pid, (job, _) in self.jobs.local_workers().items())
         # After the mirrors: a worker's hello is checked against its job's session key.
         await self.channel.start()
         self.tokens.recover(self.jobs.statuses())

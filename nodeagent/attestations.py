@@ -12,7 +12,9 @@ only it knows:
 * ``nodes/<node>/protected``: init, the agent itself, etcd, lockd and other
   agents on the node (``nodeagent/protected.py``), refreshed when it changes.
 
-Both live on the agent's lease: a dead agent's word goes with it. A sync pass
+Both live on the agent's lease: a dead agent's word goes with it, once its lease
+expires. Until then a restarted agent takes it over (``recall``): it knows whose
+each process is before the workers are back on its channel. A sync pass
 (every refresh interval) rewrites them on a renewed lease and removes the records
 of processes the channel forgot. Publishing is best effort: an etcd outage must
 not keep a worker from connecting (lockd then falls back to first come, first
@@ -60,6 +62,27 @@ class Attestations:
             log.warning("attestation_unpublished", pid=pid, job=job, error=str(e)[:200])
             return
         self._written[pid] = (job, start_time, lease)
+
+    async def recall(self) -> dict[int, tuple[str, int]]:
+        """{pid: (job, start time)} of the attestations etcd still holds for this node: a previous
+        agent's word, on its lease until that expires (``ChannelServer.adopt`` checks each is the
+        same process). Empty if etcd cannot say: the workers' hellos then tell it again."""
+        prefix = self.keys.attestations(self.node)
+        try:
+            # Linearizable: whatever the agent before this one wrote and its lease still keeps.
+            r = await self.client.range(ops.range_req(prefix, prefix=True), timeout=PUBLISH_TIMEOUT_S)
+        except (TimesliceError, asyncio.TimeoutError) as e:
+            log.warning("attestations_not_recalled", error=str(e)[:200])
+            return {}
+        out: dict[int, tuple[str, int]] = {}
+        for kv in r.kvs:
+            try:
+                v = R.AttestedValue.load(kv.value)
+            except Exception:  # an unreadable record attests nothing
+                continue
+            if isinstance(v.job, str) and isinstance(v.pid, int) and isinstance(v.start_time, int):
+                out[v.pid] = (v.job, v.start_time)
+        return out
 
     async def withdraw(self, pids: Iterable[int]) -> None:
         """The processes are gone: their records go too."""

@@ -177,6 +177,9 @@ class ChannelServer:
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
+        # pid -> (job, start time): what a previous agent on this node was told (``adopt``), until the
+        # process says hello to this one. Only its attestation: what it has paused is its own to say.
+        self._prior: dict[int, tuple[str, int]] = {}
         self._hello = asyncio.Event()                # set (and replaced) at every accepted hello
         self.lobby = lobby or Lobby()                # connections before their hello, bounded
         self._door = Listener(self.path, self.lobby, self._on_hello, HELLO_TIMEOUT_S)
@@ -207,15 +210,33 @@ class ChannelServer:
         return self._infos.get(pid)
 
     def job_of(self, pid: int) -> str | None:
-        """The job that process ``pid`` proved it belongs to, if this very process did."""
+        """The job that process ``pid`` proved it belongs to, if this very process did (to this agent,
+        or to the one before it on this node: ``adopt``)."""
         info = self._infos.get(pid)
-        if info is None or not procfs.same_process(pid, info.start_time):
-            return None
-        return info.job
+        if info is not None and procfs.same_process(pid, info.start_time):
+            return info.job
+        prior = self._prior.get(pid)
+        if prior is not None and procfs.same_process(pid, prior[1]):
+            return prior[0]
+        return None
+
+    def adopt(self, pid: int, job: str, start_time: int | None) -> bool:
+        """Take over a previous agent's word that ``pid`` attested for ``job`` (its record in etcd,
+        ``nodeagent/attestations.py``), if that very process still runs and has not said hello here.
+
+        Why: a restarted agent must know whose its processes are *before* their workers come back
+        on the channel (a second or more): a registered pid it cannot attribute would be planned
+        as absent while its memory is on the device (or parked). Only the attestation is taken
+        over; a cooperative worker's paused regions stay unknown until its own hello."""
+        if start_time is None or pid in self._infos or not procfs.same_process(pid, start_time):
+            return False
+        self._prior[pid] = (job, start_time)
+        return True
 
     def prune(self) -> list[int]:
         """Forget what exited processes said (their pids may be reused). Returns them."""
         gone = [p for p, i in self._infos.items() if not procfs.same_process(p, i.start_time)]
+        gone += [p for p, (_, st) in self._prior.items() if p not in self._infos and not procfs.same_process(p, st)]
         for p in gone:
             self.forget(p)
         return gone
@@ -224,6 +245,7 @@ class ChannelServer:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
         self._lost.pop(pid, None)
+        self._prior.pop(pid, None)
         c = self._conns.pop(pid, None)
         if c is not None:
             c.close()
@@ -258,8 +280,12 @@ class ChannelServer:
             pass
 
     def attested(self) -> dict[int, tuple[str, int | None]]:
-        """{pid: (job, process start time)} of every process that proved its job and still runs."""
-        return {p: (i.job, i.start_time) for p, i in self._infos.items() if procfs.same_process(p, i.start_time)}
+        """{pid: (job, process start time)} of every process that proved its job and still runs
+        (to this agent, or to the one before it: ``adopt``)."""
+        out: dict[int, tuple[str, int | None]] = {p: (j, st) for p, (j, st) in self._prior.items()
+                                                  if procfs.same_process(p, st)}
+        out.update({p: (i.job, i.start_time) for p, i in self._infos.items() if procfs.same_process(p, i.start_time)})
+        return out
 
     def _on_hello(self, seat: Seat, sock: socket.socket, body: bytes) -> None:
         """The door has a whole hello from a connection in the lobby: check it, on a task of its own."""
@@ -327,6 +353,7 @@ class ChannelServer:
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
         self._lost.pop(pid, None)
+        self._prior.pop(pid, None)              # its own word now
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
