@@ -148,6 +148,12 @@ class AsyncOrchestratorClient:
         return self._core.lost is not None
 
     @property
+    def session_in_doubt(self) -> bool:
+        """True while no keepalive has been answered for a whole TTL (lockd or etcd out of reach): the
+        lease may live on in etcd, and the first answer settles it (kept, or ``session_lost``)."""
+        return self._sessions.in_doubt
+
+    @property
     def lease_id(self) -> int | None:
         """The session's etcd lease id, once opened."""
         return self._core.lease_id
@@ -263,7 +269,6 @@ class AsyncOrchestratorClient:
         with core.mu:
             core.closed = True
             core.grants.clear()
-        self._sessions.drop_ending()
         self._holds.close()
         await self._transport.close()
 

@@ -118,6 +118,11 @@ class OrchestratorClient:
         return self._aio.session_lost
 
     @property
+    def session_in_doubt(self) -> bool:
+        """True while no keepalive has been answered for a whole TTL (see the async client's)."""
+        return self._aio.session_in_doubt
+
+    @property
     def lease_id(self) -> int | None:
         """The session's etcd lease id, once opened."""
         return self._aio.lease_id
