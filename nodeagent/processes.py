@@ -5,15 +5,16 @@ jobs mirror may lag a worker registered a moment ago), the pids adopted for it b
 call, and its cooperative workers (theirs as long as they live, registered or not: their
 memory moves only through them). From those the agent drops init, itself and the system's
 servers (``nodeagent.protected``) and the pids the job has not attested
-(``nodeagent.attest``; each refusal is said once per pid). ``remembered`` are the pids of
+(``nodeagent.attestations``; each refusal is said once per pid). ``remembered`` are the pids of
 the job's last status that are no longer registered (``nodeagent.jobs``).
 
 Right after the agent starts, a pid registered *before* it started that nobody has attested to
 it yet may be a worker that has not come back on the channel (its previous agent's word expired
 with that agent's lease): such a pid is *settling* for the reconnect grace
 (``--reconnect-grace-s``) since the channel opened. (A registration made since then came after
-its process attested to this agent: the client attests first.) The agent does not act on it; its job's picture counts it as unknown (on the
-device as the meter sees it, never absent), and an op waits for it to attest or exit first.
+its process attested to this agent: the client attests first.) The agent does not act on it;
+its job's picture counts it as unknown (on the device as the meter sees it, never absent), and
+an op waits for it to attest or exit first.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.keys import Keys
-from timeslice.nodeagent import attest
+from timeslice.nodeagent import attestations
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.discovery import local_registered_pids
 from timeslice.nodeagent.jobs import LocalJobs
@@ -94,12 +95,12 @@ class JobProcesses:
                 time.monotonic() >= self.channel.started_at + self.settle_s:
             return []
         return sorted(p for p in pids if (job, p) in self._inherited
-                      and attest.owner(p, self.channel.job_of) is None and procfs.is_alive(p))
+                      and attestations.owner(p, self.channel.job_of) is None and procfs.is_alive(p))
 
     def trusted(self, job: str, pids: Iterable[int]) -> list[int]:
-        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attest.py)."""
+        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attestations.py)."""
         pids = list(pids)
-        keep, refused = attest.trusted(job, pids, self.channel.job_of, self.require_attestation)
+        keep, refused = attestations.trusted(job, pids, self.channel.job_of, self.require_attestation)
         waiting = set(self.settling(job, refused))
         for pid, why in refused.items():
             if pid not in waiting and self._unattested.get(pid) != job:

@@ -77,7 +77,7 @@ class Upkeep:
                 local[job] = (sorted({*reg, pid}), [p for p in rem if p != pid])
 
         def work():
-            # Only what the job may be acted on for counts as its footprint (nodeagent/attest.py).
+            # Only what the job may be acted on for counts as its footprint (nodeagent/attestations.py).
             # A pid that may still attest (the agent just started) counts as unknown, never absent.
             return {job: take(self.backend, self.processes.trusted(job, reg), rem, self.processes.settling(job, reg))
                     for job, (reg, rem) in local.items()}

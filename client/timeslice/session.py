@@ -29,7 +29,7 @@ import time
 from typing import TYPE_CHECKING
 
 from timeslice import errors as E
-from timeslice.core import ClientCore, Session
+from timeslice.core import ClientCore, SessionInfo
 from timeslice.logs import get_logger
 from timeslice.retry import Call
 from timeslice.revocations import Revocations
@@ -52,7 +52,7 @@ class Sessions:
         self._ka_task: asyncio.Task | None = None
         self.in_doubt = False       # no keepalive answered for a TTL: etcd alone can say whether it lives
 
-    async def ensure(self) -> Session:
+    async def ensure(self) -> SessionInfo:
         """The open session; opens it on first use."""
         core = self.core
         core.check_usable(Call.ACQUIRE)
@@ -70,7 +70,7 @@ class Sessions:
             # whose reply was lost) is waited out: it expires within its TTL.
             reply = await self.transport.invoke(Call.OPEN_SESSION, lambda: core.open_req(sent),
                                                 deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
+            s = SessionInfo(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             with core.mu:
                 core.session = s
             log.info("session_opened", job=core.job_id, lease=s.lease_id, ttl=s.ttl, target=core.target)
@@ -81,7 +81,7 @@ class Sessions:
         """Open the session now instead of on first use; returns its lease id."""
         return (await self.ensure()).lease_id
 
-    async def _keepalive_loop(self, s: Session) -> None:
+    async def _keepalive_loop(self, s: SessionInfo) -> None:
         CALLER.set(None)           # this task outlives the call that opened the session
         core = self.core
         cfg = core.config
@@ -152,7 +152,7 @@ class Sessions:
         if s is not None and core.lost is None:
             await self._close_session(s, budget)
 
-    async def _close_session(self, s: Session, budget: float = 5.0) -> None:
+    async def _close_session(self, s: SessionInfo, budget: float = 5.0) -> None:
         core = self.core
         try:
             await self.transport.invoke(Call.CLOSE_SESSION, core.ref,
