@@ -143,7 +143,7 @@ class CooperativeWorker:
     """The channel to the node agent and the thread that answers its requests."""
 
     def __init__(self, job_id: str, secret: str | Callable[[], str], memory: SwapMemory, node: str,
-                 socket_path: str | None = None, connect_timeout: float = 10.0):
+                 socket_path: str | None = None, connect_timeout: float = C.CONNECT_TIMEOUT_S):
         for tag, policy in memory.tags.items():
             if policy not in POLICIES:
                 raise ValueError(f"tag {tag!r}: policy must be one of {POLICIES}, got {policy!r}")

@@ -92,7 +92,8 @@ class Workers:
         if node != node_name() and not reachable(node):
             return None                       # another node's agent: not reachable from here
         if self._attestation is None:
-            w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node, connect_timeout=2.0)
+            # The default connect time (timeslice.common.channel): a full backlog is waited out, then reported.
+            w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node)
             try:
                 w.start()
             except ChannelError as e:
