@@ -16,6 +16,9 @@ the checks the agent runs on what a worker says after its hello. Messages
                                 after prepin or a region that grew
     agent  -> worker  synced   {id}               answers a state with ``sync: id``: the agent's
                                                   report to etcd now counts what the state says
+    worker -> agent   vouch    {id, pid}          a process this one started (a rank) is the job's: the
+                                                  agent records it for lockd before the job registers it
+    agent  -> worker  vouched  {id, code, message}   the answer; code "" when recorded
     worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms, tags,
                                 paused, region_bytes, host_bytes, residue_bytes, error, code}
 
@@ -36,6 +39,7 @@ from timeslice.common.channel import PROTOCOL_VERSION, ChannelError
 HELLO, WELCOME, REFUSED = "hello", "welcome", "refused"
 PAUSE, RESUME, PING = "pause", "resume", "ping"
 STATE, SYNCED, DONE = "state", "synced", "done"
+VOUCH, VOUCHED = "vouch", "vouched"
 REQUESTS = (PAUSE, RESUME, PING)                # what the agent asks a worker
 
 MAX_TAGS = 32
@@ -43,6 +47,7 @@ MAX_TAG = 64                 # characters of a tag name (the id grammar allows 6
 MAX_TEXT = 4096              # characters of an error message or code a worker reports
 MAX_COUNT = (1 << 63) - 1    # bytes and ids fit a signed 64-bit integer
 MAX_REFUSAL = 300            # characters of a refusal's message
+MAX_PID = 2**22              # Linux pid_max upper bound
 
 
 class Welcome(TypedDict):
@@ -82,6 +87,11 @@ def state(fields: Mapping[str, Any], sync: int = 0) -> dict[str, Any]:
     return {"type": STATE, **fields, **({"sync": sync} if sync else {})}
 
 
+def vouch(rid: int, pid: int) -> dict[str, Any]:
+    """Ask the agent to record ``pid`` (a process this one started) as the job's; answered by ``vouched``."""
+    return {"type": VOUCH, "id": rid, "pid": pid}
+
+
 def done(rid: Any, fields: Mapping[str, Any], *, ok: bool = True, code: str = "", error: str = "") -> dict[str, Any]:
     """The answer to request ``rid``: its figures and the worker's state, or why it failed."""
     out: dict[str, Any] = {"type": DONE, "id": rid, "ok": ok}
@@ -112,6 +122,11 @@ def request(kind: str, tags: Sequence[str] | None = None) -> Request:
 
 def synced(rid: int) -> Synced:
     return {"type": SYNCED, "id": rid}
+
+
+def vouched(rid: int, code: str = "", message: str = "") -> dict[str, Any]:
+    """The answer to a ``vouch``: recorded (``code`` ""), or why not."""
+    return {"type": VOUCHED, "id": rid, "code": code, "message": message[:MAX_REFUSAL]}
 
 
 # -- what the agent checks ----------------------------------------------------------------
@@ -177,9 +192,19 @@ def check_done(msg: dict) -> None:
     check_state(msg)
 
 
+def check_vouch(msg: dict) -> None:
+    """A ``vouch``: its request id and the pid, both positive integers."""
+    for key, top in (("id", MAX_COUNT), ("pid", MAX_PID)):
+        v = msg.get(key)
+        if type(v) is not int or not 0 < v <= top:
+            raise ChannelError(f"a vouch frame needs a positive integer {key!r} (at most {top})")
+
+
 def check_frame(msg: dict) -> None:
     """ChannelError if a frame a worker sent after its hello is malformed (see the module doc)."""
     if msg["type"] == DONE:
         check_done(msg)
     elif msg["type"] == STATE:
         check_state(msg)
+    elif msg["type"] == VOUCH:
+        check_vouch(msg)

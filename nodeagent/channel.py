@@ -168,12 +168,14 @@ class ChannelServer:
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
                  on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
                  on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
-                 on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_attested: Callable[[WorkerInfo], Awaitable[bool]] | None = None,
                  on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
-        self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
+        self.on_attested = on_attested               # awaited before the welcome: False turns the worker away
+        # (info, pid) -> None, or (code, why) it refuses to vouch for ``pid`` (nodeagent/agent.py)
+        self.on_vouch: Callable[[WorkerInfo, int], Awaitable[tuple[str, str] | None]] | None = None
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
@@ -346,6 +348,15 @@ class ChannelServer:
             return None
         info = WorkerInfo(pid, uid, job, device, tags, start_time=procfs.start_time(pid))
         info.update(hello)
+        # lockd must know whose the pid is before the job can register it: the record goes to etcd first
+        # (retried, bounded); without it the worker is turned away for now, and comes back.
+        if self.on_attested is not None and not await self.on_attested(info):
+            await self._refuse(writer, "UNAVAILABLE", "the node agent could not record this process's attestation "
+                                                      "in etcd (out of reach?); try again")
+            return None
+        if seat.evicted:
+            writer.close()
+            return None
         old = self._conns.pop(pid, None)
         if old is not None:
             old.fail_all("replaced by a new connection of the same process")
@@ -354,8 +365,6 @@ class ChannelServer:
         self._conns[pid], self._infos[pid] = conn, info
         self._lost.pop(pid, None)
         self._prior.pop(pid, None)              # its own word now
-        if self.on_attested is not None:
-            await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
             writer.write(C.encode(F.welcome(pid, self.node)))
             await writer.drain()
@@ -383,6 +392,20 @@ class ChannelServer:
         conn.writer.write(C.encode(F.synced(sync)))
         await conn.writer.drain()
 
+    async def _vouch(self, conn: WorkerConn, rid: int, pid: int) -> None:
+        """A worker asks that ``pid`` (a process it started) be recorded as its job's before the job registers
+        it; the answer says whether it was. One connection's frames are read one at a time."""
+        why = ("UNIMPLEMENTED", "this agent records no other process") if self.on_vouch is None else \
+            await self.on_vouch(conn.info, pid)
+        conn.writer.write(C.encode(F.vouched(rid, *(why or ("", "")))))
+        await conn.writer.drain()
+
+    def vouch(self, pid: int, job: str, start_time: int) -> None:
+        """Count ``pid`` (this incarnation) as attested for ``job`` on an attested ancestor's word, until it
+        exits or says hello itself (kept with a previous agent's word: ``adopt``)."""
+        if pid not in self._infos:
+            self._prior[pid] = (job, start_time)
+
     async def _serve(self, conn: WorkerConn) -> None:
         """A welcomed worker's frames until it leaves; the disconnect handling runs however it ends."""
         info, why = conn.info, "closed"
@@ -401,6 +424,8 @@ class ChannelServer:
                                  host_bytes=info.host_bytes)
                     if msg.get("sync") is not None:
                         await self._sync(conn, msg["sync"])
+                elif msg["type"] == F.VOUCH:
+                    await self._vouch(conn, msg["id"], msg["pid"])
         except asyncio.IncompleteReadError:
             pass
         except C.ChannelError as e:             # out of protocol: say why, then cut it off

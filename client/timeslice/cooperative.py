@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
+import tenacity
 
 from timeslice import gil
 from timeslice.common import channel as C
@@ -139,6 +140,10 @@ class Attestation:
         raise RuntimeError("this process attests only; it cannot resume")
 
 
+class _Unavailable(Exception):
+    """The agent turned the hello away for now (it could not record the attestation yet)."""
+
+
 class CooperativeWorker:
     """The channel to the node agent and the thread that answers its requests."""
 
@@ -162,6 +167,7 @@ class CooperativeWorker:
         self._send_mu = threading.Lock()               # frames from two threads never interleave
         self._syncs = itertools.count(1)
         self._synced: dict[int, threading.Event] = {}  # sync id -> set when the agent answered it
+        self._answers: dict[int, dict] = {}            # vouch id -> the agent's vouched frame
 
     # -- connection ------------------------------------------------------------------
     def _hello(self) -> dict:
@@ -169,17 +175,18 @@ class CooperativeWorker:
                        self.memory.device_id(), self.memory.tags, self.paused, self._sizes())
 
     def connect(self) -> int:
-        """Open the channel and introduce this process; returns the pid the agent sees."""
+        """Open the channel and introduce this process; returns the pid the agent sees.
+
+        A hello turned away as UNAVAILABLE (the agent could not record the attestation in etcd
+        yet) is said again with jittered backoff (tenacity) within ``connect_timeout``."""
+        deadline = time.monotonic() + self.connect_timeout
+        retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(_Unavailable),
+                                     wait=tenacity.wait_random_exponential(multiplier=0.1, max=2.0),
+                                     stop=tenacity.stop_after_delay(self.connect_timeout), reraise=True)
         try:
-            s = C.connect(self.path, self.connect_timeout)
-        except OSError as e:
-            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
-        try:
-            C.send(s, self._hello())
-            reply = C.recv(s)
-        except (OSError, C.ChannelError) as e:
-            s.close()
-            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+            s, reply = retrying(self._say_hello, deadline)
+        except _Unavailable as e:
+            raise C.ChannelError(f"the node agent refused this worker: {e}") from None
         if reply.get("type") != F.WELCOME:
             s.close()
             raise C.ChannelError(f"the node agent refused this worker: {reply.get('code', '?')}: "
@@ -188,6 +195,44 @@ class CooperativeWorker:
         self._sock, self.pid = s, int(reply["pid"])
         log.info("cooperative_connected", job=self.job_id, pid=self.pid, socket=self.path, paused=self.paused)
         return self.pid
+
+    def _say_hello(self, deadline: float) -> tuple[socket.socket, dict]:
+        """One connect and hello; (socket, the agent's reply). ``_Unavailable`` if turned away for now."""
+        try:
+            s = C.connect(self.path, max(0.05, deadline - time.monotonic()))
+        except OSError as e:
+            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+        try:
+            C.send(s, self._hello())
+            reply = C.recv(s)
+        except (OSError, C.ChannelError) as e:
+            s.close()
+            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+        if reply.get("type") == F.REFUSED and reply.get("code") == "UNAVAILABLE":
+            s.close()
+            raise _Unavailable(f"UNAVAILABLE: {str(reply.get('message', ''))[:300]}")
+        return s, reply
+
+    def vouch(self, pid: int, timeout: float = SYNC_TIMEOUT_S) -> str:
+        """Have the agent record process ``pid`` (one this process started: a rank) as this job's, so
+        that lockd knows it before the job registers it; "" once recorded, else why not."""
+        s = self._sock
+        if s is None:
+            return "no channel to the node agent now"
+        rid, done = next(self._syncs), threading.Event()
+        self._synced[rid] = done
+        try:
+            with self._send_mu:
+                C.send(s, F.vouch(rid, pid))
+            if not done.wait(timeout):
+                return f"the node agent did not answer within {timeout:g} s"
+            got = self._answers.pop(rid, {})
+            return "" if not got.get("code") else f"{got['code']}: {str(got.get('message', ''))[:300]}"
+        except (OSError, C.ChannelError) as e:
+            return f"the channel broke: {e}"
+        finally:
+            self._synced.pop(rid, None)
+            self._answers.pop(rid, None)
 
     def start(self) -> CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
@@ -261,10 +306,11 @@ class CooperativeWorker:
                     delay = 0.1
                     continue
                 msg = C.recv(s)
-                if msg.get("type") == F.SYNCED:          # the answer to announce(sync=True), not a request
+                if msg.get("type") in (F.SYNCED, F.VOUCHED):   # answers (announce(sync=True), vouch), not requests
                     rid = msg.get("id")
-                    ev = self._synced.get(rid) if type(rid) is int else None
-                    if ev is not None:
+                    ev = self._synced.get(rid) if isinstance(rid, int) else None
+                    if ev is not None and isinstance(rid, int):
+                        self._answers[rid] = msg
                         ev.set()
                     continue
                 reply = self.handle(msg)
