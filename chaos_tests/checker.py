@@ -43,8 +43,9 @@ parked-orphan not back (a cooperative region released, a checkpointed process no
             without a live session past ``orphan_bound_s`` (after the last fault
             active meanwhile healed).
 recovery,   With the test's ``fault``/``heal`` events (faultrules.py): each group
-quorum,     asked for is granted again within ``recovery_bound_s`` of a heal; no new
-status      grant while etcd has no majority; no call fails with INTERNAL.
+heal,       asked for is granted again within ``recovery_bound_s`` of a heal, and
+quorum,     within ``heal_bound_s`` (10 s); no new grant while etcd has no majority;
+status      no call fails with INTERNAL.
 
 Fence rejections are figures, not violations.
 """
@@ -55,7 +56,7 @@ from dataclasses import dataclass, field
 
 from chaos_tests.claims import check_claims
 from chaos_tests.crossgroup import check_cross_group
-from chaos_tests.faultrules import check_faults
+from chaos_tests.faultrules import HEAL_BOUND_S, check_faults
 from chaos_tests.priorityrules import check_priority_group
 from chaos_tests.swaprules import check_swaps
 
@@ -131,12 +132,13 @@ class _JobState:
 
 def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0,
           orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0,
-          priorities: dict[str, int] | None = None) -> Report:
+          priorities: dict[str, int] | None = None, heal_bound_s: float | None = HEAL_BOUND_S) -> Report:
     """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
     ``priorities``: the groups with priority classes, each with its max_overtakes;
     ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py);
     ``orphan_bound_s``: how long a job may stay parked without a session (swaprules.py);
-    ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py)."""
+    ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py);
+    ``heal_bound_s``: the same at the bound the lock promises (None: not judged)."""
     events = sorted(history_events, key=lambda e: e["t"])
     report = Report()
     if not events:
@@ -170,7 +172,7 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
     check_claims(events, report, at, ghost_bound_s)
     check_cross_group(events, report, at)
     check_swaps(events, report, at, orphan_bound_s)
-    check_faults(events, report, at, recovery_bound_s)
+    check_faults(events, report, at, recovery_bound_s, heal_bound_s)
     report.groups = len(active)
     report.jobs = len({job for (_, job), _ in states.items() if job is not None})
     return report

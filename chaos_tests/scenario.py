@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from chaos_tests.checker import Report, check
+from chaos_tests.faultrules import HEAL_BOUND_S
 from chaos_tests.clients import ClientProc, ClientsView
 from chaos_tests.figures import fault_recoveries, print_figures
 from chaos_tests.history import HistoryRecorder, load_history
@@ -50,6 +51,12 @@ LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEAD
                "--retry-period", str(RETRY_PERIOD), "--etcd-timeout", "2", "--session-ttl", "3",
                "--log-level", "info"]
 SESSION_TTL = 3
+
+
+def _node_spec(spec: str) -> pb.NodeSpec:
+    """``node`` (all its GPUs) or ``node:0,1`` (those GPUs of it)."""
+    node, _, gpus = spec.partition(":")
+    return pb.NodeSpec(node=node, gpus=[int(g) for g in gpus.split(",")] if gpus else [])
 
 
 def scenario_seed(default: int) -> int:
@@ -82,7 +89,8 @@ class World(ClientsView):
                  client_args: list[str] | None = None, group_nodes: list[str] | dict[str, list[str]] | None = None,
                  client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
                  kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
-                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None):
+                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None,
+                 heal_bound_s: float | None = HEAL_BOUND_S):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -96,6 +104,7 @@ class World(ClientsView):
         self.n_clients = clients
         self.kinds = kinds or [ClientKind(clients)]
         self.orphan_bound_s, self.recovery_bound_s = orphan_bound_s, recovery_bound_s
+        self.heal_bound_s = heal_bound_s          # the first grant after each heal (faultrules.py)
         # max_overtakes: the groups have priority classes with this bound (judged by priorityrules.py)
         self.max_overtakes = max_overtakes
         self.client_args = client_args or []
@@ -180,7 +189,7 @@ class World(ClientsView):
     def create_groups(self) -> None:
         for g in self.groups:
             nodes = self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
-            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes],
+            req = pb.CreateGroupRequest(group_id=g, nodes=[_node_spec(n) for n in nodes],
                                         priorities=self.max_overtakes is not None,
                                         max_overtakes=self.max_overtakes or 0)
             self.call_any("CreateGroup", req)
@@ -315,7 +324,7 @@ class World(ClientsView):
         events = load_history(self.history_dir)
         self.all_events = events
         report = check(events, ghost_bound_s=self.ghost_bound_s, orphan_bound_s=self.orphan_bound_s,
-                       recovery_bound_s=self.recovery_bound_s,
+                       recovery_bound_s=self.recovery_bound_s, heal_bound_s=self.heal_bound_s,
                        priorities=None if self.max_overtakes is None else dict.fromkeys(self.groups, self.max_overtakes))
         self.print_figures(report, events)
         return report

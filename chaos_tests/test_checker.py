@@ -236,6 +236,23 @@ def test_session_loss_while_the_lease_is_alive_is_a_violation():
     assert len(v) == 1 and "C" in v[0] and "4s" in v[0]
 
 
+def test_session_loss_judged_by_what_etcd_did_with_the_lease_afterwards():
+    """etcd had no majority when the client declared the loss (nobody could say how long the lease had
+    left); the observer's record of the lease's session key says it afterwards."""
+    put = [ev(0, "session_put", "A", group=None, lease=7)]
+    told = [ev(10_000, "session_lost", "A", group=None, lease=7, lease_ttl_left=None)]
+    expired = [ev(9_800, "session_end", "A", group=None, lease=7)]            # gone before the word
+    assert check(good_history() + put + told + expired).of_kind("session-loss") == []
+    late = [ev(10_500, "session_end", "A", group=None, lease=7)]              # within the slack
+    assert check(good_history() + put + told + late).of_kind("session-loss") == []
+    kept = [ev(17_000, "session_end", "A", group=None, lease=7)]              # etcd held it 7 s more
+    v = check(good_history() + put + told + kept).of_kind("session-loss")
+    assert len(v) == 1 and "lease 7" in v[0] and "7.0s later" in v[0]
+    end = [ev(20_000, "settled", None, None)]                                 # never deleted at all
+    v = check(good_history() + put + told + end).of_kind("session-loss")
+    assert len(v) == 1 and "at the end of the history" in v[0]
+
+
 def test_a_holder_parked_on_its_groups_devices_is_a_cross_group_violation():
     """PX holds gA (GPU 0 of n1); gB (GPU 1) hands over; PX must never be parked on GPU 0."""
     specs = [ev(0, "group_spec", None, "gA", nodes=[{"node": "n1", "gpus": [0]}]),
