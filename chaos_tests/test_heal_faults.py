@@ -29,6 +29,22 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 ROUNDS = 3                      # each scenario's fault, repeated
 
 
+def _ready(w, c, timeout: float = 60.0):
+    """Wait until a client spawned now is past its start (its SIGTERM handler set), and return it: a
+    world that finishes must not catch it importing."""
+    deadline = time.monotonic() + timeout
+    while b"CLIENT_READY" not in w._read(c.log_path) and c.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return c
+
+
+def _session_gone(w, job: str, timeout: float = 30.0) -> None:
+    """Until etcd has dropped ``job``'s session (its killed process's lease ran out): from then on the
+    lock may go past it, so that is where the fault heals."""
+    old = w.observer._leases.get(job)
+    wait_for(lambda: w.observer._leases.get(job) != old or old is None, timeout)
+
+
 def _device_holder(w, node, timeout: float = 8.0):
     """A job holding ``g0`` (a device job) right now, if one is seen within ``timeout``."""
     device_jobs = jobs_of(w, node, "cooperative") | jobs_of(w, node, "checkpoint")
@@ -49,11 +65,13 @@ def test_lockd_leader_and_holder_killed_at_one_moment(world, etcd3):  # noqa: F8
         info = w.kill_client(holder) if holder else {}
         caught += bool(holder)
         f = w.fault("SIGKILL lockd leader and the job holding g0 together", replica=leader.replica_id, **info)
-        if holder:
-            w.respawn(holder, max(8.0, w.remaining()))
         w.wait_new_leader(epoch)
-        w.healed(f, "new lockd leader")
+        if holder:
+            _session_gone(w, holder.job)
+        w.healed(f, "new lockd leader, the holder's session gone")
         leader.start()
+        if holder and w.remaining() > 10:
+            _ready(w, w.respawn(holder, w.remaining()))
     report = w.finish()
     swap_figures(w)
     verdict(w, report)
@@ -79,7 +97,7 @@ def test_parked_checkpoint_job_killed_and_restarted_under_its_id(world, etcd3): 
         w.sleep(0.2, 1.0)
         # The same job id again, in a new process (a job restarted by its launcher): its first
         # session waits out the old one; its new worker has no memory of the old one's.
-        w.spawn_client(max(8.0, w.remaining()), job=job, kind=victim.kind)
+        _ready(w, w.spawn_client(max(8.0, w.remaining()), job=job, kind=victim.kind))
         w.healed(f, f"{job} started again under its id")
     report = w.finish()
     swap_figures(w)
@@ -156,7 +174,8 @@ def test_cooperative_job_killed_in_its_pause(world, etcd3):  # noqa: F811
         f = w.fault("SIGKILL a cooperative job in its pause", **info)
         w.healed(f, "(instantaneous)")          # from here its death is there to be seen
         coop.discard(victim.job)
-        coop.add(w.respawn(victim, max(8.0, w.remaining())).job)
+        if w.remaining() > 10:
+            coop.add(_ready(w, w.respawn(victim, w.remaining())).job)
     report = w.finish()
     swap_figures(w)
     verdict(w, report)

@@ -29,6 +29,7 @@ import statistics
 import pytest
 
 from chaos_tests.simnode import MiB, SimNode, coop_regions, in_flight
+from chaos_tests.test_heal_faults import _session_gone
 from chaos_tests.test_scenarios import verdict, world  # noqa: F401 - the fixture
 from chaos_tests.test_swap_faults import SWAP_FLAGS, swap_figures, wait_for
 
@@ -90,8 +91,14 @@ class Faults:
         f = w.fault("SIGKILL a cooperative job in its pause", **info)
         w.healed(f, "(instantaneous)")
         w.sleep(0.5, 1.5)
-        w.spawn_client(max(8.0, w.remaining()), job=victim.job, kind=victim.kind)
+        self._again(victim)
         return True
+
+    def _again(self, victim) -> None:
+        """The same job id in a new process (a job restarted by its launcher), once it is past its start."""
+        from chaos_tests.test_heal_faults import _ready
+        if self.w.remaining() > 10:
+            _ready(self.w, self.w.spawn_client(self.w.remaining(), job=victim.job, kind=victim.kind))
 
     def etcd_majority(self) -> bool:
         w, etcd3 = self.w, self.etcd3
@@ -129,7 +136,7 @@ class Faults:
         info = w.kill_client(victim)
         f = w.fault("SIGKILL a parked job", **info)
         w.sleep(0.2, 1.0)
-        w.spawn_client(max(8.0, w.remaining()), job=job, kind=victim.kind)
+        self._again(victim)
         w.healed(f, f"{job} started again under its id")
         return True
 
@@ -140,9 +147,13 @@ class Faults:
         leader.kill()
         info = w.kill_client(held[0]) if held else {}
         f = w.fault("SIGKILL lockd leader and a holder together", replica=leader.replica_id, **info)
+        w.wait_new_leader(epoch)
         if held:
-            w.spawn_client(max(8.0, w.remaining()), job=held[0].job, kind=held[0].kind)
-        self._restart_leader_after(leader, epoch, f, "new lockd leader")
+            _session_gone(w, held[0].job)
+        w.healed(f, "new lockd leader, the holder's session gone")
+        leader.start()
+        if held:
+            self._again(held[0])
         return bool(held)
 
     def raft_stop_and_leader(self) -> bool:
