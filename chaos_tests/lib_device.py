@@ -38,12 +38,15 @@ class _Reported:
     c: OrchestratorClient
 
     def wait_reported(self, group: str, nbytes: int) -> None:
+        """(On a node of several GPUs the node's free bytes may drop for another job's memory: the job
+        itself must be listed as resident.)"""
         deadline = time.monotonic() + self.a.device_timeout
         while time.monotonic() < deadline:
             try:
                 st = self.c.status(group)
                 ns = next((n for n in st.node_status if n.node == self.a.node), None)
-                if ns is not None and ns.agent_alive and ns.device_free_bytes <= ns.device_total_bytes - nbytes:
+                if ns is not None and ns.agent_alive and self.a.job in ns.resident_jobs and \
+                        ns.device_free_bytes <= ns.device_total_bytes - nbytes:
                     return
             except TimesliceClientError:
                 pass

@@ -90,7 +90,8 @@ class World(ClientsView):
                  client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
                  kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
                  recovery_bound_s: float = 30.0, max_overtakes: int | None = None,
-                 heal_bound_s: float | None = HEAL_BOUND_S):
+                 heal_bound_s: float | None = HEAL_BOUND_S, lockd_base: list[str] | None = None,
+                 session_ttl: int = SESSION_TTL):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -112,13 +113,16 @@ class World(ClientsView):
         # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
         # observer records the server's grants for the checker's ghost rule (claims.py).
         self.library = library
-        self.ghost_bound_s = 2 * SESSION_TTL + 2 if library else 10.0
+        # lockd_base: lockd's flags in place of the short LOCKD_FLAGS ([]: lockd's own defaults, as
+        # `timeslice up` runs it); session_ttl: the clients' (the library's default is 10 s).
+        self.session_ttl = session_ttl
+        self.ghost_bound_s = 2 * session_ttl + 2 if library else 10.0
         # observe=True: the observer runs with raw clients too (the agents' statuses, sessions).
         self.observe = library or observe
         self.observer = None
         self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
-                                  extra=LOCKD_FLAGS + (lockd_flags or []))
+                                  extra=(LOCKD_FLAGS if lockd_base is None else lockd_base) + (lockd_flags or []))
         # Fixed ports, so a restarted replica comes back where the clients look for it.
         for r in self.lockd.replicas:
             r.listen_port = free_port()
@@ -221,7 +225,7 @@ class World(ClientsView):
         argv = [sys.executable, "-m", "chaos_tests.client_proc", "--targets", ",".join(self.targets),
                 "--job", job, "--groups", ",".join(kind.groups or self.groups), "--history", self.history_dir,
                 "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
-                "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *kind.args,
+                "--duration", str(duration), "--ttl", str(self.session_ttl), *self.client_args, *kind.args,
                 *(extra or [])]
         if self.library:
             argv += ["--library", "--etcd", self.etcd.endpoints_str, "--error-pause", str(self.ghost_bound_s + 2)]

@@ -53,8 +53,9 @@ class SimNode:
     def checkpoint_jobs(self, count: int, nbytes: int, groups: list[str] | None = None,
                         gpu: int | None = None) -> ClientKind:
         """``count`` jobs whose process is checkpointed whole (``nbytes`` of arena each), on ``gpu``."""
+        # The library's register_worker attests over the node's socket ($TIMESLICE_AGENT_SOCKET).
         return ClientKind(count, [*self._args(), "--sim-bytes", str(nbytes), "--agent-socket", self.agent.socket],
-                          groups, {**self.env, **self._on(gpu)})
+                          groups, {**self.env, **self._on(gpu), "TIMESLICE_AGENT_SOCKET": self.agent.socket})
 
     def cooperative_jobs(self, count: int, regions: str, groups: list[str] | None = None,
                          gpu: int | None = None) -> ClientKind:

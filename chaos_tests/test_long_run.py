@@ -35,7 +35,11 @@ from chaos_tests.test_swap_faults import SWAP_FLAGS, swap_figures, wait_for
 
 #: TIMESLICE_CHAOS_LONG=1: the long run (>= 10 minutes); else CI's short share of it.
 LONG = os.environ.get("TIMESLICE_CHAOS_LONG", "") not in ("", "0")
-DURATION_S = 600.0 if LONG else 60.0
+DURATION_S = float(os.environ.get("TIMESLICE_CHAOS_LONG_S", "0") or 0) or (600.0 if LONG else 60.0)
+#: TIMESLICE_CHAOS_TIMINGS=up: lockd, the agent and the jobs on `timeslice up`'s timings (session TTL
+#: 10 s, agent lease 10 s, refresh 2 s, reconnect grace 20 s, copies at local.env's bandwidths); the
+#: default is the suite's short ones (session TTL 3 s, agent lease 3 s), which see more faults a minute.
+UP_TIMINGS = os.environ.get("TIMESLICE_CHAOS_TIMINGS", "") == "up"
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(int(DURATION_S) + 300)]
 
@@ -45,9 +49,11 @@ GROUP_GPUS = {"g0": ["node-a:0"], "g1": ["node-a:1"]}
 
 
 def long_world(world, etcd3):  # noqa: F811
-    w = world("long-run", seed=3310, groups=2, group_nodes=GROUP_GPUS, lockd_flags=SWAP_FLAGS, library=True,
-              kinds=[])
-    node = SimNode(w, etcd3.endpoints_str, capacity=7 * MiB, gpus=2)
+    up = {"lockd_base": [], "session_ttl": 10} if UP_TIMINGS else {"lockd_flags": SWAP_FLAGS}
+    w = world("long-run", seed=3310, groups=2, group_nodes=GROUP_GPUS, library=True, kinds=[], **up)
+    node = SimNode(w, etcd3.endpoints_str, capacity=7 * MiB, gpus=2,
+                   **({"agent_flags": [], "checkpoint_gbps": 1.8, "restore_gbps": 4.5, "coop_gbps": 4.5}
+                      if UP_TIMINGS else {}))
     # g0 (GPU 0): two checkpointed jobs and one cooperative; g1 (GPU 1): one and two.
     w.kinds[:] = [node.checkpoint_jobs(2, CKPT_BYTES, ["g0"], gpu=0), node.cooperative_jobs(1, COOP, ["g0"], gpu=0),
                   node.checkpoint_jobs(1, CKPT_BYTES, ["g1"], gpu=1), node.cooperative_jobs(2, COOP, ["g1"], gpu=1)]
