@@ -113,7 +113,9 @@ class Faults:
         for m in down:
             m.kill()
         f = w.fault("etcd majority lost (raft leader and a follower SIGKILLed)", no_quorum=True)
-        w.sleep(3.0, 6.0)
+        # Longer than the jobs' session TTL: every client goes a whole TTL without an answered keepalive.
+        ttl = w.session_ttl
+        w.sleep(ttl + 1.0, ttl + 4.0)
         for m in down:
             m.restart()
         etcd3.wait_healthy(30)
