@@ -16,17 +16,34 @@ back), ``heal`` (each group asked for is granted within 10 s of every heal) and 
 """
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
-from chaos_tests.simnode import in_flight
+from chaos_tests.scenario import ClientKind
+from chaos_tests.simnode import SimNode, in_flight
 from chaos_tests.test_scenarios import verdict, world  # noqa: F401 - the fixture
-from chaos_tests.test_swap_faults import jobs_of, swap_figures, swap_world, wait_for
+from chaos_tests.test_swap_faults import CKPT_BYTES, COOP, NODE_GROUPS, SWAP_FLAGS, jobs_of, swap_figures, wait_for
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(400)]
 
 ROUNDS = 3                      # each scenario's fault, repeated
+#: TIMESLICE_CHAOS_TIMINGS=up: lockd, the agent and the jobs on `timeslice up`'s timings (session TTL
+#: 10 s, agent lease 10 s, refresh 2 s, copies at local.env's bandwidths); else the suite's short ones.
+UP_TIMINGS = os.environ.get("TIMESLICE_CHAOS_TIMINGS", "") == "up"
+STRETCH = 2.0 if UP_TIMINGS else 1.0      # up's timings: a fault takes longer to heal (session TTL 10 s)
+
+
+def swap_world(world, etcd3, name: str, seed: int):  # noqa: F811
+    """test_swap_faults.py's world (attestation required), on the suite's timings or on up's."""
+    up = {"lockd_base": [], "session_ttl": 10} if UP_TIMINGS else {"lockd_flags": SWAP_FLAGS}
+    w = world(name, seed=seed, groups=2, group_nodes=NODE_GROUPS, observe=True, kinds=[], **up)
+    node = SimNode(w, etcd3.endpoints_str, **({"agent_flags": [], "checkpoint_gbps": 1.8, "restore_gbps": 4.5,
+                                               "coop_gbps": 4.5} if UP_TIMINGS else {}))
+    w.kinds[:] = [node.checkpoint_jobs(2, CKPT_BYTES, ["g0"]), node.cooperative_jobs(2, COOP, ["g0"]),
+                  ClientKind(2, groups=["g1"])]
+    return w, node
 
 
 def _ready(w, c, timeout: float = 60.0):
@@ -55,7 +72,7 @@ def _device_holder(w, node, timeout: float = 8.0):
 def test_lockd_leader_and_holder_killed_at_one_moment(world, etcd3):  # noqa: F811
     w, node = swap_world(world, etcd3, "leader-and-holder-kill", seed=3301)
     node.agent.start()
-    w.start(duration=10 + 9 * ROUNDS)
+    w.start(duration=STRETCH * (10 + 9 * ROUNDS))
     caught = 0
     for _ in range(ROUNDS):
         w.sleep(2, 3)
@@ -81,7 +98,7 @@ def test_lockd_leader_and_holder_killed_at_one_moment(world, etcd3):  # noqa: F8
 def test_parked_checkpoint_job_killed_and_restarted_under_its_id(world, etcd3):  # noqa: F811
     w, node = swap_world(world, etcd3, "parked-ckpt-restarted", seed=3302)
     node.agent.start()
-    w.start(duration=12 + 9 * ROUNDS)
+    w.start(duration=STRETCH * (12 + 9 * ROUNDS))
     ckpt = jobs_of(w, node, "checkpoint")
     caught = 0
     for _ in range(ROUNDS):
@@ -108,7 +125,7 @@ def test_parked_checkpoint_job_killed_and_restarted_under_its_id(world, etcd3): 
 def test_etcd_raft_leader_stopped_and_lockd_leader_killed(world, etcd3):  # noqa: F811
     w, node = swap_world(world, etcd3, "raft-stop-lockd-kill", seed=3303)
     node.agent.start()
-    w.start(duration=10 + 10 * ROUNDS)
+    w.start(duration=STRETCH * (10 + 10 * ROUNDS))
     for _ in range(ROUNDS):
         w.sleep(2, 3)
         member = etcd3.leader()
@@ -132,7 +149,7 @@ def test_etcd_raft_leader_stopped_and_lockd_leader_killed(world, etcd3):  # noqa
 def test_agent_killed_with_cooperative_jobs_parked_and_lockd_leader_killed(world, etcd3):  # noqa: F811
     w, node = swap_world(world, etcd3, "agent-and-leader-kill-coop-parked", seed=3304)
     node.agent.start()
-    w.start(duration=12 + 10 * ROUNDS)
+    w.start(duration=STRETCH * (12 + 10 * ROUNDS))
     coop = jobs_of(w, node, "cooperative")
     caught = 0
     for _ in range(ROUNDS):
@@ -158,7 +175,7 @@ def test_agent_killed_with_cooperative_jobs_parked_and_lockd_leader_killed(world
 def test_cooperative_job_killed_in_its_pause(world, etcd3):  # noqa: F811
     w, node = swap_world(world, etcd3, "coop-killed-in-pause", seed=3305)
     node.agent.start()
-    w.start(duration=12 + 9 * ROUNDS)
+    w.start(duration=STRETCH * (12 + 9 * ROUNDS))
     coop = jobs_of(w, node, "cooperative")
     caught = 0
     for _ in range(ROUNDS):
