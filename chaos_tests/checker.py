@@ -15,6 +15,10 @@ token-order Grant tokens strictly increase in grant-time order. This is also
             after a larger token was granted has been overtaken. A waiter that
             ends in ``error``/``abandoned`` is not counted as overtaken: its key
             may have been removed rightly (lease expiry) before its client noticed.
+            A hold kept is no new grant: a job whose Yield of token T failed
+            (``error`` with T: an etcd majority loss outlasted the call) still
+            holds T, and its next Acquire returns T again; that is judged as the
+            same grant, as long as the group's last grant is still the job's T.
 fifo        (1) If A's ``enqueued`` event precedes B's ``acquire_req``, A's token
             is smaller than B's: tokens follow real request order. (2) With
             ``expected_order``, the grants of the listed jobs, in time order,
@@ -43,8 +47,9 @@ parked-orphan not back (a cooperative region released, a checkpointed process no
             without a live session past ``orphan_bound_s`` (after the last fault
             active meanwhile healed).
 recovery,   With the test's ``fault``/``heal`` events (faultrules.py): each group
-quorum,     asked for is granted again within ``recovery_bound_s`` of a heal; no new
-status      grant while etcd has no majority; no call fails with INTERNAL.
+heal,       asked for is granted again within ``recovery_bound_s`` of a heal, and
+quorum,     within ``heal_bound_s`` (10 s); no new grant while etcd has no majority;
+status      no call fails with INTERNAL.
 
 Fence rejections are figures, not violations.
 """
@@ -55,7 +60,7 @@ from dataclasses import dataclass, field
 
 from chaos_tests.claims import check_claims
 from chaos_tests.crossgroup import check_cross_group
-from chaos_tests.faultrules import check_faults
+from chaos_tests.faultrules import HEAL_BOUND_S, check_faults
 from chaos_tests.priorityrules import check_priority_group
 from chaos_tests.swaprules import check_swaps
 
@@ -97,6 +102,7 @@ class _Attempt:
     outcome: str | None = None  # granted | error | abandoned
     priority: int = 0           # the class asked for (``acquire_req``'s ``priority``)
     grant_t: int | None = None
+    kept: bool = False          # answered with the hold the job kept (its Yield failed): no new grant
 
 
 @dataclass
@@ -127,16 +133,18 @@ class _JobState:
     waiting: _Attempt | None = None
     held: int | None = None
     section: _Section | None = None
+    kept: int | None = None     # the token of a hold whose Yield failed (still the job's, as far as it knows)
 
 
 def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0,
           orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0,
-          priorities: dict[str, int] | None = None) -> Report:
+          priorities: dict[str, int] | None = None, heal_bound_s: float | None = HEAL_BOUND_S) -> Report:
     """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
     ``priorities``: the groups with priority classes, each with its max_overtakes;
     ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py);
     ``orphan_bound_s``: how long a job may stay parked without a session (swaprules.py);
-    ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py)."""
+    ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py);
+    ``heal_bound_s``: the same at the bound the lock promises (None: not judged)."""
     events = sorted(history_events, key=lambda e: e["t"])
     report = Report()
     if not events:
@@ -166,11 +174,11 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
         bound = (priorities or {}).get(group)
         _check_group(group, g, report, at, _expected_for(expected_order, group), fifo=bound is None)
         if bound is not None:
-            check_priority_group(group, g.attempts, bound, report, at)
+            check_priority_group(group, [a for a in g.attempts if not a.kept], bound, report, at)
     check_claims(events, report, at, ghost_bound_s)
     check_cross_group(events, report, at)
     check_swaps(events, report, at, orphan_bound_s)
-    check_faults(events, report, at, recovery_bound_s)
+    check_faults(events, report, at, recovery_bound_s, heal_bound_s)
     report.groups = len(active)
     report.jobs = len({job for (_, job), _ in states.items() if job is not None})
     return report
@@ -195,14 +203,18 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
     elif ev == "enqueued" and st.waiting is not None:
         st.waiting.token, st.waiting.enq_t = token, t
     elif ev == "granted":
+        # The hold the job kept when its Yield failed, given back: the same grant, if nobody's came since.
+        kept = st.kept is not None and token == st.kept and bool(g.grants) and g.grants[-1][1:] == (token, job)
         if st.waiting is None:
             report.violations.append(f"[protocol] {where}: granted without acquire_req")
         else:
             report.max_wait_s = max(report.max_wait_s, (t - st.waiting.req_t) / 1e9)
             st.waiting.token, st.waiting.outcome, st.waiting.grant_t = token, "granted", t
+            st.waiting.kept = kept
             st.waiting = None
-        g.grants.append((t, token, job))
-        st.held = token
+        if not kept:
+            g.grants.append((t, token, job))
+        st.held, st.kept = token, None
         report.grants += 1
     elif ev == "cs_start":
         if st.held is None or token != st.held:
@@ -233,6 +245,10 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
                                      f"but the job holds {st.held}")
         if st.waiting is not None and ev != "yield":
             st.waiting.outcome, st.waiting = ev, None
+        if ev == "yield":
+            st.kept = None
+        elif st.held is not None and token == st.held:
+            st.kept = token             # its Yield (or section) failed: the hold may still be the job's
         st.held = None
         report.errors += ev == "error"
         report.abandoned += ev == "abandoned"
@@ -263,7 +279,7 @@ def _check_group(group, g: _Group, report: Report, at, expected: list[str] | Non
     queued = sorted((a for a in g.attempts if a.enq_t is not None), key=lambda a: a.enq_t)
     first: _Attempt | None = None  # the largest-token waiter queued so far
     i = 0
-    for b in sorted((a for a in g.attempts if a.token is not None and fifo), key=lambda a: a.req_t):
+    for b in sorted((a for a in g.attempts if a.token is not None and fifo and not a.kept), key=lambda a: a.req_t):
         while i < len(queued) and queued[i].enq_t < b.req_t:
             if first is None or queued[i].token > first.token:
                 first = queued[i]

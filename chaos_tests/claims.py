@@ -17,7 +17,13 @@ ghost         Every grant the server wrote is returned to a live caller (a
 session-loss  No job is told its session is lost while etcd still gives its lease
               more than ``SLACK_S`` to live. (A client that woke from a pause past
               its TTL may declare the loss a moment before etcd expires the lease:
-              that is the slack; a false loss leaves most of a TTL.)
+              that is the slack; a false loss leaves most of a TTL.) And, judged by
+              etcd's own view afterwards (the observer's ``session_put``/``session_end``
+              with the lease): the session key of the lease a job was told it lost is
+              gone by then, or within ``SLACK_S``. What asking etcd at that moment
+              cannot show (etcd had no majority: nobody answered) this does: a lease
+              etcd kept through an outage outlives the client's word, until the client
+              ends it itself or it runs out a TTL after the outage.
 
 Histories without those events (raw-gRPC chaos clients, no observer) are not judged
 by these rules.
@@ -64,6 +70,7 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
                 report.violations.append(
                     f"[session-loss] {e.get('job')}: told at {at(e['t'])} that its session (lease "
                     f"{e.get('lease')}) was lost while etcd gave the lease {left}s more to live")
+    _check_lost_leases(events, report, at, end_t)
     for group in list(open_grants):
         close(group, None)
     for group, t, job, token, t_end in judged:
@@ -84,3 +91,31 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
         report.violations.append(
             f"[ghost] {group}: grant of token {token} to {job} at {at(t)} was returned to no live "
             f"caller within {bound_s:g}s and {released}")
+
+
+def _check_lost_leases(events: list[dict], report, at, end_t: int) -> None:
+    """``[session-loss]`` by etcd's view afterwards: the lost lease's session key outlived the loss."""
+    if not any(e["ev"] == "session_put" and e.get("lease") for e in events):
+        return                                          # no observer (or an older one): not judged
+    slack = int(SLACK_S * 1e9)
+    ended: dict[int, int] = {}
+    live: set[int] = set()
+    for e in events:
+        if e["ev"] == "session_put" and e.get("lease"):
+            live.add(e["lease"])
+        elif e["ev"] == "session_end" and e.get("lease") in live:
+            live.discard(e["lease"])
+            ended[e["lease"]] = e["t"]
+    for e in events:
+        lease = e.get("lease")
+        if e["ev"] != "session_lost" or not lease:
+            continue
+        gone = ended.get(lease)
+        if gone is None and lease in live and end_t - e["t"] > slack:
+            report.violations.append(
+                f"[session-loss] {e.get('job')}: told at {at(e['t'])} that its session (lease {lease}) was lost; "
+                "etcd still held its session key at the end of the history")
+        elif gone is not None and gone - e["t"] > slack:
+            report.violations.append(
+                f"[session-loss] {e.get('job')}: told at {at(e['t'])} that its session (lease {lease}) was lost; "
+                f"etcd held its session key until {at(gone)}, {(gone - e['t']) / 1e9:.1f}s later")

@@ -100,7 +100,8 @@ class Client:
         self.rec = HistoryRecorder(a.history, name=f"client-{a.job}", job=a.job)
         self.groups = a.groups.split(",")
         self.fences = {g: FencedResource(os.path.join(a.fence_dir, f"fence-{g}.json")) for g in self.groups}
-        self.accepted = {g: 0 for g in self.groups}
+        # A process restarted under its job id counts the fenced operations of the job's processes before it.
+        self.accepted = {g: self.fences[g].ops(g, a.job) for g in self.groups}
         self.stop = threading.Event()     # set by SIGTERM
         self._keepalive: asyncio.Task | None = None
         # with --sim-bytes / --coop-regions: the job's worker on the simulated GPU

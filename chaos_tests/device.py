@@ -36,6 +36,7 @@ class SimWorkerDevice:
         self.dev = SimDeviceClient.open(a.sim_dir)    # the arena comes with the first grant
         self.expected_sha = ""
         self.lost = False
+        self.attestation = None                       # timeslice.cooperative.CooperativeWorker (attest only)
 
     @property
     def footprint(self) -> int:
@@ -63,15 +64,31 @@ class SimWorkerDevice:
                 "detail": f"process {state} on the simulated device, arena {size} of {self.a.sim_bytes} bytes"}
 
     def close(self) -> None:
-        pass
+        if self.attestation is not None:
+            self.attestation.close()
 
     def _short(self) -> float:
         return 2 * len(self.job.targets) * self.a.rpc_timeout
+
+    def _attest(self) -> None:
+        """Prove to the node agent that this process is the job's (its channel, as the client library's
+        ``register_worker`` does), so an agent that requires attestation acts on it. Kept open: it
+        reconnects by itself after an agent restart. Blocking."""
+        if self.attestation is not None or not self.a.agent_socket:
+            return
+        from timeslice.cooperative import Attestation, CooperativeWorker
+
+        self.attestation = CooperativeWorker(self.a.job, lambda: self.job.secret, Attestation(), self.a.node,
+                                             self.a.agent_socket).start()
 
     async def register(self) -> None:
         """Tell lockd this process holds the job's device memory (once it does)."""
         if not self.expected_sha:
             return
+        try:
+            await asyncio.to_thread(self._attest)
+        except Exception as e:  # the agent is restarting: the registration goes on, the next one attests
+            self.job.log(f"not attested yet: {e}")
         await self.job.call("RegisterWorker", pb.WorkerRequest(
             job_id=self.a.job, session_secret=self.job.secret, node=self.a.node, pid=os.getpid(),
             device_bytes=self.a.sim_bytes), timeout=self._short())

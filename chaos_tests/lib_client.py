@@ -9,6 +9,10 @@ events, same fenced resource as the raw client, plus:
     session_lost  job, lease, lease_ttl_left   on_session_lost fired; etcd was asked about
                                                the lease at once (LeaseTimeToLive, -1 = gone)
 
+With ``--sim-bytes`` or ``--coop-regions`` the job is also its own GPU worker on the SIMULATED
+device, registered through the library (``register_worker``, ``cooperate``: lib_device.py), with
+the same ``device_fill``, ``memory`` and ``data_check`` events as the raw client's.
+
 After a failed acquire it waits ``--error-pause`` seconds (a job backing off): a
 grant that the server made for that failed call, if any, is then not hidden by the
 job's next turn finding it.
@@ -28,6 +32,7 @@ import grpc
 from aetcd import rpc
 
 from chaos_tests.history import FencedResource, HistoryRecorder
+from chaos_tests.lib_device import LibCheckpointDevice, LibCoopDevice
 from timeslice import OrchestratorClient
 from timeslice.errors import SessionLostError, TimesliceClientError
 
@@ -56,6 +61,12 @@ class LibClient:
         self.stop = threading.Event()
         self.c = OrchestratorClient(a.targets.split(","), job_id=a.job, session_ttl=a.ttl, release_cache=False,
                                     on_session_lost=self.on_lost)
+        # with --sim-bytes / --coop-regions: the job's worker on the simulated GPU (lib_device.py)
+        self.device: LibCheckpointDevice | LibCoopDevice | None = None
+        if a.coop_regions:
+            self.device = LibCoopDevice(a, self.c, self.rec)
+        elif a.sim_bytes:
+            self.device = LibCheckpointDevice(a, self.c, self.rec)
 
     def on_lost(self, err: SessionLostError) -> None:
         lease = self.c.lease_id
@@ -66,12 +77,18 @@ class LibClient:
         self.rec.error(group, str(e)[:300], kind=type(e).__name__, code=e.code, **kw)
         if isinstance(e, SessionLostError) or self.c.session_lost:
             self.c.reset_session()          # what the error message tells a job to do
+            if self.device is not None:
+                try:
+                    self.device.register()  # its registrations went with the old session
+                except TimesliceClientError as err:
+                    print(f"could not register again: {err}", flush=True)
 
     def turn(self) -> None:
         group = self.rng.choice(self.groups)
         self.rec.acquire_req(group, replica=self.c.target)
         try:
-            g = self.c.acquire(group, timeout=self.a.acquire_timeout)
+            g = self.c.acquire(group, timeout=self.a.acquire_timeout,
+                               device_bytes_hint=self.device.footprint if self.device else 0)
         except TimesliceClientError as e:
             self.failed(group, e)
             self.stop.wait(self.a.error_pause)
@@ -88,6 +105,11 @@ class LibClient:
             return
         self.accepted[group] += 1
         self.rec.cs_start(group, g.token)
+        if self.device is not None:
+            report = self.device.memory_report()      # before anything may wait for the device
+            if report is not None:
+                self.rec.record("memory", group=group, token=g.token, **report)
+            self.device.touch(group, g.token)
         time.sleep(self.rng.uniform(*self.a.cs_ms) / 1000)
         if fence.apply(self.rec, group, g.token):
             self.accepted[group] += 1
@@ -110,6 +132,8 @@ class LibClient:
             time.sleep(self.rng.uniform(*self.a.think_ms) / 1000)
         for g in self.groups:
             self.fences[g].verify(self.rec, g, self.accepted[g])
+        if self.device is not None:
+            self.device.close()
         self.c.close()
         self.rec.close()
         print(f"done: {turns} turns", flush=True)

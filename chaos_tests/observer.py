@@ -10,8 +10,9 @@ on the whole prefix, so its events come in etcd's revision order, and records:
     parked      job, node, gpus, state   the agent's status of the job entered a parked state
                                       (gpus: indexes, from the agent key's device list)
     unparked    job, node             ... and left it (or was deleted)
-    session_put job                   the job's session key was written (a session opened)
-    session_end job                   ... and deleted (closed, or its lease ran out)
+    session_put job, lease            the job's session key was written (a session opened)
+    session_end job, lease            ... and deleted (closed, or its lease ran out), or replaced by
+                                      the job's next session (``replaced``)
     enqueued    group, job, token     with ``enqueued=True``: a job's queue entry was created (not a
                                       priority group's entry moved under a fresh key: its value
                                       keeps ``since``), for the checker's priority rules (its time
@@ -47,6 +48,7 @@ class GrantObserver:
         self._parked: set[tuple[str, str]] = set()       # (node, job) parked now
         self.states: dict[tuple[str, str], str] = {}     # (node, job) -> status state now
         self.sessions: set[str] = set()                  # jobs with a session key now
+        self._leases: dict[str, int] = {}                # job -> the lease of its session key now
 
     def start(self) -> GrantObserver:
         self._thread.start()
@@ -114,12 +116,18 @@ class GrantObserver:
         elif len(parts) == 3 and parts[0] == "nodes" and parts[2] == "agent" and put:
             self._gpus[parts[1]] = {str(g.get("uuid")): g.get("index") for g in v.get("gpus", [])}
         elif len(parts) == 3 and parts[0] == "jobs" and parts[2] == "session":
-            if put and parts[1] not in self.sessions:
-                self.sessions.add(parts[1])
-                self.rec.record("session_put", job=parts[1])
+            job, lease = parts[1], v.get("lease")
+            old = self._leases.get(job)
+            if put and old != lease:
+                if old is not None:                 # the job's next session replaced the key: that one's word ends
+                    self.rec.record("session_end", job=job, lease=old, replaced=True)
+                self._leases[job] = lease
+                self.sessions.add(job)
+                self.rec.record("session_put", job=job, lease=lease)
             elif not put:
-                self.sessions.discard(parts[1])
-                self.rec.record("session_end", job=parts[1])
+                self._leases.pop(job, None)
+                self.sessions.discard(job)
+                self.rec.record("session_end", job=job, lease=lease)
         elif len(parts) == 4 and parts[0] == "nodes" and parts[2] == "status":
             node, job = parts[1], parts[3]
             if put:

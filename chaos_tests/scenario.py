@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from chaos_tests.checker import Report, check
+from chaos_tests.faultrules import HEAL_BOUND_S
 from chaos_tests.clients import ClientProc, ClientsView
 from chaos_tests.figures import fault_recoveries, print_figures
 from chaos_tests.history import HistoryRecorder, load_history
@@ -62,6 +63,12 @@ LONG = os.environ.get("TIMESLICE_CHAOS_LONG", "") not in ("", "0")
 def repeats(full: int, short: int) -> int:
     """How many times a scenario repeats a fault: ``full`` in the long mode, else ``short``."""
     return full if LONG else short
+
+
+def _node_spec(spec: str) -> pb.NodeSpec:
+    """``node`` (all its GPUs) or ``node:0,1`` (those GPUs of it)."""
+    node, _, gpus = spec.partition(":")
+    return pb.NodeSpec(node=node, gpus=[int(g) for g in gpus.split(",")] if gpus else [])
 
 
 def scenario_seed(default: int) -> int:
@@ -94,7 +101,9 @@ class World(ClientsView):
                  client_args: list[str] | None = None, group_nodes: list[str] | dict[str, list[str]] | None = None,
                  client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
                  kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
-                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None):
+                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None,
+                 heal_bound_s: float | None = HEAL_BOUND_S, lockd_base: list[str] | None = None,
+                 session_ttl: int = SESSION_TTL):
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -108,6 +117,7 @@ class World(ClientsView):
         self.n_clients = clients
         self.kinds = kinds or [ClientKind(clients)]
         self.orphan_bound_s, self.recovery_bound_s = orphan_bound_s, recovery_bound_s
+        self.heal_bound_s = heal_bound_s          # the first grant after each heal (faultrules.py)
         # max_overtakes: the groups have priority classes with this bound (judged by priorityrules.py)
         self.max_overtakes = max_overtakes
         self.client_args = client_args or []
@@ -115,13 +125,16 @@ class World(ClientsView):
         # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
         # observer records the server's grants for the checker's ghost rule (claims.py).
         self.library = library
-        self.ghost_bound_s = 2 * SESSION_TTL + 2 if library else 10.0
+        # lockd_base: lockd's flags in place of the short LOCKD_FLAGS ([]: lockd's own defaults, as
+        # `timeslice up` runs it); session_ttl: the clients' (the library's default is 10 s).
+        self.session_ttl = session_ttl
+        self.ghost_bound_s = 2 * session_ttl + 2 if library else 10.0
         # observe=True: the observer runs with raw clients too (the agents' statuses, sessions).
         self.observe = library or observe
         self.observer = None
         self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
-                                  extra=LOCKD_FLAGS + (lockd_flags or []))
+                                  extra=(LOCKD_FLAGS if lockd_base is None else lockd_base) + (lockd_flags or []))
         # Fixed ports, so a restarted replica comes back where the clients look for it.
         for r in self.lockd.replicas:
             r.listen_port = free_port()
@@ -192,7 +205,7 @@ class World(ClientsView):
     def create_groups(self) -> None:
         for g in self.groups:
             nodes = self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
-            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes],
+            req = pb.CreateGroupRequest(group_id=g, nodes=[_node_spec(n) for n in nodes],
                                         priorities=self.max_overtakes is not None,
                                         max_overtakes=self.max_overtakes or 0)
             self.call_any("CreateGroup", req)
@@ -224,7 +237,7 @@ class World(ClientsView):
         argv = [sys.executable, "-m", "chaos_tests.client_proc", "--targets", ",".join(self.targets),
                 "--job", job, "--groups", ",".join(kind.groups or self.groups), "--history", self.history_dir,
                 "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
-                "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *kind.args,
+                "--duration", str(duration), "--ttl", str(self.session_ttl), *self.client_args, *kind.args,
                 *(extra or [])]
         if self.library:
             argv += ["--library", "--etcd", self.etcd.endpoints_str, "--error-pause", str(self.ghost_bound_s + 2)]
@@ -327,7 +340,7 @@ class World(ClientsView):
         events = load_history(self.history_dir)
         self.all_events = events
         report = check(events, ghost_bound_s=self.ghost_bound_s, orphan_bound_s=self.orphan_bound_s,
-                       recovery_bound_s=self.recovery_bound_s,
+                       recovery_bound_s=self.recovery_bound_s, heal_bound_s=self.heal_bound_s,
                        priorities=None if self.max_overtakes is None else dict.fromkeys(self.groups, self.max_overtakes))
         self.print_figures(report, events)
         return report

@@ -90,6 +90,32 @@ def test_tokens_going_back_in_grant_order():
     assert "B was overtaken" in violation
 
 
+def _yield_failed(t: float, job: str, token: int) -> list[dict]:
+    """A turn whose Yield failed (an etcd majority loss outlasted the call): the job still holds ``token``."""
+    return [ev(t, "acquire_req", job), ev(t + 1, "granted", job, token=token),
+            ev(t + 1.2, "cs_start", job, token=token), ev(t + 2, "cs_end", job, token=token),
+            ev(t + 3, "error", job, token=token, message="DeadlineError")]
+
+
+def test_a_hold_kept_through_a_failed_yield_granted_again_is_no_token_going_back():
+    # The long run (seed 3310, up timings): c4's Yield of 18513 failed in a majority loss; its next
+    # Acquire, once etcd was back, returned 18513 (the hold it kept). The same grant, not a new one.
+    events = _yield_failed(0, "A", 10) + turn(20, "A", 10) + turn(40, "B", 12, queued_at=30)
+    report = check(events)
+    assert report.ok, report.violations
+
+
+def test_a_kept_token_granted_again_after_another_job_held_the_group_is_a_token_order_violation():
+    events = _yield_failed(0, "A", 10) + turn(10, "B", 12) + turn(30, "A", 10)
+    [violation] = check(events).of_kind("token-order")
+    assert "A granted token 10" in violation
+
+
+def test_a_token_granted_again_after_its_yield_went_through_is_a_token_order_violation():
+    events = turn(0, "A", 10) + turn(10, "A", 10)
+    assert check(events).of_kind("token-order")
+
+
 def test_token_not_following_request_order_is_a_fifo_violation():
     # A was queued (token 20) before B even asked, yet B got the smaller token 15.
     events = [ev(0, "acquire_req", "A"), ev(1, "enqueued", "A", token=20),
@@ -234,6 +260,23 @@ def test_session_loss_while_the_lease_is_alive_is_a_violation():
     bad = [ev(3, "session_lost", "C", group=None, lease=9, lease_ttl_left=4)]
     v = check(good_history() + bad).of_kind("session-loss")
     assert len(v) == 1 and "C" in v[0] and "4s" in v[0]
+
+
+def test_session_loss_judged_by_what_etcd_did_with_the_lease_afterwards():
+    """etcd had no majority when the client declared the loss (nobody could say how long the lease had
+    left); the observer's record of the lease's session key says it afterwards."""
+    put = [ev(0, "session_put", "A", group=None, lease=7)]
+    told = [ev(10_000, "session_lost", "A", group=None, lease=7, lease_ttl_left=None)]
+    expired = [ev(9_800, "session_end", "A", group=None, lease=7)]            # gone before the word
+    assert check(good_history() + put + told + expired).of_kind("session-loss") == []
+    late = [ev(10_500, "session_end", "A", group=None, lease=7)]              # within the slack
+    assert check(good_history() + put + told + late).of_kind("session-loss") == []
+    kept = [ev(17_000, "session_end", "A", group=None, lease=7)]              # etcd held it 7 s more
+    v = check(good_history() + put + told + kept).of_kind("session-loss")
+    assert len(v) == 1 and "lease 7" in v[0] and "7.0s later" in v[0]
+    end = [ev(20_000, "settled", None, None)]                                 # never deleted at all
+    v = check(good_history() + put + told + end).of_kind("session-loss")
+    assert len(v) == 1 and "at the end of the history" in v[0]
 
 
 def test_a_holder_parked_on_its_groups_devices_is_a_cross_group_violation():

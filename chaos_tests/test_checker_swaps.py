@@ -124,6 +124,16 @@ def test_no_grant_within_the_bound_after_a_heal_is_a_recovery_violation():
     assert not check(idle, recovery_bound_s=30).of_kind("recovery")
 
 
+def test_the_first_grant_after_a_heal_past_ten_seconds_is_a_heal_violation():
+    assert not check(recovery_history(9)).of_kind("heal")            # 8 s after the heal (B asked at 2 s)
+    v = check(recovery_history(14)).of_kind("heal")
+    assert len(v) == 1 and "[heal] g: after 'agent killed' healed" in v[0] and "past 10s" in v[0]
+    assert not check(recovery_history(14), heal_bound_s=None).of_kind("heal")   # a world that opts out
+    assert "granted never" in check(recovery_history(None)).of_kind("heal")[0]
+    # Measured from the heal of the last fault active before the deadline.
+    assert not check(recovery_history(14, more=[(8, 10)])).of_kind("heal")
+
+
 # -- quorum and status ----------------------------------------------------------------------------
 def test_a_new_grant_while_etcd_has_no_majority_is_a_quorum_violation():
     gone = [ev(10 * S, "fault", None, None, fault_id=0, what="etcd majority lost", no_quorum=True),

@@ -25,10 +25,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+import tenacity
+
 ENV_SOCKET = "TIMESLICE_AGENT_SOCKET"
 PROTOCOL_VERSION = 1
 MAX_FRAME = 64 << 10          # a hello with 32 tags is ~2 KiB; nothing legitimate comes near this
 MAX_DEPTH = 8                 # objects and lists nested in a frame; the protocol's frames nest 2 deep
+CONNECT_TIMEOUT_S = 30.0      # how long a connect waits out a full backlog (another process flooding the socket)
 _LEN = struct.Struct(">I")
 
 
@@ -70,27 +73,47 @@ def reachable(node: str) -> bool:
     return bool(os.environ.get(ENV_SOCKET)) or default_socket_path(node).exists()
 
 
-def connect(path: str, timeout: float) -> socket.socket:
+class BacklogFull(ConnectionError):
+    """The agent's socket kept answering EAGAIN (its listen backlog full) until the connect's time ran out."""
+
+
+def _backlog_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.EAGAIN, errno.EWOULDBLOCK)
+
+
+def connect(path: str, timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
     """A stream socket connected to ``path`` within ``timeout`` seconds (the worker side).
 
     A Unix socket whose listen backlog is full answers ``connect()`` with EAGAIN at
-    once, where TCP would wait: while other local processes flood the agent's socket
-    that is transient, so it is tried again (briefly backing off) until the deadline.
+    once, where TCP would wait. While other local processes flood the agent's socket
+    that is transient: it is tried again with jittered exponential backoff (tenacity;
+    a connect that failed changed nothing, so it is safe to repeat) until ``timeout``,
+    and then ``BacklogFull`` says so, with how long and how many attempts. Any other
+    error (nobody listens, no such socket) is raised at once.
     """
     deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
+
+    def once() -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.settimeout(max(0.05, deadline - time.monotonic()))
         try:
             s.connect(path)
-            return s
-        except OSError as e:
+        except OSError:
             s.close()
-            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK) or time.monotonic() + delay >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
+            raise
+        return s
+
+    retrying = tenacity.Retrying(retry=tenacity.retry_if_exception(_backlog_full),
+                                 wait=tenacity.wait_random_exponential(multiplier=0.01, max=0.5),
+                                 stop=tenacity.stop_after_delay(timeout), reraise=True)
+    try:
+        return retrying(once)
+    except OSError as e:
+        if not _backlog_full(e):
+            raise
+        tries = retrying.statistics.get("attempt_number", 1)
+        raise BacklogFull(e.errno, f"the node agent's channel at {path} stayed full (its listen backlog: a flood of "
+                                   f"connections?) for {timeout:g} s; gave up after {tries} attempts") from e
 
 
 def encode(msg: Mapping[str, object]) -> bytes:

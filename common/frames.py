@@ -17,6 +17,9 @@ the checks the agent runs on what a worker says after its hello. Messages
                                 after prepin or a region that grew
     agent  -> worker  synced   {id}               answers a state with ``sync: id``: the agent's
                                                   report to etcd now counts what the state says
+    worker -> agent   vouch    {id, pid}          a process this one started (a rank) is the job's: the
+                                                  agent records it for lockd before the job registers it
+    agent  -> worker  vouched  {id, code, message}   the answer; code "" when recorded
     worker -> agent   done     {id, ok, state, bytes_moved, device_bytes, elapsed_ms, tags,
                                 paused, region_bytes, host_bytes, residue_bytes, error, code}
     worker -> agent   room     {id, device, bytes, held: [[group, token]]}   an allocation inside a hold
@@ -43,16 +46,18 @@ from timeslice.common.ids import MAX_ID_LEN
 HELLO, WELCOME, REFUSED = "hello", "welcome", "refused"
 PAUSE, RESUME, PING = "pause", "resume", "ping"
 STATE, SYNCED, DONE = "state", "synced", "done"
+VOUCH, VOUCHED = "vouch", "vouched"
 ROOM, ROOMED, HOST, HOSTED = "room", "roomed", "host", "hosted"
 REQUESTS = (PAUSE, RESUME, PING)                # what the agent asks a worker
 ASKS = (ROOM, HOST)                             # what a worker asks the agent (answered by id)
-ANSWERS = (SYNCED, ROOMED, HOSTED)              # the agent's answers to a worker, by the id it sent
+ANSWERS = (SYNCED, ROOMED, HOSTED, VOUCHED)     # the agent's answers to a worker, by the id it sent
 
 MAX_TAGS = 32
 MAX_TAG = 64                 # characters of a tag name (the id grammar allows 64)
 MAX_TEXT = 4096              # characters of an error message or code a worker reports
 MAX_COUNT = (1 << 63) - 1    # bytes and ids fit a signed 64-bit integer
 MAX_REFUSAL = 300            # characters of a refusal's message
+MAX_PID = 2**22              # Linux pid_max upper bound
 MAX_HOLDERS = 16             # holders a roomed answer names
 MAX_HELD = 16                # (group, token) pairs a room request names
 MAX_DEVICE = 128             # characters of a device id
@@ -96,6 +101,9 @@ def state(fields: Mapping[str, Any], sync: int = 0) -> dict[str, Any]:
     return {"type": STATE, **fields, **({"sync": sync} if sync else {})}
 
 
+def vouch(rid: int, pid: int) -> dict[str, Any]:
+    """Ask the agent to record ``pid`` (a process this one started) as the job's; answered by ``vouched``."""
+    return {"type": VOUCH, "id": rid, "pid": pid}
 def room(rid: int, device: str, nbytes: int, held: Sequence[tuple[str, int]]) -> dict[str, Any]:
     """Ask for ``nbytes`` of room on ``device`` for an allocation inside the holds ``held`` ((group, token))."""
     return {"type": ROOM, "id": rid, "device": device, "bytes": int(nbytes),
@@ -139,6 +147,9 @@ def synced(rid: int) -> Synced:
     return {"type": SYNCED, "id": rid}
 
 
+def vouched(rid: int, code: str = "", message: str = "") -> dict[str, Any]:
+    """The answer to a ``vouch``: recorded (``code`` ""), or why not."""
+    return {"type": VOUCHED, "id": rid, "code": code, "message": message[:MAX_REFUSAL]}
 def roomed(rid: int, freed: int, free: int, holders: Sequence[Mapping[str, Any]], message: str = "") -> dict[str, Any]:
     return {"type": ROOMED, "id": rid, "freed_bytes": int(freed), "free_bytes": int(free),
             "holders": [dict(h) for h in list(holders)[:MAX_HOLDERS]], "message": message[:MAX_REFUSAL]}
@@ -211,6 +222,12 @@ def check_done(msg: dict) -> None:
     check_state(msg)
 
 
+def check_vouch(msg: dict) -> None:
+    """A ``vouch``: its request id and the pid, both positive integers."""
+    for key, top in (("id", MAX_COUNT), ("pid", MAX_PID)):
+        v = msg.get(key)
+        if type(v) is not int or not 0 < v <= top:
+            raise ChannelError(f"a vouch frame needs a positive integer {key!r} (at most {top})")
 def _id(msg: dict, what: str) -> None:
     rid = msg.get("id")
     if type(rid) is not int or not 0 < rid <= MAX_COUNT:
@@ -240,5 +257,7 @@ def check_frame(msg: dict) -> None:
         check_done(msg)
     elif msg["type"] == STATE:
         check_state(msg)
+    elif msg["type"] == VOUCH:
+        check_vouch(msg)
     elif msg["type"] in ASKS:
         check_ask(msg)

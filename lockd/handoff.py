@@ -17,6 +17,7 @@ swaps are always driven by the leader.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from aetcd import rpc
 
@@ -43,13 +44,14 @@ def next_grant(index: StateIndex, group: str, job: str, policy: P.Policy) -> P.W
 
 
 def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_grant: bytes, a: P.WriteGrant,
-                  spec_rev: int) -> tuple[rpc.RequestOp, R.GrantValue]:
+                  spec_rev: int, fence: Sequence[rpc.Compare] = ()) -> tuple[rpc.RequestOp, R.GrantValue]:
     """A nested txn: put the next grant over the old one if every guard holds, else drop the old one.
-    ``spec_rev``: the create revision of the group's spec (no grant on a group deleted meanwhile)."""
+    ``spec_rev``: the create revision of the group's spec (no grant on a group deleted meanwhile);
+    ``fence``: what the plan read of the next job's memory (lockd/grantfence.py)."""
     gkey = keys.grant(group)
     val = R.GrantValue(a.job, a.token, lead.epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
     compare = [lead.guard(), ops.create_rev(keys.queue_entry(group, a.job), "==", a.token),
-               ops.value_is(gkey, "==", old_grant), ops.create_rev(keys.spec(group), "==", spec_rev)]
+               ops.value_is(gkey, "==", old_grant), ops.create_rev(keys.spec(group), "==", spec_rev), *fence]
     success = [ops.put(gkey, val.dump(), a.lease)]   # the grant dies with the new holder's session
     if a.turns_rev >= 0:
         # A priority group's grant counts itself (lockd/priority.py), over the count as planned.

@@ -41,6 +41,10 @@ class LeaderLoop:
         self.scheduler: Scheduler | None = None
         self._election: Election | None = None
         self._session: Session | None = None
+        # The lease of a term that ended because no renewal got through (etcd out of reach or without
+        # a majority): etcd may still hold it, with this replica's election key. The next term takes it
+        # up again (``Session.resume``) rather than campaign behind its own old key until it expires.
+        self._lapsed = 0
         self._stopping = False
 
     @property
@@ -61,9 +65,23 @@ class LeaderLoop:
                 log.warning("campaign_failed", replica=self.replica, error=str(e))
             await asyncio.sleep(backoff.next())
 
-    async def _term(self) -> None:
+    async def _open_session(self) -> Session:
+        """The term's session: the lapsed one of the last term if etcd still holds it, else a new one."""
+        if self._lapsed:
+            # Raises while etcd cannot say (the run loop tries again after its backoff): a new lease now
+            # would only queue behind the old key, which etcd gives a whole TTL once it is back.
+            resumed = await Session.resume(self.client, self._lapsed, self.timing.session(),
+                                           renew_deadline=self.timing.renew_deadline)
+            log.info("lease_taken_up" if resumed else "lease_gone", replica=self.replica,
+                     lease=f"{self._lapsed:x}")
+            self._lapsed = 0
+            if resumed is not None:
+                return resumed
         session = Session(self.client, self.timing.session(), renew_deadline=self.timing.renew_deadline)
-        await session.open()
+        return await session.open()
+
+    async def _term(self) -> None:
+        session = await self._open_session()
         self._session = session
         try:
             self._election = Election(session, self.keys.election(),
@@ -95,6 +113,8 @@ class LeaderLoop:
                 self.on_stopped_leading(reason)
         finally:
             self._session = None
+            if session.error is not None and not session.expired and not self._stopping:
+                self._lapsed = session.lease_id      # lost for silence: etcd may hold it still
             if session.alive:
                 try:
                     await session.close()    # revoke: our candidacy vanishes at once

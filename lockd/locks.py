@@ -49,6 +49,7 @@ from timeslice.common.server.etcd.election import Leadership
 from timeslice.common.server.etcd.mirror import Reflector
 from timeslice.common.server.etcd.queue import FifoQueue
 from timeslice.common.server.keys import Keys
+from timeslice.lockd import grantfence as GF
 from timeslice.lockd import handoff as H
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
@@ -285,7 +286,8 @@ class Locks:
             lead = self.leadership() if handoff and gs.spec is not None else None
             nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
             if lead is not None and nxt is not None and gs.spec is not None:
-                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt, gs.spec.create_revision)
+                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt, gs.spec.create_revision,
+                                             GF.planned_on(self.index, self.keys, group, nxt.job))
                 success.append(op)
             else:
                 success.append(H.drop_only(self.keys, group, gs.grant.value))

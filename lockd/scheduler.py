@@ -18,6 +18,7 @@ from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.election import Leadership
 from timeslice.common.server.etcd.mirror import Reflector
 from timeslice.common.server.keys import Keys
+from timeslice.lockd import grantfence as GF
 from timeslice.lockd import plan as P
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
@@ -103,9 +104,12 @@ class Scheduler:
                     self._blocked.add(group)
                 else:
                     self._blocked.discard(group)
+                # What each grant was planned on, read now with the plan (lockd/grantfence.py).
+                fences = [GF.planned_on(self.index, self.keys, group, a.job) if isinstance(a, P.WriteGrant) else []
+                          for a in actions]
                 revs = []
-                for action in actions:
-                    rev = await self._apply(group, action)
+                for action, fence in zip(actions, fences):
+                    rev = await self._apply(group, action, fence)
                     if rev:
                         revs.append(rev)
                 if revs:
@@ -148,7 +152,8 @@ class Scheduler:
             if self._head_seen.get(group, (0, 0))[0] != tok:
                 self._head_seen[group] = (tok, time.monotonic())
 
-    async def _apply(self, group: str, a: P.Action) -> int:
+    async def _apply(self, group: str, a: P.Action, fence: list | None = None) -> int:
+        """Write one action; ``fence``: a grant's compares of what it was planned on (lockd/grantfence.py)."""
         k, epoch = self.keys, self.lead.epoch
         if isinstance(a, P.WriteGrant):
             qkey, gkey = k.queue_entry(group, a.job), k.grant(group)
@@ -158,7 +163,7 @@ class Scheduler:
             grant_val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
             # Also guarded by the spec as planned: a group deleted (or created again) since is granted nothing.
             cmp = [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0),
-                   ops.create_rev(k.spec(group), "==", gs.spec.create_revision)]
+                   ops.create_rev(k.spec(group), "==", gs.spec.create_revision), *(fence or ())]
             put = [ops.put(gkey, grant_val.dump(), a.lease)]   # the grant dies with the holder's session
             if a.turns_rev >= 0:
                 # A priority group counts its grants (the aging clock): only over the count as planned.
@@ -167,7 +172,13 @@ class Scheduler:
             resp = await self.lead.txn(cmp, put)
             if resp.succeeded:
                 self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)
-            return resp.header.revision if resp.succeeded else 0
+                return resp.header.revision
+            if fence:
+                # Planned on a picture that changed since (or the head moved on): nothing written. Its
+                # revision is returned all the same, so the next plan waits for a mirror that has it.
+                log.info("grant_fenced", group=group, job=a.job, token=a.token, epoch=epoch)
+                return resp.header.revision
+            return 0
         if isinstance(a, P.WriteIntent):
             key = k.intent(a.node, a.job)
             gs = self.index.groups.get(group)

@@ -25,11 +25,13 @@ from pathlib import Path
 import structlog
 
 from timeslice.common import frames as F
+from timeslice.common import procfs
 from timeslice.common.channel import default_socket_path
 from timeslice.common.errors import ConfigError
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.etcd.mirror import Reflector
 from timeslice.common.server.keys import Keys
+from timeslice.nodeagent import attestations
 from timeslice.nodeagent.attestations import Attestations, WorkerAuth
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
@@ -95,7 +97,7 @@ class Agent:
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node,
                                      self.auth.authorize, self._worker_left, self._worker_back,
                                      on_attested=self._worker_attested, on_state=self._worker_grew,
-                                     on_ask=self._worker_asks)
+                                     on_ask=self._worker_asks, on_vouch=self._worker_vouched)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         base = backend or make_backend(cfg)
@@ -110,9 +112,10 @@ class Agent:
         # Everything that must vanish with the agent is leased to this one session.
         self.lease = AgentLease(self.client, cfg.session)
         self.processes = JobProcesses(self.client, self.keys, self.node, self.jobs, self.channel, self.swappers,
-                                      cfg.require_attestation)
+                                      cfg.require_attestation, cfg.reconnect_grace_s)
         # Who attested which pid, and which pids are the system's: told to lockd through etcd.
-        self.attestations = Attestations(self.client, self.keys, self.node, self.lease.lease_id)
+        self.attestations = Attestations(self.client, self.keys, self.node, self.lease.lease_id,
+                                         renew=self.lease.renew)
         self.reporter = Reporter(self.client, self.keys, self.node, self.lease)
         self.endpoint = ""
         self._tasks: list[asyncio.Task] = []
@@ -141,6 +144,14 @@ class Agent:
         await asyncio.wait_for(asyncio.gather(self.node_mirror.synced.wait(), self.jobs_mirror.synced.wait()),
                                sync_timeout)
         await self.attestations.publish_protected()   # before any job can register this node's pids
+        # Whose each process is, as the agent before this one was told: known before the first picture,
+        # so a registered worker not back on the channel yet is never planned as absent.
+        recalled = await self.attestations.recall()
+        adopted = sorted(p for p, (job, start) in recalled.items() if self.channel.adopt(p, job, start))
+        if recalled:
+            log.info("attestations_recalled", node=self.node, pids=adopted, stale=len(recalled) - len(adopted))
+        self.processes.inherit((job, pid) for pid, (job, _) in self.jobs.local_workers().items())
+        await self.attestations.sync(self.channel.attested())     # the adopted word, on this agent's lease now
         # After the mirrors: a worker's hello is checked against its job's session key.
         await self.channel.start()
         self.tokens.recover(self.jobs.statuses())
@@ -173,9 +184,25 @@ class Agent:
         self.nodelock.release()
 
     # --- cooperative workers ------------------------------------------------------
-    async def _worker_attested(self, info) -> None:
+    async def _worker_attested(self, info) -> bool:
         """A worker proved its job: say so in etcd before it is welcomed (nodeagent/attestations.py)."""
-        await self.attestations.publish(info.pid, info.job, info.start_time)
+        return await self.attestations.publish(info.pid, info.job, info.start_time)
+
+    async def _worker_vouched(self, info, pid: int) -> tuple[str, str] | None:
+        """An attested worker vouches for ``pid`` (a rank it started): record it as its job's for lockd, if it
+        is (the agent counts a process as its nearest attested ancestor's: nodeagent/attestations.py)."""
+        start = procfs.start_time(pid)
+        if start is None:
+            return "NOT_FOUND", f"pid {pid} is no live process on node {self.node!r}"
+        if attestations.owner(pid, self.channel.job_of) != info.job:
+            # Whose it is instead is not told: which process belongs to whom is that job's business.
+            return "PERMISSION_DENIED", (f"pid {pid} is not a process of job {info.job!r} on node {self.node!r}: "
+                                         "it descends from no process that attested for the job")
+        self.channel.vouch(pid, info.job, start)
+        if not await self.attestations.publish(pid, info.job, start):
+            return "UNAVAILABLE", "the node agent could not record the process in etcd (out of reach?); try again"
+        log.info("worker_vouched", job=info.job, pid=pid, by=info.pid)
+        return None
 
     def _worker_back(self, info) -> None:
         """A cooperative worker said hello (after an agent restart, its word on what it has paused):

@@ -31,11 +31,18 @@ publishing what only it knows:
 * ``nodes/<node>/protected``: init, the agent itself, etcd, lockd and other
   agents on the node (``nodeagent/protected.py``), refreshed when it changes.
 
-Both live on the agent's lease: a dead agent's word goes with it. A sync pass
+Both live on the agent's lease: a dead agent's word goes with it, once its lease
+expires. Until then a restarted agent takes it over (``recall``): it knows whose
+each process is before the workers are back on its channel. A sync pass
 (every refresh interval) rewrites them on a renewed lease and removes the records
-of processes the channel forgot. Publishing is best effort: an etcd outage must
-not keep a worker from connecting (lockd then falls back to first come, first
-served, and the agent still never acts on a pid for a job that did not attest it).
+of processes the channel forgot. A worker is welcomed only once its record is in
+etcd (retried, with jitter, for ``PUBLISH_BUDGET_S``; else the hello is refused as
+UNAVAILABLE and the worker tries again): a job registers a worker after the welcome,
+so lockd always sees whose the pid is before any registration of it by the job, and
+a squatter that registered it first is removed then (lockd/ownership.py). A process a
+job's attested process started (a launcher's rank) is recorded the same way when the
+job vouches for it over the channel before registering it (``vouch`` frames,
+``Agent._worker_vouched``); the agent itself already counts it as the job's.
 """
 from __future__ import annotations
 
@@ -43,12 +50,13 @@ import asyncio
 import hashlib
 import hmac
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
+import tenacity
 
 from timeslice.common import procfs
-from timeslice.common.errors import TimesliceError
+from timeslice.common.errors import EtcdLeaseGone, TimesliceError
 from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
@@ -58,7 +66,8 @@ from timeslice.nodeagent.jobs import LocalJobs
 
 log = structlog.get_logger(__name__)
 
-PUBLISH_TIMEOUT_S = 2.0       # a welcome waits at most this long for etcd
+PUBLISH_TIMEOUT_S = 2.0       # one attempt at writing a record
+PUBLISH_BUDGET_S = 4.0        # a welcome waits at most this long for the record (below the hello's 5 s)
 MAX_PROTECTED = 256           # protected pids published (a node runs a handful)
 MAX_DEPTH = 64           # ancestors looked at; process trees are shallow
 
@@ -124,26 +133,65 @@ class WorkerAuth:
 
 class Attestations:
     def __init__(self, client: EtcdClient, keys: Keys, node: str, lease: Callable[[], int],
-                 scan: Callable[[], dict[int, str]] = protected.scan):
+                 scan: Callable[[], dict[int, str]] = protected.scan,
+                 renew: Callable[[int], Awaitable[None]] | None = None):
+        """``lease()``: the agent's lease now; ``renew(lease)``: replace it, etcd said it is gone."""
         self.client, self.keys, self.node, self.lease, self.scan = client, keys, node, lease, scan
+        self.renew = renew
         self._written: dict[int, tuple[str, int | None, int]] = {}   # pid -> (job, start_time, lease)
         self._protected: tuple[dict[int, str], int] | None = None     # (pids, lease) last written
 
-    async def publish(self, pid: int, job: str, start_time: int | None) -> None:
-        """Say that ``pid`` (this incarnation) attested for ``job``. Never raises."""
-        lease = self.lease()
-        if self._written.get(pid) == (job, start_time, lease):
-            return
+    async def publish(self, pid: int, job: str, start_time: int | None, budget: float = PUBLISH_BUDGET_S) -> bool:
+        """Say that ``pid`` (this incarnation) attested for ``job``; False if etcd did not take it within
+        ``budget`` s (it is tried again at the next sync). Never raises."""
+        if self._written.get(pid) == (job, start_time, self.lease()):
+            return True
         val = R.AttestedValue(job, pid, start_time, R.now_ms())
+
+        async def attempt() -> int:
+            lease = self.lease()
+            try:
+                # A plain put on the agent's lease: the record is this agent's word about a process on its
+                # node; the last hello of the pid wins (a reused pid's new process says hello anew).
+                await self.client.txn([], [ops.put(self.keys.attested(self.node, pid), val.dump(), lease)],
+                                      timeout=PUBLISH_TIMEOUT_S)
+            except EtcdLeaseGone:
+                if self.renew is not None:
+                    await self.renew(lease)          # the agent's lease went: replace it, then write again
+                raise
+            return lease
+        # Re-sent with jittered backoff: a put of the same value on the same key is idempotent.
+        retrying = tenacity.AsyncRetrying(retry=tenacity.retry_if_exception_type((TimesliceError, asyncio.TimeoutError)),
+                                          wait=tenacity.wait_random_exponential(multiplier=0.05, max=0.5),
+                                          stop=tenacity.stop_after_delay(budget), reraise=True)
         try:
-            # A plain put on the agent's lease: the record is this agent's word about a process on its
-            # node; the last hello of the pid wins (a reused pid's new process says hello anew).
-            await self.client.txn([], [ops.put(self.keys.attested(self.node, pid), val.dump(), lease)],
-                                  timeout=PUBLISH_TIMEOUT_S)
+            lease: int = await retrying(attempt)
         except (TimesliceError, asyncio.TimeoutError) as e:
             log.warning("attestation_unpublished", pid=pid, job=job, error=str(e)[:200])
-            return
+            return False
         self._written[pid] = (job, start_time, lease)
+        return True
+
+    async def recall(self) -> dict[int, tuple[str, int]]:
+        """{pid: (job, start time)} of the attestations etcd still holds for this node: a previous
+        agent's word, on its lease until that expires (``ChannelServer.adopt`` checks each is the
+        same process). Empty if etcd cannot say: the workers' hellos then tell it again."""
+        prefix = self.keys.attestations(self.node)
+        try:
+            # Linearizable: whatever the agent before this one wrote and its lease still keeps.
+            r = await self.client.range(ops.range_req(prefix, prefix=True), timeout=PUBLISH_TIMEOUT_S)
+        except (TimesliceError, asyncio.TimeoutError) as e:
+            log.warning("attestations_not_recalled", error=str(e)[:200])
+            return {}
+        out: dict[int, tuple[str, int]] = {}
+        for kv in r.kvs:
+            try:
+                v = R.AttestedValue.load(kv.value)
+            except Exception:  # an unreadable record attests nothing
+                continue
+            if isinstance(v.job, str) and isinstance(v.pid, int) and isinstance(v.start_time, int):
+                out[v.pid] = (v.job, v.start_time)
+        return out
 
     async def withdraw(self, pids: Iterable[int]) -> None:
         """The processes are gone: their records go too."""
@@ -161,7 +209,7 @@ class Attestations:
         protected processes with what /proc says."""
         await self.withdraw([p for p in self._written if p not in attested])
         for pid, (job, start) in attested.items():
-            await self.publish(pid, job, start)
+            await self.publish(pid, job, start, budget=PUBLISH_TIMEOUT_S)
         await self.publish_protected()
 
     async def publish_protected(self) -> None:

@@ -168,17 +168,23 @@ class ChannelServer:
     def __init__(self, path: str | os.PathLike, node: str, authorize: Authorize,
                  on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
                  on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
-                 on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_attested: Callable[[WorkerInfo], Awaitable[bool]] | None = None,
                  on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None,
-                 on_ask: Callable[[WorkerInfo, dict], Awaitable[dict]] | None = None):
+                 on_ask: Callable[[WorkerInfo, dict], Awaitable[dict]] | None = None,
+                 on_vouch: Callable[[WorkerInfo, int], Awaitable[tuple[str, str] | None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
-        self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
+        self.on_attested = on_attested               # awaited before the welcome: False turns the worker away
         self.on_ask = on_ask                         # a worker's room / host request -> the answer frame
+        # (info, pid) -> None, or (code, why) it refuses to vouch for ``pid`` (nodeagent/agent.py)
+        self.on_vouch = on_vouch
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
+        # pid -> (job, start time): what a previous agent on this node was told (``adopt``), until the
+        # process says hello to this one. Only its attestation: what it has paused is its own to say.
+        self._prior: dict[int, tuple[str, int]] = {}
         self._hello = asyncio.Event()                # set (and replaced) at every accepted hello
         self.lobby = lobby or Lobby()                # connections before their hello, bounded
         self._door = Listener(self.path, self.lobby, self._on_hello, HELLO_TIMEOUT_S)
@@ -209,15 +215,33 @@ class ChannelServer:
         return self._infos.get(pid)
 
     def job_of(self, pid: int) -> str | None:
-        """The job that process ``pid`` proved it belongs to, if this very process did."""
+        """The job that process ``pid`` proved it belongs to, if this very process did (to this agent,
+        or to the one before it on this node: ``adopt``)."""
         info = self._infos.get(pid)
-        if info is None or not procfs.same_process(pid, info.start_time):
-            return None
-        return info.job
+        if info is not None and procfs.same_process(pid, info.start_time):
+            return info.job
+        prior = self._prior.get(pid)
+        if prior is not None and procfs.same_process(pid, prior[1]):
+            return prior[0]
+        return None
+
+    def adopt(self, pid: int, job: str, start_time: int | None) -> bool:
+        """Take over a previous agent's word that ``pid`` attested for ``job`` (its record in etcd,
+        ``nodeagent/attestations.py``), if that very process still runs and has not said hello here.
+
+        Why: a restarted agent must know whose its processes are *before* their workers come back
+        on the channel (a second or more): a registered pid it cannot attribute would be planned
+        as absent while its memory is on the device (or parked). Only the attestation is taken
+        over; a cooperative worker's paused regions stay unknown until its own hello."""
+        if start_time is None or pid in self._infos or not procfs.same_process(pid, start_time):
+            return False
+        self._prior[pid] = (job, start_time)
+        return True
 
     def prune(self) -> list[int]:
         """Forget what exited processes said (their pids may be reused). Returns them."""
         gone = [p for p, i in self._infos.items() if not procfs.same_process(p, i.start_time)]
+        gone += [p for p, (_, st) in self._prior.items() if p not in self._infos and not procfs.same_process(p, st)]
         for p in gone:
             self.forget(p)
         return gone
@@ -226,6 +250,7 @@ class ChannelServer:
         """The process is gone: drop what it said."""
         self._infos.pop(pid, None)
         self._lost.pop(pid, None)
+        self._prior.pop(pid, None)
         c = self._conns.pop(pid, None)
         if c is not None:
             c.close()
@@ -260,8 +285,12 @@ class ChannelServer:
             pass
 
     def attested(self) -> dict[int, tuple[str, int | None]]:
-        """{pid: (job, process start time)} of every process that proved its job and still runs."""
-        return {p: (i.job, i.start_time) for p, i in self._infos.items() if procfs.same_process(p, i.start_time)}
+        """{pid: (job, process start time)} of every process that proved its job and still runs
+        (to this agent, or to the one before it: ``adopt``)."""
+        out: dict[int, tuple[str, int | None]] = {p: (j, st) for p, (j, st) in self._prior.items()
+                                                  if procfs.same_process(p, st)}
+        out.update({p: (i.job, i.start_time) for p, i in self._infos.items() if procfs.same_process(p, i.start_time)})
+        return out
 
     def _on_hello(self, seat: Seat, sock: socket.socket, body: bytes) -> None:
         """The door has a whole hello from a connection in the lobby: check it, on a task of its own."""
@@ -322,6 +351,15 @@ class ChannelServer:
             return None
         info = WorkerInfo(pid, uid, job, device, tags, start_time=procfs.start_time(pid))
         info.update(hello)
+        # lockd must know whose the pid is before the job can register it: the record goes to etcd first
+        # (retried, bounded); without it the worker is turned away for now, and comes back.
+        if self.on_attested is not None and not await self.on_attested(info):
+            await self._refuse(writer, "UNAVAILABLE", "the node agent could not record this process's attestation "
+                                                      "in etcd (out of reach?); try again")
+            return None
+        if seat.evicted:
+            writer.close()
+            return None
         old = self._conns.pop(pid, None)
         if old is not None:
             old.fail_all("replaced by a new connection of the same process")
@@ -329,10 +367,10 @@ class ChannelServer:
         conn = WorkerConn(info, reader, writer)
         self._conns[pid], self._infos[pid] = conn, info
         self._lost.pop(pid, None)
-        if self.on_attested is not None:
-            await self.on_attested(info)        # lockd must know before the job registers the pid
+        self._prior.pop(pid, None)              # its own word now
         try:
-            writer.write(C.encode(F.welcome(pid, self.node, F.ASKS if self.on_ask is not None else ())))
+            answers = (*(F.ASKS if self.on_ask is not None else ()), *((F.VOUCH,) if self.on_vouch is not None else ()))
+            writer.write(C.encode(F.welcome(pid, self.node, answers)))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs
@@ -357,6 +395,20 @@ class ChannelServer:
                 return
         conn.writer.write(C.encode(F.synced(sync)))
         await conn.writer.drain()
+
+    async def _vouch(self, conn: WorkerConn, rid: int, pid: int) -> None:
+        """A worker asks that ``pid`` (a process it started) be recorded as its job's before the job registers
+        it; the answer says whether it was. One connection's frames are read one at a time."""
+        why = ("UNIMPLEMENTED", "this agent records no other process") if self.on_vouch is None else \
+            await self.on_vouch(conn.info, pid)
+        conn.writer.write(C.encode(F.vouched(rid, *(why or ("", "")))))
+        await conn.writer.drain()
+
+    def vouch(self, pid: int, job: str, start_time: int) -> None:
+        """Count ``pid`` (this incarnation) as attested for ``job`` on an attested ancestor's word, until it
+        exits or says hello itself (kept with a previous agent's word: ``adopt``)."""
+        if pid not in self._infos:
+            self._prior[pid] = (job, start_time)
 
     async def _ask(self, conn: WorkerConn, msg: dict) -> None:
         """A worker's request (room inside its hold, a host backup's admission), answered by its id. One
@@ -393,6 +445,8 @@ class ChannelServer:
                                  host_bytes=info.host_bytes)
                     if msg.get("sync") is not None:
                         await self._sync(conn, msg["sync"])
+                elif msg["type"] == F.VOUCH:
+                    await self._vouch(conn, msg["id"], msg["pid"])
                 elif msg["type"] in F.ASKS:
                     await self._ask(conn, msg)
         except asyncio.IncompleteReadError:

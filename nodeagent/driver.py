@@ -109,8 +109,13 @@ class IntentDriver:
 
     async def _handle_locked(self, intent: I.Intent, ctx: dict) -> None:
         regs = await self.processes.registrations(intent.job)
-        registered, remembered = await self.processes.pids(intent.job, regs)
         stale = self.tokens.stale(intent.group, intent.token) if intent.value else ""
+        if not stale and not intent.error:
+            # Registered pids nobody has attested to this agent yet, right after its start: each is
+            # waited for (bounded) to attest or exit, never acted on or taken for absent meanwhile.
+            found = await self.processes.candidates(intent.job, regs)
+            await self.reconnects.settle(lambda: self.processes.settling(intent.job, found))
+        registered, remembered = await self.processes.pids(intent.job, regs)
         # Cooperative workers with no channel (not reconnected since this agent started, or closing):
         # their state is theirs to say. Wait for each to come back or exit (bounded), then look.
         coop = self.processes.cooperative([*registered, *remembered])

@@ -122,8 +122,13 @@ class Picture:
         return {str(p): str(s) for p, s in sorted(self.states.items())}
 
 
-def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) -> Picture:
+def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = (), unknown: Iterable[int] = ()
+         ) -> Picture:
     """The picture of a job's processes: ``pids`` (registered now) and ``remembered`` ones.
+
+    ``unknown`` pids are registered ones the agent may not read for the job yet (settling:
+    not attested to this agent since it started, ``nodeagent/processes.py``): they count as
+    unknown, on the device as the meter sees them, so the job is never taken for absent.
 
     A remembered pid (from the agent's own last status of the job, whose
     registration may have lapsed with the job's session) counts only while it
@@ -137,8 +142,15 @@ def take(backend: Backend, pids: Iterable[int], remembered: Iterable[int] = ()) 
     left: dict[int, dict[str, int]] = {}
     residue: dict[int, int] = {}
     measure = getattr(backend, "residue_bytes", None)      # cooperative workers only (backends.composite)
-    pids = set(pids)
+    pids, unknown = set(pids), set(unknown)
+    for pid in sorted(unknown - pids):
+        states[pid] = ProcState.UNKNOWN
+        on = {d: n for d, n in (backend.device_usage(pid) or {}).items() if n > 0}
+        if on:
+            left[pid] = on
     for pid in sorted(pids | set(remembered)):
+        if pid in states:
+            continue
         s = backend.get_state(pid)
         if pid not in pids and s not in _IN_FLIGHT:
             continue

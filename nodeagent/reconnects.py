@@ -79,6 +79,12 @@ class Reconnects:
         got = await asyncio.gather(*(self.wait(p, job) for p in away))
         return "; ".join(self.why(p, job) for p, g in zip(away, got) if g == AWAY)
 
+    async def settle(self, pending: Callable[[], list[int]]) -> None:
+        """Return once ``pending()`` (the pids still settling: ``JobProcesses.settling``, which is
+        empty once the agent has run ``grace_s``) is empty, looking again at every hello."""
+        while pending():
+            await self.server.next_hello(POLL_S)
+
     def why(self, pid: int, job: str) -> str:
         said = self.server.info(pid)
         what = ("closed its channel to this agent" if said is not None and said.job == job

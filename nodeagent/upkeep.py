@@ -75,7 +75,8 @@ class Upkeep:
 
         def work():
             # Only what the job may be acted on for counts as its footprint (nodeagent/attestations.py).
-            return {job: take(self.backend, self.processes.trusted(job, reg), rem)
+            # A pid that may still attest (the agent just started) counts as unknown, never absent.
+            return {job: take(self.backend, self.processes.trusted(job, reg), rem, self.processes.settling(job, reg))
                     for job, (reg, rem) in local.items()}
         return await asyncio.to_thread(work)
 

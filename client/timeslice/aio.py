@@ -124,6 +124,12 @@ class AsyncOrchestratorClient(CoreState):
         self._scopes = Scopes(core, self._holds)
         self._admin = Admin(core, self._transport)
 
+    @property
+    def session_in_doubt(self) -> bool:
+        """True while no keepalive has been answered for a whole TTL (lockd or etcd out of reach): the
+        lease may live on in etcd, and the first answer settles it (kept, or ``session_lost``)."""
+        return self._sessions.in_doubt
+
     # == calls ============================================================================
     open_session = _in("_sessions", Sessions.open_session)
     acquire = _in("_holds", Holds.acquire)
@@ -194,7 +200,6 @@ class AsyncOrchestratorClient(CoreState):
         with core.mu:
             core.closed = True
             core.grants.clear()
-        self._sessions.drop_ending()
         self._holds.close()
         await self._transport.close()
 

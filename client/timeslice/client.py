@@ -95,6 +95,11 @@ class OrchestratorClient(CoreState):
 
     __init__.__doc__ = AsyncOrchestratorClient.__init__.__doc__
 
+    @property
+    def session_in_doubt(self) -> bool:
+        """True while no keepalive has been answered for a whole TTL: see the async client's."""
+        return self._aio.session_in_doubt
+
     def measured(self, group_id: str):
         return self._aio.measured(group_id)
 

@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import structlog
+import tenacity
 
 from timeslice import gil
 from timeslice.common import channel as C
@@ -158,11 +159,15 @@ class Attestation:
         raise RuntimeError("this process attests only; it cannot resume")
 
 
+class _Unavailable(Exception):
+    """The agent turned the hello away for now (it could not record the attestation yet)."""
+
+
 class CooperativeWorker:
     """The channel to the node agent and the thread that answers its requests."""
 
     def __init__(self, job_id: str, secret: str | Callable[[], str], memory: SwapMemory, node: str,
-                 socket_path: str | None = None, connect_timeout: float = 10.0,
+                 socket_path: str | None = None, connect_timeout: float = C.CONNECT_TIMEOUT_S,
                  held: Callable[[], Sequence[tuple[str, int]]] | None = None):
         """``held()``: the (group, token) grants the job holds now, named in a room request."""
         for tag, policy in memory.tags.items():
@@ -183,7 +188,7 @@ class CooperativeWorker:
         self._send_mu = threading.Lock()               # frames from two threads never interleave
         self._syncs = itertools.count(1)
         self._synced: dict[int, threading.Event] = {}  # sync id -> set when the agent answered it
-        self._answers: dict[int, dict] = {}             # id -> the agent's answer to a room/host request
+        self._answers: dict[int, dict] = {}             # id -> the agent's answer to a room/host/vouch request
         self.agent_answers: frozenset[str] = frozenset()  # what the agent said it answers (its welcome)
         self.held = held or (lambda: [])
 
@@ -193,17 +198,18 @@ class CooperativeWorker:
                        self.memory.device_id(), self.memory.tags, self.paused, self._sizes())
 
     def connect(self) -> int:
-        """Open the channel and introduce this process; returns the pid the agent sees."""
+        """Open the channel and introduce this process; returns the pid the agent sees.
+
+        A hello turned away as UNAVAILABLE (the agent could not record the attestation in etcd
+        yet) is said again with jittered backoff (tenacity) within ``connect_timeout``."""
+        deadline = time.monotonic() + self.connect_timeout
+        retrying = tenacity.Retrying(retry=tenacity.retry_if_exception_type(_Unavailable),
+                                     wait=tenacity.wait_random_exponential(multiplier=0.1, max=2.0),
+                                     stop=tenacity.stop_after_delay(self.connect_timeout), reraise=True)
         try:
-            s = C.connect(self.path, self.connect_timeout)
-        except OSError as e:
-            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
-        try:
-            C.send(s, self._hello())
-            reply = C.recv(s)
-        except (OSError, C.ChannelError) as e:
-            s.close()
-            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+            s, reply = retrying(self._say_hello, deadline)
+        except _Unavailable as e:
+            raise C.ChannelError(f"the node agent refused this worker: {e}") from None
         if reply.get("type") != F.WELCOME:
             s.close()
             raise C.ChannelError(f"the node agent refused this worker: {reply.get('code', '?')}: "
@@ -214,6 +220,23 @@ class CooperativeWorker:
         self.agent_answers = frozenset(str(x) for x in answers) if isinstance(answers, list) else frozenset()
         log.info("cooperative_connected", job=self.job_id, pid=self.pid, socket=self.path, paused=self.paused)
         return self.pid
+
+    def _say_hello(self, deadline: float) -> tuple[socket.socket, dict]:
+        """One connect and hello; (socket, the agent's reply). ``_Unavailable`` if turned away for now."""
+        try:
+            s = C.connect(self.path, max(0.05, deadline - time.monotonic()))
+        except OSError as e:
+            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+        try:
+            C.send(s, self._hello())
+            reply = C.recv(s)
+        except (OSError, C.ChannelError) as e:
+            s.close()
+            raise C.ChannelError(f"cannot reach the node agent at {self.path}: {e}") from None
+        if reply.get("type") == F.REFUSED and reply.get("code") == "UNAVAILABLE":
+            s.close()
+            raise _Unavailable(f"UNAVAILABLE: {str(reply.get('message', ''))[:300]}")
+        return s, reply
 
     def start(self) -> CooperativeWorker:
         """Connect (if not yet) and serve the agent's requests on a daemon thread."""
@@ -291,6 +314,15 @@ class CooperativeWorker:
         finally:
             self._synced.pop(rid, None)
             self._answers.pop(rid, None)
+
+    def vouch(self, pid: int, timeout: float = SYNC_TIMEOUT_S) -> str:
+        """Have the agent record process ``pid`` (one this process started: a rank) as this job's, so
+        that lockd knows it before the job registers it; "" once recorded, else why not."""
+        got = self._ask(lambda rid: F.vouch(rid, pid), timeout)
+        if got is None:
+            return (f"the node agent did not answer within {timeout:g} s" if F.VOUCH in self.agent_answers
+                    else "the node agent records no other process (an older agent), or no channel to it now")
+        return "" if not got.get("code") else f"{got['code']}: {str(got.get('message', ''))[:300]}"
 
     def make_room(self, device: str, nbytes: int):
         """Ask the agent to move parked jobs' residue off ``device`` so that ``nbytes`` more fit (inside

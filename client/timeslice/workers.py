@@ -53,9 +53,18 @@ class Workers:
         await self.sessions.ensure()
         if swap != swaps.COOPERATIVE:
             from timeslice.config import node_name
-            seen = await self.user.blocking(self.attest_worker, node or node_name())
+            where = node or node_name()
+            seen = await self.user.blocking(self.attest_worker, where)
             if pid is None and seen:
                 pid = seen                    # the pid as the agent sees it (pid namespaces differ)
+            elif seen and pid != seen:
+                # Another process (a rank this one started): the agent records it as this job's first, so
+                # that no other job can register it before us (lockd asks etcd for the agent's word).
+                why = await self.user.blocking(self._vouch, where, pid)
+                if why:
+                    log.warning("worker_not_vouched", job=core.job_id, node=where, pid=pid, error=why[:200],
+                                hint="the node agent counts a process as the job's only if it descends from "
+                                     "one of the job's attested processes")
         req, w = core.worker_req(pid, node, device_bytes, swap, gpus, endpoint, tags, collective)
 
         def build():
@@ -93,7 +102,8 @@ class Workers:
         if node != node_name() and not reachable(node):
             return None                       # another node's agent: not reachable from here
         if self._attestation is None:
-            w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node, connect_timeout=2.0)
+            # The default connect time (timeslice.common.channel): a full backlog is waited out, then reported.
+            w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node)
             try:
                 w.start()
             except ChannelError as e:
@@ -102,6 +112,11 @@ class Workers:
                 return None
             self._attestation = w
         return self._attestation.pid
+
+    def _vouch(self, node: str, pid: int) -> str:
+        """Vouch for ``pid`` over this process's channel to ``node``'s agent: "" once it is recorded."""
+        ch = next((w for w in self._cooperative if w.node == node), None) or self._attestation
+        return ch.vouch(pid) if ch is not None and ch.node == node else "no channel to that node's agent"
 
     def _close_attestation(self) -> None:
         w, self._attestation = self._attestation, None

@@ -17,6 +17,7 @@ from timeslice.proto import lockd_pb2 as lpb
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(os.path.dirname(HERE), "scripts", "coop_job.py")
+CKPT_SCRIPT = os.path.join(os.path.dirname(HERE), "scripts", "ckpt_job.py")
 
 
 class Job:
@@ -56,6 +57,18 @@ class Job:
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGKILL)
             self.p.wait(10)
+
+
+class CkptProc(Job):
+    """A checkpoint job in its own process through the public client (see ckpt_job.py): its process is
+    its worker and attests itself over the agent's channel when it registers, as every job's does."""
+
+    def __init__(self, target: str, job: str, sim_dir, nbytes: int, env: dict | None = None):
+        self.job = job
+        self.p = subprocess.Popen([sys.executable, CKPT_SCRIPT, target, job, NODE, str(sim_dir), str(nbytes)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                  env={**os.environ, "TIMESLICE_NODE_NAME": NODE, **(env or {})})
+        self.pid = self._read(60)["ready"]
 
 
 class CkptJob:

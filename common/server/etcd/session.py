@@ -5,6 +5,13 @@ liveness keys) is attached to its session's lease, so when the process dies
 etcd deletes it all after the TTL. The loss of the lease is never silent: the
 ``lost`` event fires, ``on_lost`` is called, and ``check()`` raises
 ``SessionLost``.
+
+A session is lost either because etcd said so (the lease expired or was revoked:
+``expired``) or because no renewal got through for ``renew_deadline`` (etcd out of
+reach, or without a majority). In the second case etcd may still hold the lease:
+leases do not run out while etcd has no raft leader, and the next leader gives each
+one its TTL again. ``Session.resume`` takes such a lease up again once etcd answers,
+so what was attached to it (a leader's election key, and so its epoch) carries on.
 """
 from __future__ import annotations
 
@@ -41,6 +48,7 @@ class Session:
         self.ttl = timing.ttl
         self.lost = asyncio.Event()
         self.error: SessionLost | None = None
+        self.expired = False            # lost because etcd said the lease is gone (not for silence)
         self._closed = False
         self._task: asyncio.Task | None = None
         self._last_renewed = 0.0
@@ -53,6 +61,27 @@ class Session:
         self._task = asyncio.create_task(self._keepalive(), name=f"keepalive-{self.lease_id:x}")
         log.debug("session_opened", lease=f"{self.lease_id:x}", ttl=self.ttl)
         return self
+
+    @classmethod
+    async def resume(cls, client: EtcdClient, lease_id: int, timing: SessionTiming = SessionTiming(), *,
+                     on_lost: Callable[[SessionLost], None] | None = None,
+                     renew_deadline: float | None = None) -> Session | None:
+        """Take up lease ``lease_id`` again (one lost for silence, not ``expired``) if etcd still holds it:
+        the session, kept alive from now on; None if etcd says it is gone. Raises ``EtcdError`` when
+        etcd cannot say (out of reach again): try again later, the lease may still be there."""
+        s = cls(client, timing, on_lost=on_lost, renew_deadline=renew_deadline)
+        # One renewal: it both asks etcd whether the lease lives and gives it its TTL again.
+        ttl = await client.keepalive_once(lease_id, timeout=s._attempt_timeout())
+        if ttl <= 0:
+            return None
+        s.lease_id, s.ttl = lease_id, ttl
+        s._last_renewed = time.monotonic()
+        s._task = asyncio.create_task(s._keepalive(), name=f"keepalive-{lease_id:x}")
+        log.info("session_resumed", lease=f"{lease_id:x}", ttl=ttl)
+        return s
+
+    def _attempt_timeout(self) -> float:
+        return min(self.client.attempt_timeout, max(0.3, self.renew_deadline / 4))
 
     async def __aenter__(self) -> Session:
         return await self.open()
@@ -76,7 +105,7 @@ class Session:
         # One renewal may not use up the renew deadline: while etcd elects a new raft
         # leader a keepalive hangs; cut it short and try again (jittered, sooner than
         # the interval), so the lease is renewed about as soon as etcd can do it.
-        attempt = min(self.client.attempt_timeout, max(0.3, self.renew_deadline / 4))
+        attempt = self._attempt_timeout()
         backoff = Backoff(0.05, interval)
         delay = interval
         while True:
@@ -91,6 +120,7 @@ class Session:
                 delay = backoff.next()
                 continue
             if ttl <= 0:
+                self.expired = True
                 self._mark_lost("lease expired or was revoked")
                 return
             self._last_renewed = time.monotonic()

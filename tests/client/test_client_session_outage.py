@@ -1,12 +1,12 @@
-"""A session the client declared lost is ended at lockd as soon as the client reaches it.
+"""A session is lost only when etcd says so: a client keeps it through an etcd outage.
 
-During an etcd majority loss a client's keepalives fail for a whole TTL and it declares its
-session lost, while etcd still holds the lease: leases do not run out without a raft leader, and
-the next leader gives each one its full TTL again. Before, the abandoned queue entry then blocked
-the job behind it for that TTL after every outage; now the client ends the old session
-(CloseSession with ``lost``) as soon as it reaches a replica that reaches etcd, and the next job
-is granted at once. Here the client is also cut from lockd until etcd is back, so the test can
-see (in etcd) that the lease was still alive, with most of its TTL left, when the client came back.
+During an etcd majority loss a client's keepalives fail for a whole TTL while etcd still holds the
+lease: leases do not run out without a raft leader, and the next leader gives each one its full TTL
+again. Before, the client declared its session lost on its own at that point, and then ended it at
+lockd (CloseSession with ``lost``) once a replica answered, deleting a lease etcd had kept: the job
+lost its hold and its places for nothing. Now the session is only in doubt until an answer comes:
+kept if etcd kept the lease, lost if etcd says it is gone. Here the client is also cut from lockd
+until etcd is back, so the test can see (in etcd) that the lease is alive when the client returns.
 """
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import pytest
 from aetcd import rpc
 
 from timeslice import AsyncOrchestratorClient
-from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.common.server.keys import Keys
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.retry import RetryPolicy
@@ -98,17 +97,6 @@ class Relay:
             self._server.close()
 
 
-async def _until_gone(etcd3, key: bytes, timeout: float) -> None:
-    c = EtcdClient(EtcdConfig.parse(etcd3.endpoints_str))
-    try:
-        deadline = time.monotonic() + timeout
-        while (await c.range(ops.range_req(key))).kvs:
-            assert time.monotonic() < deadline, f"{key!r} still there after {timeout:.1f}s"
-            await asyncio.sleep(0.05)
-    finally:
-        await c.close()
-
-
 async def _ttl_left(etcd3, lease: int) -> int:
     """The lease's remaining TTL as etcd sees it (-1: gone)."""
     c = EtcdClient(EtcdConfig.parse(etcd3.endpoints_str))
@@ -120,14 +108,74 @@ async def _ttl_left(etcd3, lease: int) -> int:
         await c.close()
 
 
+async def _until(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.slow
-async def test_a_session_declared_lost_in_an_etcd_outage_is_ended_once_etcd_is_back(etcd3, key_prefix, tmp_path):
+async def test_a_session_is_kept_through_an_etcd_majority_loss(etcd3, key_prefix, tmp_path):
     cluster = LockdCluster(etcd3.endpoints_str, key_prefix, n=1, logdir=str(tmp_path), extra=FAST).start()
     target = cluster.replicas[0].target
     relay = Relay(cluster.replicas[0].port)
-    lost = asyncio.Event()
-    # Short re-send backoff: what the bound below measures is the client's reaction, not its backoff cap.
-    job = AsyncOrchestratorClient(await relay.start(), "holder", session_ttl=TTL, on_session_lost=lambda e: lost.set(),
+    fired: list = []
+    job = AsyncOrchestratorClient(await relay.start(), "holder", session_ttl=TTL, on_session_lost=fired.append,
+                                  retry=RetryPolicy(max_backoff=0.5))
+    behind = RawJob("behind", [target], ttl=60, failover=False)
+    try:
+        async with admin_channel(target) as ch:
+            await pbg.LockdStub(ch).CreateGroup(pb.CreateGroupRequest(group_id="g"), timeout=10)
+        held = await job.acquire("g", timeout=10)
+        lease = job.lease_id
+        await behind.open()
+        waiting = asyncio.create_task(behind.acquire("g", timeout=180))
+        async with admin_channel(target) as ch:          # queued behind the holder before the outage
+            while not (await pbg.LockdStub(ch).GetGroupStatus(pb.GroupRef(group_id="g"), timeout=10)).waiters:
+                await asyncio.sleep(0.02)
+
+        leader = await asyncio.to_thread(etcd3.leader)
+        down = [*[m for m in etcd3.members if m is not leader][:1], leader]
+        for m in down:
+            await asyncio.to_thread(m.kill)
+        # A TTL without an answered keepalive: in doubt (an older client declared the loss here).
+        await _until(lambda: bool(fired) or getattr(job, "session_in_doubt", False), 3 * TTL,
+                     "no keepalive answered for a TTL")
+        assert not fired, f"declared lost while etcd holds the lease: {fired}"
+        relay.cut()                                          # ... and the client cannot reach lockd
+        await asyncio.sleep(TTL / 2)                         # in doubt for longer still, cut off
+        assert not job.session_lost and not fired, f"declared lost while etcd holds the lease: {fired}"
+        for m in down:
+            await asyncio.to_thread(m.restart)
+        await etcd3.wait_healthy_async(30)
+        left = await _ttl_left(etcd3, lease)
+        assert left > 1, f"etcd kept the lease through the outage, its TTL renewed (left: {left})"
+
+        relay.restore()                                      # the client reaches lockd again
+        await _until(lambda: not job.session_in_doubt, 3 * TTL, "the keepalive got through again")
+        assert not job.session_lost and not fired, fired
+        assert await _ttl_left(etcd3, lease) > 1
+        # Still the holder, with its token; the job behind still waits, then gets it at the Yield.
+        assert job.held["g"].token == held.token and not waiting.done()
+        await job.yield_("g")
+        assert (await asyncio.wait_for(waiting, 30)).job_id == "behind"
+        assert not cluster.replicas[0].events("session_ended", job="holder"), "the client ended its own session"
+    finally:
+        await job.close()
+        await behind.close()
+        await relay.stop()
+        cluster.stop()
+
+
+@pytest.mark.slow
+async def test_a_session_etcd_let_expire_while_the_client_was_cut_off_is_lost_when_it_is_back(
+        etcd3, key_prefix, tmp_path):
+    cluster = LockdCluster(etcd3.endpoints_str, key_prefix, n=1, logdir=str(tmp_path), extra=FAST).start()
+    target = cluster.replicas[0].target
+    relay = Relay(cluster.replicas[0].port)
+    fired: list = []
+    job = AsyncOrchestratorClient(await relay.start(), "holder", session_ttl=TTL, on_session_lost=fired.append,
                                   retry=RetryPolicy(max_backoff=0.5))
     behind = RawJob("behind", [target], ttl=60, failover=False)
     try:
@@ -137,32 +185,13 @@ async def test_a_session_declared_lost_in_an_etcd_outage_is_ended_once_etcd_is_b
         lease = job.lease_id
         await behind.open()
         waiting = asyncio.create_task(behind.acquire("g", timeout=120))
-        async with admin_channel(target) as ch:          # queued behind the holder before the outage
-            while not (await pbg.LockdStub(ch).GetGroupStatus(pb.GroupRef(group_id="g"), timeout=10)).waiters:
-                await asyncio.sleep(0.02)
-
-        leader = await asyncio.to_thread(etcd3.leader)
-        down = [m for m in etcd3.members if m is not leader][:1] + [leader]
-        for m in down:
-            await asyncio.to_thread(m.kill)
-        await asyncio.wait_for(lost.wait(), 3 * TTL)         # no keepalive for a TTL: declared lost
-        assert job.session_lost
-        relay.cut()                                          # ... and the client cannot reach lockd
-        for m in down:
-            await asyncio.to_thread(m.restart)
-        await etcd3.wait_healthy_async(30)
-        left = await _ttl_left(etcd3, lease)
-        assert left > 1, f"etcd holds the lease the client declared lost, with its TTL renewed (left: {left})"
-        assert not waiting.done()
-
-        relay.restore()                                      # the client reaches lockd again
-        # Its queue entry goes well before that lease could run out: the client ended the session.
-        await _until_gone(etcd3, Keys(key_prefix).queue_entry("g", "holder"), left - 1.0)
+        relay.cut()                                          # etcd is fine: the lease runs out
+        assert (await asyncio.wait_for(waiting, 4 * TTL)).job_id == "behind"
         assert await _ttl_left(etcd3, lease) == -1
-        assert (await asyncio.wait_for(waiting, 30)).job_id == "behind"
-        ended = cluster.replicas[0].events("session_ended", job="holder")
-        assert ended and ended[-1]["ended"] is True, ended
-        # A fresh session of the job id is not refused as a duplicate of the old one.
+        assert not fired                                     # nobody could tell the client yet
+        relay.restore()
+        await _until(lambda: bool(fired), 3 * TTL, "the client hears that its session is gone")
+        assert job.session_lost and "ABORTED" in str(getattr(fired[0], "code", "")) + str(fired[0]), fired
         await job.reset_session()
         assert await job.open_session() != lease
     finally:
