@@ -127,13 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.child is not None:
         print("RESULT " + json.dumps(child(a.child, a.trips)), flush=True)
-        os._exit(0)                              # tms 0.0.10 can fail a free at teardown; the result is out
+        return 0                                 # a normal exit: TorchMemory detaches its regions (torch_release)
     rows = []
     for g in [float(x) for x in a.gib.split(",") if x]:
         p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_pool_probe", "--child", str(g), "--trips",
                             str(a.trips)], capture_output=True, text=True)
         got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         row = json.loads(got[-1][7:]) if got else {"gib": g, "ok": False, "error": p.stderr[-2000:]}
+        row["child_rc"] = p.returncode              # the probe's process exits with its own status
+        if p.returncode != 0:
+            row.update(ok=False, error=row.get("error") or p.stderr[-2000:])
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {"command": "python -m benchmarks.gpu_pool_probe " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -272,11 +272,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(a.gib, a.trips)), flush=True)
-        os._exit(0)                              # tms 0.0.10 can fail a free at teardown; the result is out
+        return 0                                 # a normal exit: TorchMemory detaches its regions (torch_release)
     p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_swap_parts", "--child", "--gib", str(a.gib),
                         "--trips", str(a.trips)], capture_output=True, text=True)
     got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     row = json.loads(got[-1][7:]) if got else {"gib": a.gib, "error": (p.stdout + p.stderr)[-3000:]}
+    row["child_rc"] = p.returncode                  # the probe's process exits with its own status
+    if p.returncode != 0:
+        row["error"] = row.get("error") or (p.stdout + p.stderr)[-3000:]
     doc = {"command": "python -m benchmarks.gpu_swap_parts " + " ".join(argv if argv is not None else sys.argv[1:]),
            "row": row}
     os.makedirs(a.out, exist_ok=True)

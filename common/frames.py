@@ -49,6 +49,7 @@ class Welcome(TypedDict):
     type: str
     pid: int
     node: str
+    sim_dir: str         # the SIMULATED device the agent watches ("" where it runs a real GPU backend)
 
 
 class Refused(TypedDict):
@@ -92,8 +93,9 @@ def done(rid: Any, fields: Mapping[str, Any], *, ok: bool = True, code: str = ""
 
 
 # -- what the agent sends ------------------------------------------------------------------
-def welcome(pid: int, node: str) -> Welcome:
-    return {"type": WELCOME, "pid": pid, "node": node}
+def welcome(pid: int, node: str, sim_dir: str = "") -> Welcome:
+    """The agent's answer to an accepted hello: the pid it sees, its node, its simulated device ("" if none)."""
+    return {"type": WELCOME, "pid": pid, "node": node, "sim_dir": sim_dir}
 
 
 def refused(code: str, message: str) -> Refused:

@@ -5,7 +5,8 @@
 cluster to its ``cluster.json``. The launcher writes them (``timeslice.launcher.state``);
 this module only reads them, without the launcher (a job imports nothing
 server-side), so that a job started with what ``timeslice up`` prints finds its
-node agent's socket, which lives in the cluster's run folder, and the CLI finds its lockd.
+node agent's socket, which lives in the cluster's run folder, and its simulated
+device, and the client and the CLI find its lockd.
 A cluster counts as running when its document says so and its processes are alive
 (pid and start time, as the launcher recorded them).
 """
@@ -88,6 +89,16 @@ def agent_socket(node: str) -> Path | None:
         if isinstance(sock, str) and _is_socket(sock):
             return Path(sock)
     return None
+
+
+def sim_dir(node: str) -> Path | None:
+    """The SIMULATED device folder of a running local cluster's agent for ``node``, if it has one; else None."""
+    found = running_cluster()
+    if found is None or found[1].get("node") != node:
+        return None
+    sim = found[1].get("sim")
+    folder = sim.get("dir") if isinstance(sim, dict) else None
+    return Path(folder) if isinstance(folder, str) and folder and os.path.isdir(folder) else None
 
 
 def _is_socket(path: str) -> bool:

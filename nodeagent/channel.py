@@ -169,8 +169,9 @@ class ChannelServer:
                  on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
                  on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
                  on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None,
-                 on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None, sim_dir: str = ""):
         self.path, self.node, self.authorize = Path(path), node, authorize
+        self.sim_dir = sim_dir                       # told in every welcome: a job checks its device against it
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
         self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
@@ -330,7 +331,7 @@ class ChannelServer:
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
-            writer.write(C.encode(F.welcome(pid, self.node)))
+            writer.write(C.encode(F.welcome(pid, self.node, self.sim_dir)))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs

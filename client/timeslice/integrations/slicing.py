@@ -233,9 +233,11 @@ class TimeSlice:
 
 
     def finish(self) -> None:
-        """The job is done with the device: inside its last hold, give the memory back (a memory
-        that can, e.g. the simulator's) and withdraw the worker, so no later swap plans for a
-        process on its way out (its channel closes with the client)."""
+        """The job is done with the device: inside its last hold, give the memory back (its
+        ``close()``: torch-memory-saver's regions released as it accepts, the simulator's
+        device memory returned) and withdraw the worker, so no later swap plans for a process
+        on its way out (its channel closes with the client). Without it the job still exits
+        with its own status: at exit its regions are detached (``timeslice.torch_release``)."""
         if not self.held:
             raise RuntimeError("TimeSlice.finish() runs inside a hold")
         close = getattr(self._memory, "close", None)
