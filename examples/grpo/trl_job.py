@@ -93,6 +93,9 @@ def main(argv=None) -> int:
                       use_cpu=device == "cpu", bf16=device == "cuda", disable_tqdm=True, dataloader_num_workers=0)
     R.rendezvous()
     t0 = time.monotonic()
+    # The first hold builds the model on the device: ask room for what it will hold (else lockd,
+    # seeing an unknown footprint, empties the device for it even where both jobs fit).
+    ts.expect_first(R.footprint(a.size, a.dtype))
     with ts.hold():                                   # the model goes onto the device inside the first hold
         region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
         with region:

@@ -159,6 +159,13 @@ class TimeSlice:
     def held(self) -> bool:
         return self._depth > 0
 
+    def expect_first(self, nbytes: int) -> None:
+        """Before the first hold: the device bytes it will take (a model about to be moved there), so
+        that lockd plans its first grant on that instead of an unknown footprint (for which it makes
+        room: an emptied device). The user's ``device_bytes_hint`` still counts if it is larger."""
+        if self._next_hint is None and self._depth == 0:
+            self._next_hint = max(self.hint, int(nbytes))
+
     def _hint(self) -> int:
         """The device bytes to ask room for: the user's hint, the peak measured so far, or what the
         regions hold plus what they are still expected to grow by (the optimizer state AdamW makes
