@@ -93,12 +93,14 @@ def agent_socket(node: str) -> Path | None:
 
 def sim_dir(node: str) -> Path | None:
     """The SIMULATED device folder of a running local cluster's agent for ``node``, if it has one; else None."""
-    found = running_cluster()
-    if found is None or found[1].get("node") != node:
-        return None
-    sim = found[1].get("sim")
-    folder = sim.get("dir") if isinstance(sim, dict) else None
-    return Path(folder) if isinstance(folder, str) and folder and os.path.isdir(folder) else None
+    for _path, doc in _documents():
+        if doc.get("node") != node or not _processes_alive(doc):
+            continue
+        sim = doc.get("sim")
+        folder = sim.get("dir") if isinstance(sim, dict) else None
+        if isinstance(folder, str) and folder and os.path.isdir(folder):
+            return Path(folder)
+    return None
 
 
 def _is_socket(path: str) -> bool:

@@ -1,6 +1,6 @@
 """A plain PyTorch/transformers GRPO loop, time-sliced with the decorator: a real model, real steps.
 
-    TIMESLICE_TARGET=... TIMESLICE_JOB_ID=job-a python examples/grpo/real_job.py --group rl-gpus
+    TIMESLICE_JOB_ID=job-a python examples/grpo/real_job.py --group local   # beside `timeslice up` (elsewhere: its exports)
 
 The seeds' loop with a real model: ``generate_phase`` (transformers ``generate``,
 sampling), ``compute_rewards`` (on the CPU), ``train_phase`` (log-probs, a

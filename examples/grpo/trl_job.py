@@ -1,6 +1,6 @@
 """A TRL GRPO job, time-sliced: ``TimeslicedGRPOTrainer`` holds the group for its GPU phases only.
 
-    TIMESLICE_TARGET=... TIMESLICE_JOB_ID=job-a python examples/grpo/trl_job.py --group rl-gpus
+    TIMESLICE_JOB_ID=job-a python examples/grpo/trl_job.py --group local    # beside `timeslice up` (elsewhere: its exports)
 
 TRL's ``GRPOTrainer`` (generation with transformers, no vLLM) on a Qwen2-architecture
 model with random weights (nothing is downloaded; see realmodel.py). The reward
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
     nondeterministic = R.deterministic()
     device = R.pick_device(a.device)
-    client = None if a.standalone else OrchestratorClient()        # target, job id: TIMESLICE_TARGET/_JOB_ID
+    client = None if a.standalone else OrchestratorClient()        # job id: TIMESLICE_JOB_ID; target: as the README says
     swap = "none" if a.standalone and device == "cpu" else a.swap
     memory = arena = None
     if swap == "cooperative" and device == "cpu":
