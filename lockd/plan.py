@@ -40,6 +40,7 @@ from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
+from timeslice.lockd.reasons import room_text, size_text
 from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
 
 
@@ -261,7 +262,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # the residents go first; a residue only when nothing was evicted since.)
             rest = residue_holders(view, ns, where, jobs, short or set(b_gpus), spec.isolation)
             if rest:
-                why = _room_text(head_job, node, need, free, short or set(b_gpus), policy.device_margin_bytes)
+                why = room_text(head_job, node, need, free, short or set(b_gpus), policy.device_margin_bytes)
                 actions += [_because(_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL),
                                      f"{why}; nobody resident is left to pause: job {j}'s residue (what its "
                                      f"pause left on the device) is checkpointed for this swap") for j in rest]
@@ -273,9 +274,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                 sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
                 for j in evict}
         why = ("the agent refused its restore for room" if refused_restore is not None else
-               _room_text(head_job, node, need, free, short, policy.device_margin_bytes))
+               room_text(head_job, node, need, free, short, policy.device_margin_bytes))
         asks = [_because(a, f"{why}; job {j} is resident there: "
-                            f"{'release ' + _b(room[j]) if room[j] else 'release all of it'}")
+                            f"{'release ' + size_text(room[j]) if room[j] else 'release all of it'}")
                 for j in evict if not isinstance(
                     a := _snapshot(ns, node, j, token, room[j], may_checkpoint_rest(view, jobs.get(j), spec.isolation)),
                     _Done)]
@@ -314,7 +315,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         if b_where == "snapshotted":
             actions.append(_because(_intent(ns, node, head_job, R.RESTORE, token),
                                     f"job {head_job} is parked on {node}: " + (
-                                        _room_text(head_job, node, need, free, set(b_gpus),
+                                        room_text(head_job, node, need, free, set(b_gpus),
                                                    policy.device_margin_bytes) if need else "its memory back")))
             pending = True
         elif S.is_frozen(ns, head_job):
@@ -348,21 +349,6 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
         return [retry] if st is None or now_ms - st.updated_ms >= policy.refused_retry_ms else None
     return FailWaiter(head_job, token, head_kv.lease, node=node, reason=(
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
-
-
-def _b(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB" if abs(n) >= 1 << 30 else f"{n / (1 << 20):.1f} MiB"
-
-
-def _room_text(job: str, node: str, need: dict[int, int] | None, free: dict[int, int], gpus: Iterable[int],
-               margin: int) -> str:
-    """Which job needs how many bytes where, and what is free there (the reason an intent is written)."""
-    gpus = sorted(gpus)
-    if need is None:
-        return (f"job {job}'s footprint is unknown (no device_bytes_hint, nothing measured yet): room is made "
-                f"on {node} GPU {','.join(map(str, gpus)) or '?'}")
-    parts = [f"GPU {g}: needs {_b(need.get(g, 0))}, {_b(free.get(g, 0))} free" for g in gpus]
-    return f"job {job} on {node}: " + "; ".join(parts) + (f" (margin {_b(margin)})" if margin else "")
 
 
 def _because(a, reason: str):
