@@ -243,8 +243,7 @@ def _trl_job() -> dict:
 
     def my_reward(completions, completion_ids, **_):
         return [R.reward_of(ids) for ids in completion_ids]
-    device = "cuda" if _cuda() else "cpu"
-    return {"model": R.build_model("tiny", "cpu", 1).to(device), "tokenizer": R.tokenizer(R.SIZES["tiny"][5]),
+    return {"model": R.build_model("tiny", "cpu", 1), "tokenizer": R.tokenizer(R.SIZES["tiny"][5]),
             "data": Dataset.from_dict({"prompt": R.prompts(4, 8, 1)}), "my_reward": my_reward}
 
 
