@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -46,11 +47,13 @@ def test_the_readme_first_screen_links_the_quick_start():
 
 
 @pytest.mark.slow
-def test_the_quick_start_runs_end_to_end_from_its_own_text(tmp_path):
+def test_the_quick_start_runs_end_to_end_from_its_own_text(tmp_path, request):
     if shutil.which("etcd") is None and not os.environ.get("TIMESLICE_ETCD_BIN"):
         pytest.skip("no etcd on PATH")
-    work = tmp_path / "work"
-    work.mkdir()
+    # A short folder: the agent's socket lives in the run folder `up` makes below it, and a Unix
+    # socket's path is at most 107 bytes (pytest's own temporary paths can be longer).
+    work = Path(tempfile.mkdtemp(prefix="ts-qs-"))
+    request.addfinalizer(lambda: shutil.rmtree(work, ignore_errors=True))
     (work / ".venv").symlink_to(ROOT / ".venv")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIMESLICE_") or k == "TIMESLICE_ETCD_BIN"}
     env.update(XDG_STATE_HOME=str(tmp_path / "state"), HOME=str(tmp_path / "home"), HF_HUB_OFFLINE="1")
