@@ -95,17 +95,22 @@ def main(argv=None) -> int:
     t0 = time.monotonic()
     # The first hold builds the model on the device: ask room for what it will hold (else lockd,
     # seeing an unknown footprint, empties the device for it even where both jobs fit).
-    ts.expect_first(R.footprint(a.size, a.dtype))
+    first = R.footprint(a.size, a.dtype)
+    if swap == "checkpoint" and device == "cpu":
+        from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES
+        first += DEFAULT_CONTEXT_BYTES                # SIMULATED: the arena below has a context, as a process has
+    ts.expect_first(first)
     with ts.hold():                                   # the model goes onto the device inside the first hold
         region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
         with region:
             model = R.build_model(a.size, device, a.seed, a.dtype)
         if swap == "checkpoint" and device == "cpu":
             # SIMULATED: the CPU tensors are not device memory; an arena of the job's size on the
-            # simulated device stands for them, for the agent's checkpoint backend to move.
+            # simulated device (its state and a context, as the cooperative jobs' SimTorchMemory
+            # holds) stands for them, for the agent's checkpoint backend to move.
             from timeslice.sim.runtime import SimDeviceClient
             arena = SimDeviceClient.open(os.environ.get("TIMESLICE_SIM_DIR"))
-            arena.alloc(R.footprint(a.size, a.dtype))
+            arena.alloc(first)
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                                         processing_class=tok, timeslice=ts)
     from transformers import PrinterCallback
