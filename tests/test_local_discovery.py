@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import structlog.testing
 
 from timeslice import OrchestratorClient, WrongDeviceError
 from timeslice.launcher.cli_up import describe, summary
@@ -59,7 +60,13 @@ def test_up_prints_and_reports_the_simulated_device(cluster):
 
 
 def test_the_client_reaches_the_local_cluster_with_no_target(cluster):
-    with OrchestratorClient(job_id="found-1") as client:
+    with structlog.testing.capture_logs() as logs:
+        client = OrchestratorClient(job_id="found-1")
+    # it says which target it used, and why (a job with no TIMESLICE_TARGET may reach a cluster or nothing)
+    [said] = [e for e in logs if e["event"] == "client_target"]
+    assert (said["log_level"], said["source"], said["targets"], said["cluster"]) == (
+        "info", "local-cluster", [cluster.target], str(cluster.state_path))
+    with client:
         assert client.config.target_source == "local-cluster"
         assert client.config.target_origin == str(cluster.state_path)
         assert client.targets == (cluster.target,)

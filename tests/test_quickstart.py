@@ -47,6 +47,7 @@ def test_the_readme_first_screen_links_the_quick_start():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)   # seven job processes in turn (TRL imports, 16 steps each): 10 min on a loaded 2-core box
 def test_the_quick_start_runs_end_to_end_from_its_own_text(tmp_path, request):
     if shutil.which("etcd") is None and not os.environ.get("TIMESLICE_ETCD_BIN"):
         pytest.skip("no etcd on PATH")
