@@ -92,7 +92,7 @@ class TorchRank:
 
 
 class SimRank:
-    """SIMULATED GPU ``rank`` (nodeagent.sim): real bytes; the all-reduce is a loopback TCP sum
+    """SIMULATED GPU ``rank`` (timeslice.common.sim): real bytes; the all-reduce is a loopback TCP sum
     through rank 0, done inside a device operation (it waits while this rank is checkpointed)."""
 
     UNIT = 1 << 20                                      # --mem-gb counts MiB on the simulator

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.child is not None:
         print("RESULT " + json.dumps(child(a.child, a.trips)), flush=True)
-        os._exit(0)                              # tms 0.0.10 can fail a free at teardown; the result is out
+        return 0                                 # a normal exit: TorchMemory detaches its regions (torch_release)
     rows = []
     for g in [float(x) for x in a.gib.split(",") if x]:
         p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_pool_probe", "--child", str(g), "--trips",

@@ -177,12 +177,8 @@ def main() -> int:
         residues=list(worker.residues) if worker is not None else [])
     if client is not None:
         client.close()
-    if memory is not None:
-        # torch-memory-saver 0.0.10 can fail an allocator free during interpreter teardown ("only
-        # support interesting region", exit code 1) after everything is done; the results are written.
-        out.close()
-        os._exit(0)
-    return 0
+    out.close()
+    return 0                   # at exit TorchMemory detaches its regions, so the job ends with this status
 
 
 class _Null:

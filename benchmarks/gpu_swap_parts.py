@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.child:
         print("RESULT " + json.dumps(child(a.gib, a.trips)), flush=True)
-        os._exit(0)                              # tms 0.0.10 can fail a free at teardown; the result is out
+        return 0                                 # a normal exit: TorchMemory detaches its regions (torch_release)
     p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_swap_parts", "--child", "--gib", str(a.gib),
                         "--trips", str(a.trips)], capture_output=True, text=True)
     got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                                                            argv if argv is not None else sys.argv[1:]),
                           vars(a), f, process_cpu=res["process_cpu"], machine_load=m,
                           baseline="the default group's elided handoffs in the same run",
-                          simulated="SIMULATED device (nodeagent.sim): the process lock is a state file + flock")
+                          simulated="SIMULATED device (timeslice.common.sim): the process lock is a state file + flock")
     print(f"wrote {path}")
     return 0
 

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.out:
         path = C.write_result(a.out, C.command_line("benchmarks.placement", argv if argv is not None else sys.argv[1:]),
                               vars(a), summary, results=results,
-                              simulated="SIMULATED device (nodeagent.sim): GPU phases are sleeps holding real bytes")
+                              simulated="SIMULATED device (timeslice.common.sim): GPU phases are sleeps holding real bytes")
         print(f"wrote {path}")
     return 0
 

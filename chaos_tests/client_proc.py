@@ -27,7 +27,7 @@ library made of it:
   and a new session is opened under the same job id.
 
 With ``--sim-bytes`` the process is also the job's GPU worker on the
-SIMULATED device (``timeslice.nodeagent.sim``, see device.py): it allocates an arena,
+SIMULATED device (``timeslice.common.sim``, see device.py): it allocates an arena,
 registers itself with lockd as the job's worker on ``--node``, and inside every
 critical section checks that its device bytes are exactly what it left there
 (the node agent may have snapshotted and restored them in between), recording

@@ -1,7 +1,7 @@
 """A chaos client's GPU worker on the SIMULATED device (``client_proc.py --sim-bytes``).
 
 The client process registers itself on the node's simulated device
-(``timeslice.nodeagent.sim``); with its first grant it allocates and fills an arena and
+(``timeslice.common.sim``); with its first grant it allocates and fills an arena and
 registers as the job's worker with lockd (``device_fill``); at the start of every
 later critical section it reports whether its memory is back (``memory``: the
 process running on the device, its arena whole), then checks that its device

@@ -68,6 +68,7 @@ class Welcome(TypedDict):
     pid: int
     node: str
     answers: list[str]
+    sim_dir: str         # the SIMULATED device the agent watches ("" where it runs a real GPU backend)
 
 
 class Refused(TypedDict):
@@ -125,8 +126,10 @@ def done(rid: Any, fields: Mapping[str, Any], *, ok: bool = True, code: str = ""
 
 
 # -- what the agent sends ------------------------------------------------------------------
-def welcome(pid: int, node: str, answers: Sequence[str] = ASKS) -> Welcome:
-    return {"type": WELCOME, "pid": pid, "node": node, "answers": list(answers)}
+def welcome(pid: int, node: str, answers: Sequence[str] = ASKS, sim_dir: str = "") -> Welcome:
+    """The agent's answer to an accepted hello: the pid it sees, its node, the requests it answers, and
+    the SIMULATED device it watches ("" where it runs a real GPU backend)."""
+    return {"type": WELCOME, "pid": pid, "node": node, "answers": list(answers), "sim_dir": sim_dir}
 
 
 def refused(code: str, message: str) -> Refused:

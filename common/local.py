@@ -5,7 +5,8 @@
 cluster to its ``cluster.json``. The launcher writes them (``timeslice.launcher.state``);
 this module only reads them, without the launcher (a job imports nothing
 server-side), so that a job started with what ``timeslice up`` prints finds its
-node agent's socket, which lives in the cluster's run folder, and the CLI finds its lockd.
+node agent's socket, which lives in the cluster's run folder, and its simulated
+device, and the client and the CLI find its lockd.
 A cluster counts as running when its document says so and its processes are alive
 (pid and start time, as the launcher recorded them).
 """
@@ -87,6 +88,18 @@ def agent_socket(node: str) -> Path | None:
         sock = doc.get("agent_socket")
         if isinstance(sock, str) and _is_socket(sock):
             return Path(sock)
+    return None
+
+
+def sim_dir(node: str) -> Path | None:
+    """The SIMULATED device folder of a running local cluster's agent for ``node``, if it has one; else None."""
+    for _path, doc in _documents():
+        if doc.get("node") != node or not _processes_alive(doc):
+            continue
+        sim = doc.get("sim")
+        folder = sim.get("dir") if isinstance(sim, dict) else None
+        if isinstance(folder, str) and folder and os.path.isdir(folder):
+            return Path(folder)
     return None
 
 

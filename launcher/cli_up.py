@@ -98,16 +98,26 @@ def summary(c: LocalCluster, took: float) -> str:
                  + f"; nodeagent 127.0.0.1:{agent_info.get('metrics_port')}")
     agent = f"  nodeagent  node {c.node!r} at 127.0.0.1:{agent_info.get('port')}, backend {c.backend}"
     if c.backend == "sim":
-        agent += f" = SIMULATED device, {size_text(c.settings.sim_device_capacity_bytes)}"
+        agent += f" = SIMULATED device, {size_text(c.settings.sim_device_capacity_bytes)} in {c.sim_dir}"
     lines.append(agent)
     if c.group:
         lines.append(f"  group      {c.group!r} over node {c.node!r}")
     lines.append(f"  logs       {c.run_dir}/   (state: {c.state_path})")
-    lines += ["", "  export TIMESLICE_TARGET=" + c.target, "  export TIMESLICE_NODE_NAME=" + c.node,
-              f"  export TIMESLICE_AGENT_SOCKET={c.run_dir / 'agent.sock'}   # the node agent's channel "
-              "(found without it too)",
-              "  " + c.etcdctl_command() + "     # the queues, grants, agents, intents", ""]
+    notes = {"TIMESLICE_AGENT_SOCKET": "   # the node agent's channel (found without it too)",
+             "TIMESLICE_SIM_DIR": "   # the SIMULATED device a CPU job's memory must be on (found without it too)"}
+    lines += [""] + [f"  export {k}={v}{notes.get(k, '')}" for k, v in exports(c).items()]
+    lines += ["  " + c.etcdctl_command() + "     # the queues, grants, agents, intents", ""]
     return "\n".join(lines)
+
+
+def exports(c: LocalCluster) -> dict[str, str]:
+    """What a job on this machine may set to use the cluster (it finds each without them too, through the
+    cluster's pointer: the client its lockd, the channel its agent, the simulated memory its device)."""
+    out = {"TIMESLICE_TARGET": c.target, "TIMESLICE_NODE_NAME": c.node,
+           "TIMESLICE_AGENT_SOCKET": str(c.run_dir / "agent.sock")}
+    if c.backend == "sim" and c.sim_dir:
+        out["TIMESLICE_SIM_DIR"] = str(c.sim_dir)
+    return out
 
 
 def describe(c: LocalCluster) -> dict:
@@ -116,6 +126,7 @@ def describe(c: LocalCluster) -> dict:
     keep = ("status", "run_dir", "target", "lockd_targets", "etcd_endpoints", "leader", "node", "group",
             "backend", "metrics", "prefix", "etcdctl", "agent_socket")
     return {**{k: doc.get(k) for k in keep}, "state_file": str(c.state_path),
+            "sim_dir": c.sim_dir if c.backend == "sim" else None, "exports": exports(c),
             "pids": {f"{p['kind']} {p['name']}": p["pid"] for p in doc.get("processes", [])}}
 
 

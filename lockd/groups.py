@@ -161,10 +161,17 @@ class Groups:
                 out.jobs.append(pb.JobState(job_id=job, state=R.RUNNING))
                 continue
             s = R.StatusValue.load(kv.value)
-            out.jobs.append(pb.JobState(job_id=job, state=s.state, bytes=s.bytes, elapsed_ms=s.elapsed_ms,
+            js = self.index.jobs.get(job)
+            # The agent's last word outlives the job by a cleanup pass (seconds): a job with no live
+            # session is shown ended, never as running on.
+            state = s.state if js is not None and js.session is not None else ENDED
+            out.jobs.append(pb.JobState(job_id=job, state=state, bytes=s.bytes, elapsed_ms=s.elapsed_ms,
                                         error=s.error, token=s.token, since_unix_ms=s.updated_ms,
                                         device_bytes=s.device_bytes, residue_bytes=s.residue_bytes))
         return out
+
+
+ENDED = "ended"      # status: a job whose session is gone, while its node status waits for the cleanup
 
 
 def priorities_of(spec: R.GroupSpec) -> dict:

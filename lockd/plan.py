@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from timeslice.common.server import records as R
 from timeslice.lockd import footprints as FP
@@ -42,6 +42,7 @@ from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
+from timeslice.lockd.reasons import room_text, size_text
 from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
 
 # What the agent keeps free beside a restore (nodeagent/hostmem.py's DEFAULT_DEVICE_HEADROOM_BYTES; lockd
@@ -69,6 +70,8 @@ class WriteIntent:
     need_bytes: int = field(default=0, compare=False)
     # "" = the group's isolation; "full" = also checkpoint what a cooperative pause left (its residue)
     isolation: str = ""
+    # why it is written, for the log (which job needs how many bytes where, what is free); not compared
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # Where the head's memory is, the agent cannot tell now (a cooperative worker of it has not
             # reconnected): never grant before a restore says it is back. The agent answers once the
             # worker is back (asking for room, if it needs some, by refusing), or fails it with the reason.
-            actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            actions.append(_because(_intent(ns, node, head_job, R.RESTORE, token),
+                                    f"the agent cannot tell where job {head_job}'s memory is on {node} (a worker "
+                                    f"not reconnected): its restore answers once it is back, before any grant"))
             pending = True
             continue
         # Residents: other jobs with a device context on some GPU of this node, by GPU.
@@ -271,10 +276,15 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # evicted since.
             rest = residue_holders(view, ns, where, jobs, short or set(b_gpus), spec.isolation)
             if rest:
-                actions += [_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL) for j in rest]
+                why = room_text(head_job, node, need, free, short or set(b_gpus), policy.device_margin_bytes)
+                actions += [_because(_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL),
+                                     f"{why}; nobody resident is left to pause: job {j}'s residue (what its "
+                                     f"pause left on the device) is checkpointed for this swap") for j in rest]
                 if (b_where == "snapshotted" and refused_restore is None
                         and _restore_fits(view, b_snap, b_gpus, free, policy.device_margin_bytes)):
-                    actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+                    actions.append(_because(_intent(ns, node, head_job, R.RESTORE, token),
+                                            f"job {head_job}'s snapshot fits beside the rest: its restore need not "
+                                            f"wait for the residue's checkpoint"))
                 pending = True
                 continue
         # How much each must free: a cooperative worker then releases only that much
@@ -282,9 +292,13 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         room = {j: 0 if need is None or refused_restore is not None else
                 sum(max(0, need[g] - (free.get(g, 0) - policy.device_margin_bytes)) for g in short & residents[j])
                 for j in evict}
-        asks = [a for j in evict if not isinstance(
-            a := _snapshot(ns, node, j, token, room[j], may_checkpoint_rest(view, jobs.get(j), spec.isolation)),
-            _Done)]
+        why = ("the agent refused its restore for room" if refused_restore is not None else
+               room_text(head_job, node, need, free, short, policy.device_margin_bytes))
+        asks = [_because(a, f"{why}; job {j} is resident there: "
+                            f"{'release ' + size_text(room[j]) if room[j] else 'release all of it'}")
+                for j in evict if not isinstance(
+                    a := _snapshot(ns, node, j, token, room[j], may_checkpoint_rest(view, jobs.get(j), spec.isolation)),
+                    _Done)]
         if refused_restore is not None:
             step = _after_refused_restore(ns, node, head_job, head_kv, token, asks, refused_restore,
                                           now_ms, policy)
@@ -312,15 +326,21 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         freeze = S.to_freeze(spec.isolation, ns, node, view.group_gpus(entry), residents, token, view, holding)
         if freeze:
             # Strict: those left beside B run nothing until they acquire again; B waits for the agent.
-            actions += [_intent(ns, node, j, R.FREEZE, token) for j in freeze]
+            actions += [_because(_intent(ns, node, j, R.FREEZE, token),
+                                 f"strict group: job {j} stays resident beside job {head_job} on {node} (it fits); "
+                                 f"frozen until its own next grant") for j in freeze]
             pending = True
         elided |= any(g & set(b_gpus) for g in residents.values())
         if b_where == "snapshotted":
-            actions.append(_intent(ns, node, head_job, R.RESTORE, token))
+            actions.append(_because(_intent(ns, node, head_job, R.RESTORE, token),
+                                    f"job {head_job} is parked on {node}: " + (
+                                        room_text(head_job, node, need, free, set(b_gpus),
+                                                   policy.device_margin_bytes) if need else "its memory back")))
             pending = True
         elif S.is_frozen(ns, head_job):
             # At once, beside the freezes: nobody holds the group until the grant, which waits for both.
-            actions.append(_intent(ns, node, head_job, R.THAW, token))
+            actions.append(_because(_intent(ns, node, head_job, R.THAW, token),
+                                    f"job {head_job} was frozen on {node} by an earlier strict handoff"))
             pending = True
     if waiting or pending:
         return [a for a in actions if a is not None]
@@ -340,13 +360,19 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
     if asks:
         return [a for a in asks if a is not None]
     st = status_of(ns, head_job)
-    retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision)
+    retry = WriteIntent(node, head_job, R.RESTORE, token, refused.mod_revision,
+                        reason=f"the agent refused job {head_job}'s restore on {node} for room: retried")
     if _evicted_since(ns, token, refused):
         return [retry]
     if now_ms - R.QueueValue.load(head_kv.value).enqueued_ms < policy.swap_timeout_ms:
         return [retry] if st is None or now_ms - st.updated_ms >= policy.refused_retry_ms else None
     return FailWaiter(head_job, token, head_kv.lease, node=node, reason=(
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
+
+
+def _because(a, reason: str):
+    """``a`` with its reason, if it is an intent to write (None: already issued; _DONE: nothing to take)."""
+    return replace(a, reason=reason) if isinstance(a, WriteIntent) else a
 
 
 def _restore_fits(view: NodeView, snap: R.StatusValue | None, gpus: frozenset[int], free: dict[int, int],

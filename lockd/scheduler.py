@@ -189,7 +189,8 @@ class Scheduler:
             resp = await self.lead.txn([ops.mod_rev(key, "==", a.expect_mod_revision)], [ops.put(key, intent_val.dump())])
             if resp.succeeded:
                 self._swap_start.setdefault(group, (a.token, time.monotonic()))
-                log.info("intent", group=group, job=a.job, node=a.node, op=a.op, token=a.token, epoch=epoch)
+                log.info("intent", group=group, job=a.job, node=a.node, op=a.op, token=a.token, epoch=epoch,
+                         need_bytes=a.need_bytes, reason=a.reason or "unstated")
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.RaiseTurns):
             gs = self.index.groups.get(group)

@@ -105,6 +105,9 @@ class Agent:
                                                        cfg.app_drain_s or None, cfg.app_drain_expired))
         self.backend = CompositeBackend(base, self.swappers.resolve, cfg.swap_deadline_s, cfg.freeze_parked,
                                         cfg.lock_timeout_ms)
+        # Every welcome names the simulated device this agent watches, so a job whose simulated
+        # memory lives elsewhere (a device nobody watches) fails at once instead of passing vacuously.
+        self.channel.sim_dir = str(self.backend.describe().get("sim_dir") or "")
         # Pinned backups being reserved count against free host memory from the start.
         self.host = HostMemory(reserve_bytes=cfg.host_reserve_bytes, pending=self.channel.pending_host_bytes)
         self.inventory = Inventory(self.backend, self.host)

@@ -173,6 +173,7 @@ class ChannelServer:
                  on_ask: Callable[[WorkerInfo, dict], Awaitable[dict]] | None = None,
                  on_vouch: Callable[[WorkerInfo, int], Awaitable[tuple[str, str] | None]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
+        self.sim_dir = ""                            # told in every welcome: a job checks its device against it
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
         self.on_attested = on_attested               # awaited before the welcome: False turns the worker away
@@ -370,7 +371,7 @@ class ChannelServer:
         self._prior.pop(pid, None)              # its own word now
         try:
             answers = (*(F.ASKS if self.on_ask is not None else ()), *((F.VOUCH,) if self.on_vouch is not None else ()))
-            writer.write(C.encode(F.welcome(pid, self.node, answers)))
+            writer.write(C.encode(F.welcome(pid, self.node, answers, self.sim_dir)))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs

@@ -12,6 +12,11 @@ snippet contains: text to replace (an address that is an example), names to defi
 not have), and what to check once it ran. A snippet with no ``Setup`` runs as it is. Every
 snippet must run: one that raises fails its test; a ``Setup`` whose marker or replaced text no
 longer occurs fails too, so a README edit cannot leave a snippet unchecked by accident.
+
+A block of one line ``NAME = ...`` right after a block with exactly one line ``NAME = ...`` is that
+snippet's *variant* ("the same job differs in one line"): it runs as the snippet with that line
+replaced, under the same ``Setup``, and not on its own. A ``Setup`` may skip one variant where this
+machine cannot run it (the TRL job's GPU line without CUDA).
 """
 from __future__ import annotations
 
@@ -44,19 +49,39 @@ class Snippet:
     path: str
     line: int
     code: str
+    variant: int = 0                        # the line of the one-line block it was made with (0: as written)
 
     @property
     def id(self) -> str:
-        return f"{self.path}:{self.line}"
+        return f"{self.path}:{self.line}" + (f"+{self.variant}" if self.variant else "")
+
+
+_ASSIGN = re.compile(r"^(\w+) = ")
+
+
+def _variant(prev: Snippet, code: str, line: int) -> Snippet | None:
+    """``prev`` with its one line ``NAME = ...`` replaced by ``code``, if ``code`` is such a one-liner."""
+    lines = [ln for ln in code.splitlines() if ln.strip()]
+    m = _ASSIGN.match(lines[0]) if len(lines) == 1 else None
+    if m is None:
+        return None
+    same = [ln for ln in prev.code.splitlines() if ln.startswith(m.group(0))]
+    if len(same) != 1:
+        return None
+    return Snippet(prev.path, prev.line, prev.code.replace(same[0], lines[0]), line)
 
 
 def snippets() -> list[Snippet]:
     files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    out = []
+    out: list[Snippet] = []
     for f in files:
         text = f.read_text()
+        prev: Snippet | None = None
         for m in _BLOCK.finditer(text):
-            out.append(Snippet(str(f.relative_to(ROOT)), text.count("\n", 0, m.start()) + 2, m.group(1)))
+            line = text.count("\n", 0, m.start()) + 2
+            made = _variant(prev, m.group(1), line) if prev is not None and not prev.variant else None
+            prev = made or Snippet(str(f.relative_to(ROOT)), line, m.group(1))
+            out.append(prev)
     return out
 
 
@@ -75,6 +100,7 @@ class Setup:
     names: Callable[[], dict] = dict                        # defined before it runs
     modules: Callable[[], dict[str, types.ModuleType]] = dict   # stand-ins in sys.modules while it runs
     check: Callable[[dict, Stack], None] = lambda ns, stack: None   # after it ran
+    skip: Callable[[str], str] = lambda code: ""            # why this machine cannot run the code ("": it can)
 
 
 def _check_api(ns: dict, stack: Stack) -> None:
@@ -213,35 +239,43 @@ def _trl_job() -> dict:
     """A tiny random-weight Qwen2 (examples/grpo/realmodel.py), its tokenizer, prompts and a CPU reward."""
     pytest.importorskip("trl", reason="needs the test extra (trl)")
     from datasets import Dataset
-    from trl import GRPOConfig
-
-    from timeslice.sim.torch_memory import SimTorchMemory
     R = _realmodel()
 
     def my_reward(completions, completion_ids, **_):
         return [R.reward_of(ids) for ids in completion_ids]
     return {"model": R.build_model("tiny", "cpu", 1), "tokenizer": R.tokenizer(R.SIZES["tiny"][5]),
-            "data": Dataset.from_dict({"prompt": R.prompts(4, 8, 1)}), "my_reward": my_reward,
-            "GRPOConfig": GRPOConfig, "SimTorchMemory": SimTorchMemory}
+            "data": Dataset.from_dict({"prompt": R.prompts(4, 8, 1)}), "my_reward": my_reward}
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
 
 
 _GRPO_ARGS = ('GRPOConfig(output_dir=__import__("tempfile").mkdtemp(prefix="readme-trl-"), '
               'per_device_train_batch_size=4, num_generations=4, max_completion_length=4, max_steps=1, '
-              'report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)')
+              'report_to=[], save_strategy="no", use_cpu=not __import__("torch").cuda.is_available(), '
+              'disable_tqdm=True, dataloader_num_workers=0)')
 
 
 def _check_trl(ns: dict, stack: Stack) -> None:
     ts, trainer = ns["ts"], ns["trainer"]
     assert trainer.state.global_step == 1 and len(trainer.timeslice_losses) >= 1
+    assert ns["losses"] == trainer.timeslice_losses and all(type(x) is float for x in ns["losses"])
     holds = [e for e in ts.log.events if e["ev"] == "hold"]
-    assert len(holds) >= 2                                   # train() held, and let go for the rewards
+    assert len(holds) >= 3                                   # __init__, train() (let go for the rewards), the end
     rewards = [e for e in ts.log.events if e["ev"] == "span" and e["name"] == "rewards"]
     assert rewards and not rewards[0]["gpu"]                 # the reward function ran outside the hold
-    job = {j.job_id: j for j in stack.admin.jobs()}["grpo-a"]
-    assert job.workers == 1                                  # the trainer's regions cooperate with the agent
-    with ts.hold():
-        ts.finish()                                          # memory back, worker withdrawn
-    ts.client.close()
+    assert any(e["ev"] == "registered" for e in ts.log.events)       # the regions cooperated with the agent
+    assert [e["ev"] for e in ts.log.events][-2:] == ["finished", "hold"]   # finish() inside the last hold
+    if ns["memory"] is not None:                             # the CPU variant: on the cluster's own device
+        assert ns["memory"].sim_dir() == os.path.realpath(stack.cluster.sim_dir)
+    state = ns["state"]                                      # read inside the hold: the real weights
+    assert state and all(v.device.type == "cpu" and not v.isnan().any() for v in state.values())
+    assert "grpo-a" not in {j.job_id for j in stack.admin.jobs()}   # closed: session and worker gone
 
 
 SETUPS = [
@@ -253,8 +287,8 @@ SETUPS = [
           names=_models, modules=lambda: {"torch": _torch, "torch_memory_saver": _saver},
           check=_check_cooperative),
     Setup("from timeslice.integrations.trl import TimeslicedGRPOTrainer",
-          replace={'"rl-gpus")': lambda s: f'"rl-gpus", {_sim_memory(s)})', "GRPOConfig(...)": lambda s: _GRPO_ARGS},
-          names=_trl_job, check=_check_trl),
+          replace={"GRPOConfig(...)": lambda s: _GRPO_ARGS}, names=_trl_job, check=_check_trl,
+          skip=lambda code: "" if "memory = None" not in code or _cuda() else "the GPU variant needs CUDA"),
     Setup("place = ModelRegions(TorchMemory(",
           replace={'TorchMemory({"weights": "offload", "optimizer": "offload"})': _sim_memory,
                    '"cuda")': lambda s: '"cpu")'},
@@ -276,8 +310,8 @@ def stack(tmp_path_factory):
     settings = Settings(etcd_members=1, lockd_replicas=2, backend="sim", sim_device_capacity_bytes=64 << 20)
     cluster = LocalCluster(settings, run / "run", node=NODE, group=None, progress=lambda _m: None,
                            sim_dir=str(run / "sim")).start()
-    env = {"TIMESLICE_TARGET": cluster.target, "TIMESLICE_NODE_NAME": NODE,
-           "TIMESLICE_AGENT_SOCKET": str(cluster.run_dir / "agent.sock")}
+    env = {"TIMESLICE_TARGET": cluster.target, "TIMESLICE_NODE_NAME": NODE,        # what `up` prints
+           "TIMESLICE_AGENT_SOCKET": str(cluster.run_dir / "agent.sock"), "TIMESLICE_SIM_DIR": str(cluster.sim_dir)}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
@@ -304,6 +338,9 @@ def test_snippet_runs(snippet: Snippet, stack: Stack):
     code = snippet.code
     ns: dict = {"__name__": f"snippet_{snippet.line}"}
     if setup is not None:
+        why = setup.skip(code)
+        if why:
+            pytest.skip(why)
         for text, value in setup.replace.items():
             assert text in code, f"{snippet.id}: the Setup replaces {text!r}, which the snippet no longer has"
             code = code.replace(text, value(stack))

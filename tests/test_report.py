@@ -124,6 +124,10 @@ def test_report_shows_every_hold_swap_and_wait_of_two_jobs(etcd, key_prefix, tmp
         assert r.returncode == 0, r.stderr
         summary = json.loads(r.stdout)
         assert summary["holds"] == holds and summary["groups"] == 1
+        text_out = subprocess.run([sys.executable, "-m", "timeslice.cli", "report", "--since", "30m",
+                                   "--etcd-endpoints", etcd.endpoints_str, "--prefix", key_prefix,
+                                   "-o", str(tmp_path / "again.html")],
+                                  capture_output=True, text=True, timeout=120, check=False).stdout
     finally:
         agent.stop()
         lockd.stop()
@@ -160,8 +164,49 @@ def test_report_shows_every_hold_swap_and_wait_of_two_jobs(etcd, key_prefix, tmp
     assert len(page.rows) == holds and page.bars == holds
     assert {(row[0], int(row[1])) for row in page.rows} == {(h["job"], h["token"]) for h in g["holds"]}
     assert f"{g['duty']:.1%}" in text
+    # --json carries the figures a tool needs, without the page: the same numbers as the page's
+    f = summary["figures"][GROUP]
+    assert (f["holds"], f["swaps"], f["restored"], f["handoffs"], f["overlaps"], f["bytes_moved"]) == (
+        holds, g["swaps"], g["restored"], g["handoffs"], 0, g["bytes_moved"])
+    assert f["elided"]["total"] == f["elided"]["fit_beside"] + f["elided"]["partial_pause"] == g["elided"]
+    assert f["waits"]["count"] == holds and f["waits"]["max_s"] >= f["waits"]["p50_s"] >= 0
+    # duty is over the window in which the jobs waited and held (a few seconds), not the 10 minutes asked
+    win = f["duty_window"]
+    assert t0 - 1 <= win["from"] < win["to"] and win["s"] < 120
+    assert f["duty"] == pytest.approx(g["held_s"] / win["s"], abs=1e-3) and f["duty"] > 5 * f["window_share"]
+    # and a person sees the window it is over (30 minutes asked, the same few seconds)
+    assert f"over {time.strftime('%H:%M:%S', time.localtime(win['from']))}" in text_out
+    assert "fit beside" in text_out and "partial pause" in text_out
 
     import matplotlib.image as mpimg
     img = mpimg.imread(png_path)
     assert img.ndim == 3 and img.shape[0] > 100 and img.shape[1] > 400
     assert len({tuple(px) for px in img.reshape(-1, img.shape[2])[::97]}) > 5, "a picture, not a blank"
+
+
+def _rec(job: str, token: int, granted: float, released: float, enqueued: float, *, elided=False, swaps=()):
+    from timeslice.common.server import records as R
+    return R.HoldRecord(GROUP, job, token, 1, enqueued_ms=int(enqueued * 1000), granted_ms=int(granted * 1000),
+                        released_ms=int(released * 1000), elided=elided,
+                        bytes_moved=sum(op["bytes"] for op in swaps), swaps=list(swaps))
+
+
+def test_elided_holds_are_split_and_duty_is_over_the_active_window():
+    """Sans-IO: an elided grant that paused nobody fit beside the resident job; one whose swap paused
+    the other in part is a partial pause. Duty is over the first wait to the last release."""
+    from timeslice.lockd.report import page as rpt
+    t = 1_000_000.0
+    part = [{"node": NODE, "op": "snapshot", "job": "a", "bytes": 4 * MiB, "elapsed_ms": 5, "gpu_bytes": {}}]
+    recs = [_rec("a", 10, t + 1, t + 3, t + 0.5),
+            _rec("b", 11, t + 3, t + 4, t + 2, elided=True),                     # fit beside a
+            _rec("a", 12, t + 4, t + 5, t + 3.5, elided=True, swaps=part[:0]),   # fit beside b
+            _rec("b", 13, t + 5, t + 6.5, t + 4.5, elided=True, swaps=part)]     # a paused in part
+    rep = rpt.build(recs, {}, {}, {}, since=t - 1800, until=t + 100)
+    [g] = rep.groups
+    assert (g.elided, g.elided_fit_beside, g.elided_partial_pause) == (3, 2, 1)
+    assert (g.active_from, g.active_to) == (t + 0.5, t + 6.5)
+    assert g.duty == pytest.approx(5.5 / 6.0) and g.window_share == pytest.approx(5.5 / 1900)
+    f = rpt.figures(rep)[GROUP]
+    assert f["elided"] == {"total": 3, "fit_beside": 2, "partial_pause": 1}
+    assert f["duty_window"]["s"] == pytest.approx(6.0)
+    assert "duty 91.7% over" in rpt.text(rep) and "2 fit beside, 1 partial pause" in rpt.text(rep)

@@ -8,6 +8,8 @@
 
 See aio.py (the client), client.py (its sync face), errors.py (exceptions), retry.py (failover rules).
 """
+# First: its exit handler must be registered before any client's, so that it runs after them (see the module).
+from timeslice import teardown  # noqa: F401
 from timeslice.aio import AsyncOrchestratorClient
 from timeslice.client import OrchestratorClient, TimeSliceOrchestratorClient
 from timeslice.common.version import __version__
@@ -37,6 +39,7 @@ from timeslice.errors import (
     UnavailableError,
     UnimplementedError,
     UnknownGroupError,
+    WrongDeviceError,
 )
 from timeslice.hooks import release_framework_cache
 from timeslice.model import (
@@ -87,6 +90,7 @@ __all__ = [
     "UnimplementedError",
     "UnknownGroupError",
     "Worker",
+    "WrongDeviceError",
     "__version__",
     "release_framework_cache",
 ]

@@ -1,7 +1,11 @@
 """Where the client's settings come from, validated before anything connects.
 
-* target: the ``target`` argument, else ``$TIMESLICE_TARGET``, else
-  ``timeslice.common.defaults.LOCKD_TARGET`` (127.0.0.1:50051). One address, a
+* target: the ``target`` argument, else ``$TIMESLICE_TARGET``, else the
+  lockd of the local cluster ``timeslice up`` runs on this machine (found
+  through its per-user pointer, as the ``timeslice`` CLI finds it:
+  ``timeslice.common.local``), else ``timeslice.common.defaults.LOCKD_TARGET``
+  (127.0.0.1:50051). The client logs which it used (event ``client_target``,
+  ``source``: argument, env, local-cluster, default). One address, a
   comma-separated list, or a list: one per lockd replica. A DNS name that
   resolves to every replica (a Kubernetes headless Service) is one target;
   gRPC's resolver then spreads over its addresses. ``host`` without a port
@@ -25,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from timeslice.common import defaults as D
+from timeslice.common import local
 from timeslice.common.errors import InvalidIdError
 from timeslice.common.ids import MAX_ID_LEN, check_id
 from timeslice.errors import InvalidArgumentError
@@ -35,10 +40,25 @@ DEFAULT_TTL = 10
 DEFAULT_TIMEOUT = 15.0      # s; overall deadline of every non-blocking call, failover included
 
 
+TARGET_SOURCES = ("argument", "env", "local-cluster", "default")
+
+
+def find_target(target: str | Sequence[str] | None) -> tuple[str | Sequence[str], str, str]:
+    """(target, where it came from, the local cluster's state file or ""), in the module doc's order."""
+    if target is not None and not (isinstance(target, str) and not target.strip()):
+        return target, "argument", ""
+    env = os.environ.get(D.ENV_TARGET, "").strip()
+    if env:
+        return env, "env", ""
+    found = local.running_cluster()
+    if found is not None and isinstance(found[1].get("target"), str) and found[1]["target"]:
+        return found[1]["target"], "local-cluster", str(found[0])
+    return D.LOCKD_TARGET, "default", ""
+
+
 def parse_targets(target: str | Sequence[str] | None) -> list[str]:
     """The lockd addresses to use, in preference order (see the module doc)."""
-    if target is None or (isinstance(target, str) and not target.strip()):
-        target = os.environ.get(D.ENV_TARGET, "").strip() or D.LOCKD_TARGET
+    target = find_target(target)[0]
     parts = target.split(",") if isinstance(target, str) else list(target)
     out: list[str] = []
     for p in parts:
@@ -111,6 +131,8 @@ class ClientConfig:
     session_ttl: int = DEFAULT_TTL
     timeout: float = DEFAULT_TIMEOUT
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    target_source: str = "argument"       # one of TARGET_SOURCES
+    target_origin: str = ""               # local-cluster: the cluster's state file
 
     def __post_init__(self) -> None:
         if not isinstance(self.session_ttl, int) or not MIN_TTL <= self.session_ttl <= MAX_TTL:
@@ -125,8 +147,10 @@ class ClientConfig:
         jid, generated = resolve_job_id(job_id)
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise InvalidArgumentError(f"timeout must be > 0 seconds, got {timeout!r}")
-        return cls(tuple(parse_targets(target)), jid, generated, session_ttl, float(timeout),
-                   retry or RetryPolicy(attempt_timeout=min(RetryPolicy.attempt_timeout, float(timeout))))
+        found, source, origin = find_target(target)
+        return cls(tuple(parse_targets(found)), jid, generated, session_ttl, float(timeout),
+                   retry or RetryPolicy(attempt_timeout=min(RetryPolicy.attempt_timeout, float(timeout))),
+                   target_source=source, target_origin=origin)
 
     @property
     def keepalive_period(self) -> float:

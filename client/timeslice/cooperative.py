@@ -23,6 +23,11 @@ torch-memory-saver, imported lazily: PyTorch is not a dependency of the lock),
 ``CallbackMemory`` (a pause/resume pair of the job's own), or the simulated
 device's ``SimCooperativeMemory`` used by the tests and the demo.
 
+The agent's welcome names the SIMULATED device it watches, if any. A process
+that opened a simulated device other than that one (``timeslice.sim``) is
+refused at once, with both folders named: its memory would never be seen or
+moved, and its run would pass while testing nothing.
+
 The channel reconnects by itself (an agent restart is routine) and tells the
 new agent which regions are paused, so a parked job is never forgotten.
 
@@ -45,6 +50,7 @@ import itertools
 import os
 import random
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +62,7 @@ import tenacity
 from timeslice import gil
 from timeslice.common import channel as C
 from timeslice.common import frames as F
+from timeslice.errors import WrongDeviceError
 
 log = structlog.get_logger(__name__)
 
@@ -105,6 +112,37 @@ def residue_of(memory) -> int | None:
     except Exception:  # a measure that fails costs the figure, never the swap
         log.warning("residue_measure_failed", exc_info=True)
         return None
+
+
+def simulated_devices(memory) -> list[str]:
+    """The SIMULATED devices (folders) ``memory`` stands on: its own; for an attestation, those the process
+    has open (a checkpointed worker's arena); none for a real GPU's memory."""
+    own = getattr(memory, "sim_dir", None)
+    if callable(own):
+        return [str(own())]
+    runtime = sys.modules.get("timeslice.sim.runtime")
+    if isinstance(memory, Attestation) and runtime is not None:
+        return runtime.opened_devices()
+    return []
+
+
+def wrong_device(welcome: Mapping, socket_path: str, ours: Sequence[str]) -> str:
+    """Why this worker's SIMULATED device memory (``ours``) is not the agent's device ("" when it is, or none)."""
+    if not ours or "sim_dir" not in welcome:       # no simulated memory here (or an agent that does not say)
+        return ""
+    theirs = str(welcome.get("sim_dir") or "")
+    if not theirs:
+        return (f"this process's memory is on the SIMULATED device at {ours[0]}, but the node agent at "
+                f"{socket_path} runs a real GPU backend and watches no simulated device: nothing this job "
+                f"does there would be seen or swapped. Use TorchMemory on the GPU, or a cluster started "
+                f"with `timeslice up --backend sim`")
+    wrong = [d for d in ours if d != os.path.realpath(theirs)]
+    if not wrong:
+        return ""
+    return (f"this process's SIMULATED device memory is at {wrong[0]}, but the node agent at {socket_path} "
+            f"watches the simulated device at {theirs}: nothing this job does there would be seen or swapped. "
+            f"Set TIMESLICE_SIM_DIR={theirs} (the folder `timeslice up` prints), or leave it unset to use "
+            f"the running local cluster's device")
 
 
 class CallbackMemory:
@@ -214,6 +252,10 @@ class CooperativeWorker:
             s.close()
             raise C.ChannelError(f"the node agent refused this worker: {reply.get('code', '?')}: "
                                  f"{str(reply.get('message', ''))[:300]}")
+        wrong = wrong_device(reply, self.path, simulated_devices(self.memory))
+        if wrong:
+            s.close()
+            raise WrongDeviceError(wrong)
         s.settimeout(None)
         self._sock, self.pid = s, int(reply["pid"])
         answers = reply.get("answers")

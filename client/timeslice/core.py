@@ -84,6 +84,16 @@ class ClientCore:
         # Numbers every Acquire attempt (AcquireRequest.attempt_seq): lockd orders a
         # job's attempts by it, so a late, stale one never replaces a newer one.
         self._seq = itertools.count(1)
+        # Which lockd this job talks to and why: a job that finds no TIMESLICE_TARGET may reach the
+        # local cluster `timeslice up` runs, or the default address (where nothing may listen).
+        fields: dict[str, Any] = {"job": config.job_id, "targets": list(config.targets), "source": config.target_source}
+        if config.target_origin:
+            fields["cluster"] = config.target_origin
+        if config.target_source == "default":
+            log.warning("client_target", **fields, hint="no target given, no TIMESLICE_TARGET and no running "
+                        "`timeslice up` cluster: using the default address")
+        else:
+            log.info("client_target", **fields)
         if config.job_id_generated:
             # A warning, so that it shows without any logging set-up: the job's
             # queue entries and workers carry this id.

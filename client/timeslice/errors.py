@@ -14,6 +14,7 @@ choose a class; the rest of the server's message is kept verbatim.
 from __future__ import annotations
 
 from timeslice.common import rpcs
+from timeslice.common.channel import ChannelError
 from timeslice.common.errors import TimesliceError
 
 
@@ -101,6 +102,13 @@ class PreconditionError(TimesliceClientError):
 
     code = "FAILED_PRECONDITION"
     hint = "check the group with `timeslice status GROUP` and retry when the state allows it"
+
+
+class WrongDeviceError(PreconditionError, ChannelError):
+    """This process's SIMULATED device memory is not on the device its node agent watches
+    (raised when the worker joins the agent's channel; the message names both folders)."""
+
+    hint = ""
 
 
 class GroupBusyError(PreconditionError):

@@ -48,16 +48,23 @@ parked jobs' residue off the GPU and runs the step again (``timeslice.room``: to
 allocator has no hook that retries an allocation itself). A pinned pool is admitted by
 the node agent before it is made (``set_host_admission``, which the worker sets).
 
+At the job's end, ``close()`` (inside its last hold; ``TimeSlice.finish`` calls
+it) releases the regions the way torch-memory-saver accepts; a process that
+exits without it detaches them instead, touching nothing on the device, so the
+job exits with its own status either way (``timeslice.torch_release`` says why).
+
 PyTorch and torch-memory-saver are imported here only: the lock never needs them.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import structlog
 
+from timeslice import teardown, torch_release
 from timeslice.backup import BackupBook, BackupError
 from timeslice.cooperative import DISCARD, OFFLOAD, POLICIES
 
@@ -109,6 +116,9 @@ class TorchMemory:
         self._room: Callable | None = None               # ask(device, bytes) -> RoomAnswer (the worker's)
         self.room_asks = 0                               # room requests made (benchmarks count them)
         self._admit: Callable[[int], None] | None = None  # the node agent's host admission
+        self._mu = threading.Lock()                 # close (the job's thread) against a swap (the channel's)
+        self._closed = False
+        teardown.on_exit(self._at_exit)
 
     def _choose(self, backup: str) -> str:
         if backup == "tms":
@@ -140,6 +150,7 @@ class TorchMemory:
         """Allocate the tensors made inside this block in region ``tag``."""
         if tag not in self.tags:
             raise ValueError(f"unknown tag {tag!r}; declared: {sorted(self.tags)}")
+        self._check_open("region()")
         torch = self._torch
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
@@ -220,6 +231,11 @@ class TorchMemory:
 
     def pause(self, tags: Sequence[str]) -> int | None:
         """Release ``tags``; returns the bytes copied to the host (None: torch-memory-saver's own count)."""
+        with self._mu:
+            self._check_open("pause")
+            return self._pause(tags)
+
+    def _pause(self, tags: Sequence[str]) -> int | None:
         if self.book is None:
             self._each(self._tms.pause, tags)
             self._paused.update(tags)
@@ -238,6 +254,11 @@ class TorchMemory:
         return moved
 
     def resume(self, tags: Sequence[str]) -> int | None:
+        with self._mu:
+            self._check_open("resume")
+            return self._resume(tags)
+
+    def _resume(self, tags: Sequence[str]) -> int | None:
         if self.book is None:
             self._each(self._tms.resume, tags)
             self._paused.difference_update(tags)
@@ -281,6 +302,52 @@ class TorchMemory:
                 self._admit(sum(self._bytes[t] for t in offload) - self.host_bytes())
             self.pause(offload)
             self.resume(offload)
+
+    # -- the end -------------------------------------------------------------------------
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"TorchMemory is closed (the job ended its regions): no {what} after close()")
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """The job is done with its regions: release them, in the way torch-memory-saver accepts.
+
+        Call it inside the job's last hold, every region resident (``TimeSlice.finish`` does).
+        The pools' cached blocks go back to the device now; what the job still holds of the
+        regions (its model) stays readable and is freed by this thread later. After it, no
+        region, pause or resume. Idempotent."""
+        with self._mu:
+            if self._closed:
+                return
+            if self._paused:
+                raise RuntimeError(f"close() needs every region resident (call it inside a hold); "
+                                   f"released now: {sorted(self._paused)}")
+            self._torch.cuda.synchronize(self.device)
+            marked = torch_release.allow_frees_here(self._tms)
+            pools = self._take_pools()
+            self._closed = True
+            n = len(pools)
+            del pools                     # the pools' destructors free their cached blocks, on this thread
+            log.info("torch_memory_released", pools=n, thread_marked=marked)
+
+    def _take_pools(self) -> list:
+        taken = torch_release.take_pools(self._tms, self.tags, self.device)
+        seen = {id(p) for p in taken}
+        taken += [p for p in self._pools.values() if id(p) not in seen]
+        self._pools.clear()
+        return taken
+
+    def _at_exit(self) -> None:
+        """At interpreter exit (after the clients closed): detach what close() did not release."""
+        with self._mu:
+            if not self._closed:
+                kept = torch_release.keep_forever(self._take_pools())
+                self._closed = True
+                log.info("torch_memory_detached", pools=kept, paused=sorted(self._paused))
+            torch_release.allow_frees_here(self._tms)
 
     # -- what stays behind -------------------------------------------------------------
     def residue_bytes(self) -> int:

@@ -96,6 +96,7 @@ class Workers:
         from timeslice.common.channel import ChannelError, reachable
         from timeslice.config import node_name
         from timeslice.cooperative import Attestation, CooperativeWorker
+        from timeslice.errors import WrongDeviceError
         mine = [w for w in self._cooperative if w.node == node]
         if mine:
             return mine[0].pid                # a cooperative channel attests already
@@ -106,6 +107,8 @@ class Workers:
             w = CooperativeWorker(self.core.job_id, self.core.secret, Attestation(), node)
             try:
                 w.start()
+            except WrongDeviceError:
+                raise                         # a simulated device nobody watches: the job must not go on
             except ChannelError as e:
                 log.warning("worker_not_attested", job=self.core.job_id, node=node, error=str(e)[:200],
                             hint="the node agent acts only on attested workers when it requires attestation")

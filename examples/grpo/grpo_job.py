@@ -8,7 +8,7 @@ rollouts (sampler), score them on the CPU (rewards), take a training step
 nothing, so another job's context can be restored onto the GPU meanwhile; the
 node agent parks this job's memory in host RAM and brings it back bit-exact.
 
-The "GPU" here is the SIMULATED device of ``nodeagent.sim`` (real bytes in a
+The "GPU" here is the SIMULATED device of ``timeslice.common.sim`` (real bytes in a
 bounded shared-memory arena, capacity enforced), so the example runs in CI; on
 a real GPU the same loop holds torch tensors instead. The sampler and the
 trainer share the job's GPUs, so both phases use one group; with separate GPU

@@ -1,6 +1,6 @@
 """A plain PyTorch/transformers GRPO loop, time-sliced with the decorator: a real model, real steps.
 
-    TIMESLICE_TARGET=... TIMESLICE_JOB_ID=job-a python examples/grpo/real_job.py --group rl-gpus
+    TIMESLICE_JOB_ID=job-a python examples/grpo/real_job.py --group local   # beside `timeslice up` (elsewhere: its exports)
 
 The seeds' loop with a real model: ``generate_phase`` (transformers ``generate``,
 sampling), ``compute_rewards`` (on the CPU), ``train_phase`` (log-probs, a
@@ -188,7 +188,7 @@ def main(argv=None) -> int:
         regions = memory.region_bytes() if memory is not None else {}
         peak = memory.peak_bytes() if hasattr(memory, "peak_bytes") else 0
         if hasattr(memory, "close"):
-            memory.close()                            # simulated device memory, given back while holding
+            memory.close()                            # the regions given back while holding (torch_release)
         if place is not None and place.worker is not None:
             orchestrator.unregister_worker(pid=place.worker.pid, node=os.environ.get("TIMESLICE_NODE_NAME"))
     doc = {"job": orchestrator.job_id if orchestrator else "standalone", "standalone": a.standalone,
@@ -205,11 +205,7 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             f.write(text)
     print(json.dumps({k: doc[k] for k in ("job", "steps", "losses", "digest", "swaps")}), flush=True)
-    # Everything is written. The interpreter's teardown (its last garbage collection over torch,
-    # transformers and the client's objects) took seconds here, and torch-memory-saver can fail a
-    # free during it: skip it.
-    sys.stdout.flush()
-    os._exit(0)
+    return 0
 
 
 def cut(completion: list[int]) -> list[int]:

@@ -1,6 +1,6 @@
 """A TRL GRPO job, time-sliced: ``TimeslicedGRPOTrainer`` holds the group for its GPU phases only.
 
-    TIMESLICE_TARGET=... TIMESLICE_JOB_ID=job-a python examples/grpo/trl_job.py --group rl-gpus
+    TIMESLICE_JOB_ID=job-a python examples/grpo/trl_job.py --group local    # beside `timeslice up` (elsewhere: its exports)
 
 TRL's ``GRPOTrainer`` (generation with transformers, no vLLM) on a Qwen2-architecture
 model with random weights (nothing is downloaded; see realmodel.py). The reward
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
 
     nondeterministic = R.deterministic()
     device = R.pick_device(a.device)
-    client = None if a.standalone else OrchestratorClient()        # target, job id: TIMESLICE_TARGET/_JOB_ID
+    client = None if a.standalone else OrchestratorClient()        # job id: TIMESLICE_JOB_ID; target: as the README says
     swap = "none" if a.standalone and device == "cpu" else a.swap
     memory = arena = None
     if swap == "cooperative" and device == "cpu":
@@ -93,16 +93,24 @@ def main(argv=None) -> int:
                       use_cpu=device == "cpu", bf16=device == "cuda", disable_tqdm=True, dataloader_num_workers=0)
     R.rendezvous()
     t0 = time.monotonic()
+    # The first hold builds the model on the device: ask room for what it will hold (else lockd,
+    # seeing an unknown footprint, empties the device for it even where both jobs fit).
+    first = R.footprint(a.size, a.dtype)
+    if swap == "checkpoint" and device == "cpu":
+        from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES
+        first += DEFAULT_CONTEXT_BYTES                # SIMULATED: the arena below has a context, as a process has
+    ts.expect_first(first)
     with ts.hold():                                   # the model goes onto the device inside the first hold
         region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
         with region:
             model = R.build_model(a.size, device, a.seed, a.dtype)
         if swap == "checkpoint" and device == "cpu":
             # SIMULATED: the CPU tensors are not device memory; an arena of the job's size on the
-            # simulated device stands for them, for the agent's checkpoint backend to move.
+            # simulated device (its state and a context, as the cooperative jobs' SimTorchMemory
+            # holds) stands for them, for the agent's checkpoint backend to move.
             from timeslice.sim.runtime import SimDeviceClient
             arena = SimDeviceClient.open(os.environ.get("TIMESLICE_SIM_DIR"))
-            arena.alloc(R.footprint(a.size, a.dtype))
+            arena.alloc(first)
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                                         processing_class=tok, timeslice=ts)
     from transformers import PrinterCallback
@@ -132,11 +140,7 @@ def main(argv=None) -> int:
         with open(a.out, "w") as f:
             f.write(text)
     print(json.dumps({k: doc[k] for k in ("job", "steps", "losses", "digest", "swaps", "stray")}), flush=True)
-    # Everything is written. The interpreter's teardown (its last garbage collection over torch,
-    # transformers and the client's objects) took seconds here, and torch-memory-saver can fail a
-    # free during it: skip it.
-    sys.stdout.flush()
-    os._exit(0)
+    return 0
 
 
 def wait_paused(memory, timeout: float = 10.0) -> None:

@@ -7,7 +7,7 @@ Both offer the same four calls to the job loop:
     gpu.verify() -> bool    # the device memory is exactly what this job last wrote
     gpu.nbytes              # the job's footprint
 
-``SimGpu`` is a simulator (``nodeagent.sim``): the job's "weights" are real
+``SimGpu`` is a simulator (``timeslice.common.sim``): the job's "weights" are real
 bytes in a bounded shared-memory arena that the node agent can snapshot to
 host memory and restore. ``work`` rewrites them block by block (a byte
 permutation: cheap, reversible, and it changes every byte), keeping a CRC per

@@ -147,7 +147,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                                 f"{time.strftime('%H:%M:%S', time.localtime(rep.until))}, prefix {prefix}",
                        phases=(("hold", "held"),), xlabel=f"seconds since {start}"))
     summary = {"html": str(out), "png": png, "groups": len(rep.groups),
-               "holds": sum(len(g.holds) for g in rep.groups), "since": rep.since, "until": rep.until}
+               "holds": sum(len(g.holds) for g in rep.groups), "since": rep.since, "until": rep.until,
+               "figures": rpt.figures(rep)}
     emit(args, summary, lambda: f"wrote {out} ({summary['groups']} groups, {summary['holds']} holds)"
-         + (f" and {png}" if png else ""))
+         + (f" and {png}" if png else "") + ("\n" + rpt.text(rep) if rep.groups else ""))
     return 0

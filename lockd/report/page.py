@@ -9,12 +9,17 @@ embedded as JSON (``<script type="application/json" id="timeslice-report">``) fo
 panel per group. ``timeslice report`` (cli_report.py) reads etcd and writes the files.
 
 Figures per group, within the window: holds (a hold still in progress ends at the
-report's time), held time (the union of the holds), duty cycle (held time / window: the
-share of the window in which some job held the group's GPUs), handoffs (consecutive
-holds of different jobs), swaps (holds whose Acquire moved bytes), restored and elided
-holds, bytes moved, swap time (per hold, the slowest node's snapshot and restore time),
-waits (grant time - enqueue time), and whether any two holds overlap (they must not).
-Per GPU (the agents' answers name the GPUs a swap moved): swaps, bytes out and in.
+report's time), held time (the union of the holds), duty cycle (held time over the
+group's *active window*, from its first wait or hold to the end of its last hold: the
+share of that time in which some job held the group's GPUs; ``window_share`` is held time
+over the whole report window), handoffs (consecutive holds of different jobs), swaps
+(holds whose Acquire moved bytes), restored holds, elided holds (the job was granted with
+another job left resident on its GPUs) split in two: ``fit beside`` (nobody was paused:
+it fit in the free memory) and ``partial pause`` (a resident released only some regions,
+as much as the incoming job needed, and stayed), bytes moved, swap time (per hold, the
+slowest node's snapshot and restore time), waits (grant time - enqueue time), and whether
+any two holds overlap (they must not). Per GPU (the agents' answers name the GPUs a swap
+moved): swaps, bytes out and in. ``figures`` is that, per group, for ``report --json``.
 """
 from __future__ import annotations
 
@@ -65,11 +70,16 @@ class GroupFigures:
     holds: list[Hold]
     waiting: list[dict]         # now: [{"job", "since"}] behind the holder
     held_s: float = 0.0
-    duty: float = 0.0
+    duty: float = 0.0                    # held_s / (active_to - active_from)
+    active_from: float = 0.0             # the group's active window: first wait or hold ...
+    active_to: float = 0.0               # ... to the end of its last hold (unix seconds)
+    window_share: float = 0.0            # held_s / the report's whole window
     handoffs: int = 0
     swaps: int = 0
     restored: int = 0
-    elided: int = 0
+    elided: int = 0                      # elided_fit_beside + elided_partial_pause
+    elided_fit_beside: int = 0
+    elided_partial_pause: int = 0
     bytes_moved: int = 0
     swap_s: float = 0.0
     wait_p50_s: float | None = None
@@ -150,19 +160,32 @@ def build(records: Iterable[R.HoldRecord], specs: Mapping[str, R.GroupSpec], gra
         holder = grant.job if grant else None
         waiting = [{"job": e.job, "since": e.enqueued_ms / 1000} for e in queues.get(g, []) if e.job != holder]
         fig = GroupFigures(g, [_node_text(n) for n in spec.nodes] if spec else [], holds, waiting)
-        _figures(fig, until - since)
+        _figures(fig, since, until)
         out.append(fig)
     return Report(since, until, prefix, out)
 
 
-def _figures(f: GroupFigures, window: float) -> None:
-    hs = f.holds
+def partial_pause(h: Hold) -> bool:
+    """An elided hold whose swap paused another job in part (it stayed resident beside this one)."""
+    return h.elided and any(op.get("op") == SNAPSHOT and op.get("job") != h.job for op in h.swaps)
+
+
+def _figures(f: GroupFigures, since: float, until: float) -> None:
+    hs, window = f.holds, until - since
     f.held_s = union_length([(h.start, h.end) for h in hs])
-    f.duty = f.held_s / window if window > 0 else 0.0
+    if hs:
+        f.active_from = max(since, min(h.start if h.waited_s is None else min(h.start, h.granted - h.waited_s)
+                                       for h in hs))
+        f.active_to = max(h.end for h in hs)
+    active = f.active_to - f.active_from
+    f.duty = f.held_s / active if active > 0 else 0.0
+    f.window_share = f.held_s / window if window > 0 else 0.0
     f.handoffs = sum(1 for a, b in pairwise(hs) if a.job != b.job)
     f.swaps = sum(1 for h in hs if h.bytes_moved > 0)
     f.restored = sum(1 for h in hs if h.restored)
     f.elided = sum(1 for h in hs if h.elided)
+    f.elided_partial_pause = sum(1 for h in hs if partial_pause(h))
+    f.elided_fit_beside = f.elided - f.elided_partial_pause
     f.bytes_moved = sum(h.bytes_moved for h in hs)
     f.swap_s = sum(h.swap_s for h in hs)
     waits = [h.waited_s for h in hs if h.waited_s is not None]
@@ -182,6 +205,44 @@ def _figures(f: GroupFigures, window: float) -> None:
                 elif op.get("op") == RESTORE:
                     gf.bytes_in += int(nbytes)
     f.gpus = [gpus[k] for k in sorted(gpus)]
+
+
+def figures(rep: Report) -> dict[str, dict]:
+    """Per group, the figures a tool reads (``timeslice report --json``): no hold list, every count."""
+    out = {}
+    for g in rep.groups:
+        waits = [h.waited_s for h in g.holds if h.waited_s is not None]
+        out[g.group] = {
+            "nodes": g.nodes, "holds": len(g.holds), "jobs": sorted({h.job for h in g.holds}),
+            "held_s": round(g.held_s, 3), "duty": round(g.duty, 4),
+            "duty_window": {"from": g.active_from, "to": g.active_to,
+                            "s": round(max(0.0, g.active_to - g.active_from), 3)},
+            "window_share": round(g.window_share, 4), "handoffs": g.handoffs, "swaps": g.swaps,
+            "restored": g.restored,
+            "elided": {"total": g.elided, "fit_beside": g.elided_fit_beside, "partial_pause": g.elided_partial_pause},
+            "bytes_moved": g.bytes_moved, "swap_s": round(g.swap_s, 3),
+            "waits": {"count": len(waits), "p50_s": g.wait_p50_s, "max_s": g.wait_max_s},
+            "waiting_now": [w["job"] for w in g.waiting], "overlaps": g.overlaps,
+            "gpus": [asdict(gf) for gf in g.gpus],
+        }
+    return out
+
+
+def text(rep: Report) -> str:
+    """The figures for a person on a terminal, one block per group."""
+    lines = []
+    for g in rep.groups:
+        if not g.holds:
+            lines.append(f"  {g.group}: no holds in the window")
+            continue
+        lines.append(f"  {g.group}: {len(g.holds)} holds by {len({h.job for h in g.holds})} jobs; duty {g.duty:.1%} "
+                     f"over {_t(g.active_from)[:8]}–{_t(g.active_to)[:8]} ({g.active_to - g.active_from:.1f} s, "
+                     f"from the first wait or hold to the last release)")
+        lines.append(f"    swaps {g.swaps} ({_b(g.bytes_moved)}, {g.swap_s:.2f} s), restored {g.restored}, "
+                     f"elided {g.elided} ({g.elided_fit_beside} fit beside, {g.elided_partial_pause} partial pause), "
+                     f"handoffs {g.handoffs}, overlaps {g.overlaps}, waits p50 {_s(g.wait_p50_s)} "
+                     f"max {_s(g.wait_max_s)}")
+    return "\n".join(lines)
 
 
 # -- the demo's timeline picture ---------------------------------------------------------------
@@ -224,6 +285,12 @@ def _t(unix: float) -> str:
 
 def _s(v: float | None) -> str:
     return "–" if v is None else f"{v:.3f} s"
+
+
+def _window(g: GroupFigures) -> str:
+    if not g.holds:
+        return "–"
+    return f"{_t(g.active_from)[:8]}–{_t(g.active_to)[:8]} ({g.active_to - g.active_from:.1f} s)"
 
 
 def _e(v: object) -> str:
@@ -285,21 +352,27 @@ def html(rep: Report, title: str = "timeslice report") -> str:
            f"prefix <code>{_e(rep.prefix)}</code>, {len(rep.groups)} group(s). Holds come from the "
            "leader's records of finished holds; a hold in progress ends at the report's time.</p>"]
     out.append('<table class="summary"><tr><th class="l">group</th><th class="l">GPUs</th><th>holds</th>'
-               "<th>jobs</th><th>duty cycle</th><th>handoffs</th><th>swaps</th><th>elided</th><th>moved</th>"
+               "<th>jobs</th><th>duty cycle</th><th class=\"l\">over</th><th>handoffs</th><th>swaps</th>"
+               "<th>elided: fit beside</th><th>elided: partial pause</th><th>moved</th>"
                "<th>swap time</th><th>wait p50</th><th>wait max</th><th>waiting now</th><th>overlaps</th></tr>")
     for g in rep.groups:
         out.append(f'<tr><td class="l"><a href="#g-{_e(g.group)}">{_e(g.group)}</a></td>'
                    f'<td class="l">{_e(" ".join(g.nodes) or "–")}</td><td>{len(g.holds)}</td>'
-                   f"<td>{len({h.job for h in g.holds})}</td><td>{g.duty:.1%}</td><td>{g.handoffs}</td>"
-                   f"<td>{g.swaps}</td><td>{g.elided}</td><td>{_b(g.bytes_moved)}</td><td>{_s(g.swap_s)}</td>"
+                   f"<td>{len({h.job for h in g.holds})}</td><td>{g.duty:.1%}</td>"
+                   f'<td class="l">{_window(g)}</td><td>{g.handoffs}</td>'
+                   f"<td>{g.swaps}</td><td>{g.elided_fit_beside}</td><td>{g.elided_partial_pause}</td>"
+                   f"<td>{_b(g.bytes_moved)}</td><td>{_s(g.swap_s)}</td>"
                    f"<td>{_s(g.wait_p50_s)}</td><td>{_s(g.wait_max_s)}</td><td>{len(g.waiting)}</td>"
                    f'<td{" class=bad" if g.overlaps else ""}>{g.overlaps}</td></tr>')
     out.append("</table>")
     for g in rep.groups:
         out.append(f'<h2 id="g-{_e(g.group)}">group {_e(g.group)}</h2>')
         out.append(f"<p>GPUs: {_e(' '.join(g.nodes) or 'the group no longer exists')}; held {g.held_s:.1f} s of "
-                   f"{rep.window_s:.0f} s (duty cycle {g.duty:.1%}); {g.handoffs} handoffs, {g.swaps} swaps moving "
-                   f"{_b(g.bytes_moved)} in {g.swap_s:.2f} s.</p>")
+                   f"its active window {_window(g)} (duty cycle {g.duty:.1%}; {g.window_share:.1%} of the report's "
+                   f"{rep.window_s:.0f} s); {g.handoffs} handoffs, {g.swaps} swaps moving "
+                   f"{_b(g.bytes_moved)} in {g.swap_s:.2f} s; {g.elided} elided ({g.elided_fit_beside} fit beside: "
+                   f"nobody paused; {g.elided_partial_pause} partial pause: a resident released part of its "
+                   f"regions and stayed).</p>")
         if g.holds:
             out.append(_svg(rep, g))
             out.append("<p><small>Bars: holds (one row per job; hover for times and tokens). Hatched: waiting "

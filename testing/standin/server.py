@@ -2,7 +2,7 @@
 
 vLLM and SGLang cannot be installed where the tests run, so this small HTTP
 server implements the documented memory endpoints of both, over real bytes on
-the simulated GPU (``nodeagent.sim``): it is a simulator, never presented as
+the simulated GPU (``timeslice.common.sim``): it is a simulator, never presented as
 either server. The endpoints follow:
 
 * vLLM sleep mode, docs for v0.14 (``features/sleep_mode``; the router in

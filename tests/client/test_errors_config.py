@@ -64,8 +64,9 @@ def test_every_exception_is_exported_from_the_package():
             assert getattr(timeslice, name) is obj
 
 
-def test_targets(monkeypatch):
+def test_targets(monkeypatch, tmp_path):
     monkeypatch.delenv("TIMESLICE_TARGET", raising=False)
+    monkeypatch.setenv("TIMESLICE_USER_STATE_DIR", str(tmp_path / "no-clusters"))   # no `timeslice up` here
     assert parse_targets(None) == ["127.0.0.1:50051"]
     monkeypatch.setenv("TIMESLICE_TARGET", "a:1, b:2,,a:1")
     assert parse_targets(None) == ["a:1", "b:2"]

@@ -31,7 +31,8 @@ def test_every_worker_frame_passes_the_agents_checks_after_the_framing():
 
 def test_agent_frames_are_what_the_worker_reads():
     assert roundtrip(F.welcome(1234, "node-a")) == {"type": F.WELCOME, "pid": 1234, "node": "node-a",
-                                                    "answers": [F.ROOM, F.HOST]}
+                                                    "answers": [F.ROOM, F.HOST], "sim_dir": ""}
+    assert roundtrip(F.welcome(1, "n", sim_dir="/dev/shm/sim-x"))["sim_dir"] == "/dev/shm/sim-x"   # the agent's device
     assert len(F.refused("INVALID_ARGUMENT", "x" * 1000)["message"]) == F.MAX_REFUSAL
     assert F.request(F.PAUSE, ("kv",)) == {"type": F.PAUSE, "tags": ["kv"]}
     assert F.request(F.PAUSE) == {"type": F.PAUSE, "tags": None}           # every region

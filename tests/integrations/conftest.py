@@ -78,25 +78,31 @@ def alone(tmp_path_factory):
 
 @pytest.fixture
 def rl_stack(etcd, key_prefix, tmp_path):
-    """rl_stack(capacity, isolation="", agent_extra=()) -> (Jobs, agent): the SIMULATED device resized to ``capacity``
-    bytes, its agent, one lockd replica and group ``rl-gpus`` (the jobs' default) over the node. Stopped on the way out."""
+    """rl_stack(capacity, isolation="", agent_extra=(), backend="sim") -> (Jobs, agent): the SIMULATED device
+    resized to ``capacity`` bytes (``backend="cuda-driver"``: the real GPU, capacity unused), its agent, one
+    lockd replica and group ``rl-gpus`` (the jobs' default) over the node. Stopped on the way out."""
     made: list = []
 
-    def make(capacity: int, isolation: str = "", agent_extra: tuple[str, ...] = ()):
+    def make(capacity: int, isolation: str = "", agent_extra: tuple[str, ...] = (), backend: str = "sim"):
         sim, host = tmp_path / "sim", tmp_path / "host"
-        SimDevice(sim, host, capacity_bytes=capacity)
         lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path)).start()
         made.append(lockd)
-        agent = AgentProcess(etcd.endpoints_str, key_prefix, NODE, str(tmp_path), sim_dir=sim,
-                             env={"TIMESLICE_SIM_HOST_DIR": str(host)},
-                             extra=["--sim-checkpoint-gbps", "0", "--sim-restore-gbps", "0", *agent_extra]).start()
-        made.append(agent)
+        if backend == "sim":
+            SimDevice(sim, host, capacity_bytes=capacity)
+            agent = AgentProcess(etcd.endpoints_str, key_prefix, NODE, str(tmp_path), sim_dir=sim,
+                                 env={"TIMESLICE_SIM_HOST_DIR": str(host)},
+                                 extra=["--sim-checkpoint-gbps", "0", "--sim-restore-gbps", "0", *agent_extra])
+        else:
+            agent = AgentProcess(etcd.endpoints_str, key_prefix, NODE, str(tmp_path), backend=backend,
+                                 extra=list(agent_extra))
+        made.append(agent.start())
         from timeslice import OrchestratorClient
         with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
             admin.create_group("rl-gpus", nodes=[NODE], isolation=isolation)
         env = {"TIMESLICE_TARGET": lockd.replicas[0].target, "TIMESLICE_NODE_NAME": NODE,
-               "TIMESLICE_SIM_DIR": str(sim), "TIMESLICE_SIM_HOST_DIR": str(host),
                "TIMESLICE_AGENT_SOCKET": agent.socket}
+        if backend == "sim":
+            env.update(TIMESLICE_SIM_DIR=str(sim), TIMESLICE_SIM_HOST_DIR=str(host))
         return Jobs(tmp_path, env), agent
 
     yield make

@@ -69,3 +69,18 @@ def test_two_plain_transformers_grpo_loops_time_sliced_equal_their_standalone_ru
     jobs, _agent = rl_stack(capacity_for(base), agent_extra=("--refresh-interval", "9"))
     sliced = jobs.run([("real_job.py", "plain-a", args_a, False), ("real_job.py", "plain-b", args_b, False)])
     check_pair(base, sliced)
+
+
+def test_two_trl_jobs_that_fit_share_the_device_without_a_swap(rl_stack, alone):
+    """Room for both jobs: no job is ever paused for the other, not even at its first grant (before
+    its model exists its footprint was unknown, and lockd emptied the device for it)."""
+    base = alone([("trl_job.py", "alone-a", TRL_A, True), ("trl_job.py", "alone-b", ["--seed", "2", "--steps", "2"],
+                                                               True)])
+    jobs, _agent = rl_stack(4 * (2 * CONTEXT + sum(d["state_bytes"] for d in base)))
+    sliced = jobs.run([("trl_job.py", "fit-a", TRL_A, False),
+                       ("trl_job.py", "fit-b", ["--seed", "2", "--steps", "2"], False)])
+    for a, s in zip(base, sliced):
+        assert s["losses"] == a["losses"] and s["digest"] == a["digest"], s["job"]
+        assert s["swaps"] == 0, (s["job"], s["swaps"])                   # never paused
+        assert not any(h["restored"] for h in holds(s)), s["job"]
+    assert any(h["elided"] for d in sliced for h in holds(d))            # they did share the device

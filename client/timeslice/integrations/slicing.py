@@ -162,6 +162,13 @@ class TimeSlice:
     def held(self) -> bool:
         return self._depth > 0
 
+    def expect_first(self, nbytes: int) -> None:
+        """Before the first hold: the device bytes it will take (a model about to be moved there), so
+        that lockd plans its first grant on that instead of an unknown footprint (for which it makes
+        room: an emptied device). The user's ``device_bytes_hint`` still counts if it is larger."""
+        if self._next_hint is None and self._depth == 0:
+            self._next_hint = max(self.hint, int(nbytes))
+
     def _hint(self) -> int:
         """The device bytes to ask room for: the user's hint, the peak measured so far, or what the
         regions hold plus what they are still expected to grow by (the optimizer state AdamW makes
@@ -236,9 +243,11 @@ class TimeSlice:
 
 
     def finish(self) -> None:
-        """The job is done with the device: inside its last hold, give the memory back (a memory
-        that can, e.g. the simulator's) and withdraw the worker, so no later swap plans for a
-        process on its way out (its channel closes with the client)."""
+        """The job is done with the device: inside its last hold, give the memory back (its
+        ``close()``: torch-memory-saver's regions released as it accepts, the simulator's
+        device memory returned) and withdraw the worker, so no later swap plans for a process
+        on its way out (its channel closes with the client). Without it the job still exits
+        with its own status: at exit its regions are detached (``timeslice.torch_release``)."""
         if not self.held:
             raise RuntimeError("TimeSlice.finish() runs inside a hold")
         close = getattr(self._memory, "close", None)

@@ -92,6 +92,9 @@ class TimesliceGRPOMixin:
         self.timeslice = ts = timeslice if timeslice is not None else TimeSlice(None, swap="none")
         self.timeslice_losses: list[float] = []
         self._ts_warned: set[str] = set()
+        # The model exists already (on the CPU): its first hold asks room for it (and a reference copy,
+        # beta > 0), not for an unknown footprint, for which lockd would empty the device.
+        ts.expect_first(_first_hold_bytes(kwargs.get("model", args[0] if args else None), kwargs.get("args")))
         with ts.hold():
             region = ts.memory.region("weights") if ts.memory is not None else contextlib.nullcontext()
             with region:
@@ -175,6 +178,15 @@ class TimesliceGRPOMixin:
         loss = out[0] if isinstance(out, tuple) else out
         self.timeslice_losses.append(float(loss.detach()))
         return out
+
+
+def _first_hold_bytes(model, args) -> int:
+    """What the first hold moves to the device: the model's tensors, twice with a reference model."""
+    import torch
+    if not isinstance(model, torch.nn.Module):
+        return 0                            # a model name: TRL loads it inside the hold; unknown before
+    n = sum(t.numel() * t.element_size() for t in module_tensors(model))
+    return 2 * n if float(getattr(args, "beta", 0.0) or 0.0) > 0 else n
 
 
 def _batch_rows(buffered, step: int) -> int:

@@ -21,6 +21,14 @@ bytes of the arena (a checkpoint moves them). The allocator's own figures
 context out; ``device_bytes`` (the agent's meter, NVML) counts it. A holding
 that does not fit raises ``DeviceOutOfMemory`` with a CUDA-like message.
 ``DeviceStats`` (``timeslice.memstats``) is implemented from these figures.
+
+Which simulated device (its folder): the ``sim_dir`` given, else
+``$TIMESLICE_SIM_DIR``, else the device of the local cluster ``timeslice up``
+runs for this node (its per-user pointer, as the agent's socket is found:
+``timeslice.common.local``), else ``/dev/shm/timeslice-sim``. The process
+knows the devices it has open (``opened_devices``): when it joins its node
+agent's channel, a device that is not the agent's fails at once
+(``timeslice.cooperative``), so no job can run on a simulated device nobody watches.
 """
 from __future__ import annotations
 
@@ -30,13 +38,41 @@ import hashlib
 import mmap
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
+from timeslice.common import local
 from timeslice.common.device_errors import IllegalState
-from timeslice.common.sim.device import ENV_SIM_GPU, RUNNING, SimDevice
+from timeslice.common.sim.device import ENV_SIM_DIR, ENV_SIM_GPU, RUNNING, SimDevice, default_sim_dir
+from timeslice.logs import get_logger
+
+log = get_logger(__name__)
 
 POLL_S = 0.002  # how often a blocked device call looks at the state again
+
+
+_live: weakref.WeakSet[SimDeviceClient] = weakref.WeakSet()     # this process's open device clients
+
+
+def opened_devices() -> list[str]:
+    """The folders (resolved) of the simulated devices this process has open now."""
+    return sorted({c.root() for c in list(_live)})
+
+
+def find_sim_dir(sim_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """(the simulated device's folder, where it came from: argument, env, local-cluster, default)."""
+    if sim_dir:
+        return Path(sim_dir), "argument"
+    env = os.environ.get(ENV_SIM_DIR, "").strip()
+    if env:
+        return Path(env), "env"
+    from timeslice.config import node_name
+    found = local.sim_dir(node_name())
+    if found is not None:
+        return found, "local-cluster"
+    return default_sim_dir(), "default"
 
 
 @dataclass(frozen=True)
@@ -62,13 +98,22 @@ class SimDeviceClient:
     def open(cls, sim_dir: str | os.PathLike | None = None, gpu: int | None = None) -> SimDeviceClient:
         """Register the calling process on the node's simulated device, bound to GPU ``gpu``
         (default: ``TIMESLICE_SIM_GPU``, else 0), as a real worker picks its CUDA device."""
-        dev = SimDevice(sim_dir)
+        root, source = find_sim_dir(sim_dir)
+        dev = SimDevice(root)
+        if source != "argument":
+            log.info("sim_device_found", sim_dir=str(dev.root), source=source)
         if gpu is None:
             raw = os.environ.get(ENV_SIM_GPU, "")
             gpu = int(raw) if raw.strip() else 0
         pid = os.getpid()
         dev.register(pid, gpu)
-        return cls(dev, pid, gpu)
+        client = cls(dev, pid, gpu)
+        _live.add(client)
+        return client
+
+    def root(self) -> str:
+        """This device's folder, resolved (what the node agent's welcome is compared with)."""
+        return os.path.realpath(self.dev.root)
 
     @property
     def device_bytes(self) -> int:
@@ -184,6 +229,7 @@ class SimDeviceClient:
         """Free the arena and unregister (the process stays alive, without a device)."""
         self.free()
         self.dev.forget(self.pid)
+        _live.discard(self)
 
 
 class SimStats:

@@ -112,6 +112,10 @@ class SimTorchMemory(SimStats):
         return tag in self._released
 
     # -- what the channel asks ------------------------------------------------------------
+    def sim_dir(self) -> str:
+        """The simulated device this memory is on (resolved): the node agent's must be the same."""
+        return self.dev.root()
+
     def device_id(self) -> str:
         return device_id(self.dev.gpu)
 
