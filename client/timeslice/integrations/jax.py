@@ -99,8 +99,53 @@ def nbytes_of(jax, tree) -> int:
                if hasattr(x, "shape") and hasattr(x, "dtype"))
 
 
+_HANDLES: dict[int, Any] = {}
+
+
+def _ordinal(device) -> int:
+    hw = getattr(device, "local_hardware_id", None)
+    return int(hw if hw is not None else device.id)
+
+
+def nvml_handle(device):
+    """NVML's handle of a JAX GPU device (its CUDA ordinal read through CUDA_VISIBLE_DEVICES); None without NVML."""
+    if device.platform not in ("gpu", "cuda"):
+        return None
+    n = _ordinal(device)
+    if n not in _HANDLES:
+        _HANDLES[n] = None
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            seen = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+            name = seen[n] if seen else str(n)
+            _HANDLES[n] = (pynvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit()
+                           else pynvml.nvmlDeviceGetHandleByUUID(name))
+        except Exception:                          # no NVML here: XLA's own counts stand in
+            _HANDLES[n] = None
+    return _HANDLES[n]
+
+
+def process_device_bytes(device) -> int | None:
+    """This process's memory on ``device`` as NVML shows it; None where it cannot (no GPU, no NVML,
+    another pid namespace)."""
+    handle = nvml_handle(device)
+    if handle is None:
+        return None
+    try:
+        import pynvml
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if p.pid == os.getpid() and p.usedGpuMemory is not None:
+                return int(p.usedGpuMemory)
+    except Exception:                              # best effort
+        return None
+    return None
+
+
 class JaxMemory:
     """Tagged pytrees on one JAX device, with a retained host backup (``SwapMemory``'s shape)."""
+
+    pins_unheld = True        # prepin is host work from declared sizes: cooperate may come before the first hold
 
     def __init__(self, tags: Mapping[str, str] | None = None, *, device=None, backup: str = "auto",
                  checksum: bool = True, host_bytes: Mapping[str, int] | None = None, pin_method: str = "auto",
@@ -129,7 +174,6 @@ class JaxMemory:
         self._declared = {t: int(n) for t, n in (host_bytes or {}).items()}
         self._mu = threading.RLock()                # the job's puts and reads against the channel's pause
         self._listener: Callable[[], None] | None = None
-        self._nvml: Any = None
         self._peak_seen = 0
         self.left_behind: dict | None = None         # what the first pause found outside the regions
         self.pauses = 0
@@ -155,8 +199,7 @@ class JaxMemory:
             return False
 
     def ordinal(self) -> int:
-        hw = getattr(self.device, "local_hardware_id", None)
-        return int(hw if hw is not None else self.device.id)
+        return _ordinal(self.device)
 
     def _backup_parts(self, pin_method: str, pin_threads: int | None):
         if self.backup == "pool":
@@ -264,7 +307,7 @@ class JaxMemory:
     def device_id(self) -> str:
         if not self.gpu:
             return ""
-        handle = self._nvml_handle()
+        handle = nvml_handle(self.device)
         if handle is not None:
             import pynvml
             uuid = pynvml.nvmlDeviceGetUUID(handle)
@@ -307,6 +350,11 @@ class JaxMemory:
                 with self._device_work():
                     moved += self._pause_one(t)
             self.pauses += 1
+            if self.backup == "pool":
+                # The checksums' temporaries came from torch's caching allocator (this runs after the
+                # yield's own cache release): give them back too, or they stay as residue.
+                import torch
+                torch.cuda.empty_cache()
             if self.left_behind is None:
                 self._report_left_behind()
         return moved
@@ -403,8 +451,11 @@ class JaxMemory:
         stats = self._stats()
         used = self.process_bytes()
         beside = max(0, used - int(stats["bytes_in_use"])) if used is not None and "bytes_in_use" in stats else 0
-        every = sum(r.nbytes() for r in self._regions.values())
-        return max(self._peak_seen, int(stats.get("peak_bytes_in_use", 0)) + beside, every, used or 0)
+        return max(self._peak_seen, int(stats.get("peak_bytes_in_use", 0)) + beside, self.planned_bytes(), used or 0)
+
+    def planned_bytes(self) -> int:
+        """Every region's bytes, as declared where they are not made yet (what the job will need of them)."""
+        return sum(max(self._declared.get(t, 0), r.nbytes()) for t, r in self._regions.items())
 
     def _stats(self) -> dict:
         try:
@@ -412,33 +463,9 @@ class JaxMemory:
         except Exception:                          # a backend without statistics
             return {}
 
-    def _nvml_handle(self):
-        if self._nvml is None:
-            self._nvml = False
-            try:
-                import pynvml
-                pynvml.nvmlInit()
-                seen = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-                name = seen[self.ordinal()] if seen else str(self.ordinal())
-                self._nvml = (pynvml.nvmlDeviceGetHandleByIndex(int(name)) if name.isdigit()
-                              else pynvml.nvmlDeviceGetHandleByUUID(name))
-            except Exception:                      # no NVML here: XLA's own counts stand in
-                self._nvml = False
-        return self._nvml or None
-
     def process_bytes(self) -> int | None:
         """This process's device memory as NVML shows it; None where it cannot (no GPU, no NVML, another pid namespace)."""
-        handle = self._nvml_handle() if self.gpu else None
-        if handle is None:
-            return None
-        try:
-            import pynvml
-            for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if p.pid == os.getpid() and p.usedGpuMemory is not None:
-                    return int(p.usedGpuMemory)
-        except Exception:                          # best effort
-            return None
-        return None
+        return process_device_bytes(self.device)
 
     def close(self) -> None:
         """The job is done with the device (inside its last hold): every region's arrays are deleted."""

@@ -7,9 +7,10 @@ backup decisions over the same mover, ``JaxHostMover``, on JAX's CPU backend);
 what it adds is the device the node agent and lockd plan from:
 
 * the process's holding on the node's simulated device (the capacity ledger) is
-  a small "context", plus every resident region, plus the live arrays outside
-  the regions (measured at each put, pause and resume: on a GPU they would stay
-  on the device), so capacity is enforced and swaps are planned as on a GPU;
+  a small "context" plus every resident region, so capacity is enforced and
+  swaps are planned as on a GPU; the live arrays outside the regions are what
+  would stay behind on a GPU: reported (``left_behind``), not booked, since the
+  simulated device's checkpoint of a parked process moves its context arena alone;
 * the host backup is the simulated pool (``timeslice.sim.hostpool``: real host
   bytes, reserved at ``prepin``, reported while it is being reserved);
 * a pause deletes the arrays, as on a GPU: a reference kept from before it
@@ -72,26 +73,24 @@ class SimJaxMemory(JaxMemory):
         return self.dev._device(None)              # waits while the agent holds the process locked
 
     def _account(self) -> None:
-        """Context + resident regions + arrays outside them (raises DeviceOutOfMemory if that does not fit)."""
+        """Context + resident regions (raises DeviceOutOfMemory if that does not fit)."""
         if self._closed:
             return
         with self._mu:
             resident = sum(r.nbytes() for t, r in self._regions.items() if t not in self._paused)
-            total = self.context_bytes + resident + self.outside()["bytes"]
-        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead, self.dev.gpu)
+        self.dev.dev.ledger.reserve(self.dev.pid, self.context_bytes + resident, self.dev.dev.is_dead, self.dev.gpu)
 
     def device_id(self) -> str:
         return device_id(self.dev.gpu)
 
     def residue_bytes(self) -> int:
-        """What this process holds on the simulated device outside its resident regions."""
-        self._account()                            # arrays made since the last put count too
+        """What this process holds on the simulated device outside its resident regions: the context."""
         resident = sum(r.nbytes() for t, r in self._regions.items() if t not in self._paused)
         return max(0, self.dev.device_bytes - resident)
 
     def peak_bytes(self) -> int:
-        """The footprint with every region resident, beside what lies outside them now."""
-        return self.context_bytes + sum(self.region_bytes().values()) + self.outside()["bytes"]
+        """The footprint with every region resident (as declared where it is not made yet)."""
+        return self.context_bytes + self.planned_bytes()
 
     def close(self) -> None:
         super().close()

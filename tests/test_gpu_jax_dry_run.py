@@ -1,0 +1,54 @@
+"""benchmarks/gpu_jax_pair.py and gpu_jax_probe.py, dry runs on the CPU (JAX's CPU backend, the SIMULATED
+device, real etcd): two JAX jobs time-sliced by checkpoint and cooperatively, and a JAX job beside a TRL
+GRPO job in one group, each bit-identical to its standalone run of the same benchmark, every exit code 0,
+the device really changing hands; and the probe's every way out and back intact. Also keeps the GPU
+scripts from rotting: the same orchestration and analysis run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("jax", reason="needs the test extra (jax[cpu])")
+pytest.importorskip("trl", reason="needs the test extra (torch, trl)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_jax_pairs_by_checkpoint_cooperatively_and_beside_trl_equal_standalone_bit_for_bit(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_jax_pair", "--dry-run", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_jax_pair_dryrun.json").read_text())
+    assert doc["ok"] and doc["simulated"]
+    assert set(doc["regimes"]) == {"jax-cooperative", "jax-checkpoint", "mixed"}
+    assert set(doc["standalone_exit_codes"].values()) == {0}
+    for name, reg in doc["regimes"].items():
+        assert "error" not in reg, (name, reg.get("error"))
+        assert reg["exit_codes"] == [0, 0], name
+        assert not reg["fit"]["fits_side_by_side"]
+        for job, d in reg["degradation"].items():
+            assert d["losses_identical"] and d["weights_identical"], (name, job, d)
+        assert all(n >= 1 for n in reg["swaps_per_job"].values()), (name, reg["swaps_per_job"])   # both came back
+    assert doc["regimes"]["jax-checkpoint"]["swap"]["swaps"] >= 3
+    coop = doc["regimes"]["jax-cooperative"]
+    assert all(b["verified"] >= 1 for b in coop["backup"].values())            # every resume checked
+    assert all(j["residue_bytes_max"] == 256 << 10 for j in coop["jobs"])       # the simulated context stays
+    assert [j["job"] for j in doc["regimes"]["mixed"]["jobs"]] == ["job-a", "job-b"]
+    assert doc["round_trip"]["checkpoint_s"] and doc["round_trip"]["cooperative_s"]
+    assert "FAILED" not in (tmp_path / "gpu_jax_pair_dryrun.txt").read_text()
+
+
+def test_the_probe_moves_the_state_every_way_intact(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_jax_probe", "--dry-run", "--out", str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_jax_probe_dryrun.json").read_text())
+    assert doc["ok"] and doc["backup"] == "host"
+    m = doc["memory"]
+    assert all(t["intact"] for t in m["dirty"] + m["clean"])
+    assert m["stats"]["clean_skips"] == len(m["clean"]) and m["stats"]["copies_out"] == len(m["dirty"])
+    assert doc["pinned_host"]["ok"] and doc["device_get"]["ok"] and doc["put_from_pool"]["intact"]
