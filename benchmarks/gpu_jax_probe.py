@@ -140,7 +140,14 @@ def probe(a) -> dict:
         doc["pool_copy"] = {"out_s": o, "in_s": i, "out_gb_s": gbps(total, o), "in_gb_s": gbps(total, i),
                             "intact": jax_checksum(jax, [lf.array for lf in mem._regions["state"].leaves], sizes) == ref}
         mem._trees["state"] = [lf.array for lf in mem._regions["state"].leaves]
-        doc["cupy"] = cupy_copies(jax, mem, spans, pieces, total, sizes, ref)
+        try:
+            doc["cupy"] = cupy_copies(jax, mem, spans, pieces, total, sizes, ref)
+        except Exception as e:                           # a comparison only: the probe goes on
+            doc["cupy"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            for lf in mem._regions["state"].leaves:      # the state as the memory last made it
+                if lf.array is None or lf.array.is_deleted():
+                    raise
+
     # XLA's own way in from the pool's copy (pinned on a GPU): NumPy views, jax.device_put.
     mem.pause(["state"])
     views = []
@@ -197,6 +204,8 @@ def cupy_copies(jax, mem, spans, pieces, total: int, sizes: list[int], ref: str)
     from timeslice.jax_regions import jax_checksum
     leaves = mem._regions["state"].leaves
     pool = mem.host_pool
+    if not all(s.addr for s in pool.slabs):
+        return {"skipped": "the pool's slabs are torch tensors (no address of our own)"}
     rt = cupy.cuda.runtime
     stream = cupy.cuda.Stream(non_blocking=True)
 
