@@ -121,7 +121,7 @@ class GrantInfo(_Dict):
 
 
 @dataclass(frozen=True)
-class JobState(_Dict):
+class NodeJobState(_Dict):
     job_id: str
     state: str                 # running | snapshotting | snapshotted | restoring | frozen | unknown | gone | lost
     bytes: int = 0
@@ -139,7 +139,7 @@ class NodeStatus(_Dict):
     agent_alive: bool
     backend: str
     resident_jobs: tuple[str, ...]
-    jobs: tuple[JobState, ...]
+    jobs: tuple[NodeJobState, ...]
     device_free_bytes: int
     device_total_bytes: int
 
@@ -166,7 +166,7 @@ class GroupStatus(_Dict):
                               g.granted_unix_ms)
         nodes = tuple(
             NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
-                       tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
+                       tuple(NodeJobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
                                               j.since_unix_ms, j.device_bytes, j.residue_bytes)
                              for j in n.jobs),
                        n.device_free_bytes, n.device_total_bytes)
