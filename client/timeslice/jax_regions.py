@@ -61,7 +61,7 @@ class Leaf:
 
 
 @dataclass
-class Region:
+class TreeRegion:
     """One tag's pytree, flattened: its structure, its items (a ``Leaf`` or a plain value), its spans."""
 
     ordinal: int
@@ -192,7 +192,7 @@ def jax_checksum(jax, arrays: Sequence[Any], sizes: Sequence[int]) -> str:
 class _Regions:
     """Logical address -> the leaf that holds it now, over a memory's regions."""
 
-    def __init__(self, regions: Mapping[str, Region]):
+    def __init__(self, regions: Mapping[str, TreeRegion]):
         self.regions = regions
 
     def spans(self, tag: str) -> list[Span]:
@@ -219,7 +219,7 @@ class _Regions:
 class JaxHostMover(_Regions):
     """``backup.Mover`` through JAX's own transfers (``np.asarray`` out, ``jax.device_put`` in)."""
 
-    def __init__(self, jax, regions: Mapping[str, Region], pool, pace: Callable[[int, float], None] | None = None):
+    def __init__(self, jax, regions: Mapping[str, TreeRegion], pool, pace: Callable[[int, float], None] | None = None):
         super().__init__(regions)
         self.jax, self.pool, self.pace = jax, pool, pace
 
@@ -273,7 +273,7 @@ class JaxHostMover(_Regions):
 class JaxTorchMover(TorchMover):
     """``backup.Mover`` on a CUDA device: the arrays' buffers copied by torch to the pinned pool and back."""
 
-    def __init__(self, jax, torch, regions: Mapping[str, Region], device: int, host):
+    def __init__(self, jax, torch, regions: Mapping[str, TreeRegion], device: int, host):
         super().__init__(torch, {}, device, host)
         self.jax, self.where = jax, _Regions(regions)
 

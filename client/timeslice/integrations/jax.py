@@ -61,7 +61,7 @@ from typing import Any
 from timeslice.backup import BackupBook, BackupError
 from timeslice.common.device_errors import IllegalState
 from timeslice.cooperative import OFFLOAD, POLICIES
-from timeslice.jax_regions import Leaf, Region
+from timeslice.jax_regions import Leaf, TreeRegion
 from timeslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -168,7 +168,7 @@ class JaxMemory:
             log.warning("jax_allocator_keeps_freed_memory", hint=f"JAX's GPU backend started before {PREALLOCATE}=false "
                         f"and {ALLOCATOR}=platform were set: a pause frees nothing XLA's pool keeps; make the "
                         "JaxMemory before any JAX array, or set both in the job's environment")
-        self._regions = {t: Region(i) for i, t in enumerate(self.tags)}
+        self._regions = {t: TreeRegion(i) for i, t in enumerate(self.tags)}
         self._trees: dict[str, Any] = {}
         self._paused: set[str] = set()
         self._declared = {t: int(n) for t, n in (host_bytes or {}).items()}
