@@ -49,7 +49,7 @@ GiB = 1 << 30
 REGIMES = ("jax-cooperative", "jax-checkpoint", "mixed")
 JAX_PROFILES = {
     # ~2.0 GiB of parameters and Adam state per job; per step ~1 s of GPU work on the H200 (estimated)
-    "full": dict(steps=3, batch=256, generations=8, seq_len=128, vocab=8192, dim=1024, hidden=4096, layers=8,
+    "full": dict(steps=3, batch=128, generations=8, seq_len=128, vocab=8192, dim=1024, hidden=4096, layers=8,
                  reward_s=2.0, lr=1e-4),
     "dry-run": dict(steps=2, batch=8, generations=4, seq_len=8, vocab=64, dim=16, hidden=32, layers=2,
                     reward_s=0.3, lr=1e-2),

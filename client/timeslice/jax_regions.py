@@ -103,6 +103,7 @@ class HeapPool:
 
     def __init__(self, slab_bytes: int = 1 << 30, on_change: Callable[[], None] | None = None):
         self.slab_bytes, self.on_change = slab_bytes, on_change
+        self.admit: Callable[[int], None] | None = None    # the node's host admission (raises to refuse)
         self.slabs: list[bytearray] = []
         self._starts: list[int] = []
         self._pending = 0
@@ -121,6 +122,8 @@ class HeapPool:
         at = self.size()
         if nbytes <= 0:
             return at
+        if self.admit is not None:
+            self.admit(nbytes)                                  # counted by the node from now, or refused: nothing taken
         self._pending = nbytes
         self._changed()
         try:

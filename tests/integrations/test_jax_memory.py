@@ -239,3 +239,32 @@ def test_the_real_memory_on_the_cpu_uses_the_host_backup():
     with pytest.raises(BackupError):
         JaxMemory({"w": "offload"}, backup="pool", allocator=None)
     m.close()
+
+
+def test_it_says_what_the_footprint_of_a_hold_was(mem):
+    mem.reset_peak()
+    mem["params"] = params()
+    n = nbytes(params())
+    assert mem.allocator_bytes() == n and mem.device_used_bytes() == CTX + n
+    mem.pause(["params"])
+    assert mem.allocator_bytes() == 0 and mem.allocator_peak_bytes() == n   # the peak of the hold stays
+    mem.reset_peak()
+    assert mem.allocator_peak_bytes() == 0
+
+
+def test_the_host_backup_is_admitted_before_it_is_made(sim):
+    m = JaxMemory({"w": "offload"}, allocator=None)
+    asked: list[int] = []
+
+    def refuse(n: int) -> None:
+        asked.append(n)
+        raise MemoryError("the node's host memory cannot take it")
+    m.set_host_admission(refuse)
+    m.declare("w", 1 << 20)
+    with pytest.raises(MemoryError):
+        m.prepin()
+    assert asked == [1 << 20] and m.host_bytes() == 0       # refused: nothing taken
+    m.set_host_admission(asked.append)
+    m.prepin()
+    assert asked[-1] == 1 << 20 and m.host_bytes() == 1 << 20
+    m.close()

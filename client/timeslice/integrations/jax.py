@@ -175,6 +175,7 @@ class JaxMemory:
         self._mu = threading.RLock()                # the job's puts and reads against the channel's pause
         self._listener: Callable[[], None] | None = None
         self._peak_seen = 0
+        self._hold_peak = 0
         self.left_behind: dict | None = None         # what the first pause found outside the regions
         self.pauses = 0
         self.backup = self._choose(backup)
@@ -276,6 +277,7 @@ class JaxMemory:
                 self.book.mark_clean(tag)              # a new promise: immutable arrays keep it until the next put
             grew = r.nbytes() != before
         self._account()
+        self._hold_peak = max(self._hold_peak, self.allocator_bytes())
         if grew:
             self._host_changed()                       # the agent learns the region's size now
 
@@ -343,6 +345,7 @@ class JaxMemory:
         moved = 0
         with self._mu:
             self._peak_seen = max(self._peak_seen, self.process_bytes() or 0)
+            self._hold_peak = max(self._hold_peak, self.allocator_bytes())     # the hold's end: all still there
             for t in tags:
                 self._known(t)
                 if t in self._paused:
@@ -456,6 +459,30 @@ class JaxMemory:
     def planned_bytes(self) -> int:
         """Every region's bytes, as declared where they are not made yet (what the job will need of them)."""
         return sum(max(self._declared.get(t, 0), r.nbytes()) for t, r in self._regions.items())
+
+    # -- DeviceStats: what the client measures at each yield for the footprint its grants admit ---
+    def reset_peak(self) -> None:
+        """A hold starts. XLA's own peak cannot be reset (a lifetime figure: larger, never wrong); ours is."""
+        self._hold_peak = self.allocator_bytes()
+
+    def allocator_bytes(self) -> int:
+        """XLA's count of the bytes it holds now, else the live arrays on this device."""
+        stats = self._stats()
+        if "bytes_in_use" in stats:
+            return int(stats["bytes_in_use"])
+        return sum(int(a.nbytes) for a in self.jax.live_arrays() if self.device in a.devices())
+
+    def allocator_peak_bytes(self) -> int:
+        now = self.allocator_bytes()
+        self._hold_peak = max(self._hold_peak, now)
+        return max(int(self._stats().get("peak_bytes_in_use", 0)), self._hold_peak)
+
+    def device_used_bytes(self) -> int | None:
+        return self.process_bytes()
+
+    def set_host_admission(self, admit: Callable[[int], None] | None) -> None:
+        """The node agent's host admission (the cooperative worker sets it): asked before the pool grows."""
+        self.host_pool.admit = admit
 
     def _stats(self) -> dict:
         try:

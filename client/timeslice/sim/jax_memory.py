@@ -92,6 +92,12 @@ class SimJaxMemory(JaxMemory):
         """The footprint with every region resident (as declared where it is not made yet)."""
         return self.context_bytes + self.planned_bytes()
 
+    def allocator_bytes(self) -> int:
+        return sum(r.nbytes() for t, r in self._regions.items() if t not in self._paused)
+
+    def device_used_bytes(self) -> int | None:
+        return self.dev.device_bytes
+
     def close(self) -> None:
         super().close()
         self._closed = True
