@@ -70,6 +70,7 @@ DEFAULT_TAGS = {"params": OFFLOAD, "opt_state": OFFLOAD}
 BACKUPS = ("auto", "pool", "host")
 PREALLOCATE, ALLOCATOR = "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_ALLOCATOR"
 LARGEST = 5                       # arrays named in the left-behind report
+SAMPLE_S = 0.02                   # how often a hold's device holding is read (NVML) for its peak
 
 
 class RegionReleased(IllegalState):
@@ -176,6 +177,9 @@ class JaxMemory:
         self._listener: Callable[[], None] | None = None
         self._peak_seen = 0
         self._hold_peak = 0
+        self._nvml_peak = 0
+        self._sampler: threading.Thread | None = None
+        self._closed_ev = threading.Event()
         self.left_behind: dict | None = None         # what the first pause found outside the regions
         self.pauses = 0
         self.backup = self._choose(backup)
@@ -462,8 +466,18 @@ class JaxMemory:
 
     # -- DeviceStats: what the client measures at each yield for the footprint its grants admit ---
     def reset_peak(self) -> None:
-        """A hold starts. XLA's own peak cannot be reset (a lifetime figure: larger, never wrong); ours is."""
+        """A hold starts. XLA's own peak cannot be reset (a lifetime figure: larger, never wrong); ours is.
+        On a GPU with NVML a sampler also keeps the process's largest holding in the hold: with the
+        platform allocator XLA may count nothing, and its temporaries are no live arrays."""
         self._hold_peak = self.allocator_bytes()
+        self._nvml_peak = 0
+        if self.gpu and self._sampler is None and nvml_handle(self.device) is not None:
+            self._sampler = threading.Thread(target=self._sample, name="timeslice-jax-peak", daemon=True)
+            self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._closed_ev.wait(SAMPLE_S):
+            self._nvml_peak = max(self._nvml_peak, self.process_bytes() or 0)
 
     def allocator_bytes(self) -> int:
         """XLA's count of the bytes it holds now, else the live arrays on this device."""
@@ -475,7 +489,9 @@ class JaxMemory:
     def allocator_peak_bytes(self) -> int:
         now = self.allocator_bytes()
         self._hold_peak = max(self._hold_peak, now)
-        return max(int(self._stats().get("peak_bytes_in_use", 0)), self._hold_peak)
+        used = self.process_bytes()
+        seen = self._nvml_peak - (used - now) if used is not None and self._nvml_peak else 0   # less what is no allocation
+        return max(int(self._stats().get("peak_bytes_in_use", 0)), self._hold_peak, seen)
 
     def device_used_bytes(self) -> int | None:
         return self.process_bytes()
@@ -496,6 +512,7 @@ class JaxMemory:
 
     def close(self) -> None:
         """The job is done with the device (inside its last hold): every region's arrays are deleted."""
+        self._closed_ev.set()
         with self._mu:
             for r in self._regions.values():
                 for leaf in r.leaves:

@@ -7,7 +7,9 @@ backup decisions over the same mover, ``JaxHostMover``, on JAX's CPU backend);
 what it adds is the device the node agent and lockd plan from:
 
 * the process's holding on the node's simulated device (the capacity ledger) is
-  a small "context" plus every resident region, so capacity is enforced and
+  a small "context" plus every resident region, with what the device charges
+  beyond them (``timeslice.common.sim.device``: its context and the allocator's
+  slack), so capacity is enforced and
   swaps are planned as on a GPU; the live arrays outside the regions are what
   would stay behind on a GPU: reported (``left_behind``), not booked, since the
   simulated device's checkpoint of a parked process moves its context arena alone;
@@ -72,13 +74,20 @@ class SimJaxMemory(JaxMemory):
     def _device_work(self):
         return self.dev._device(None)              # waits while the agent holds the process locked
 
-    def _account(self) -> None:
-        """Context + resident regions (raises DeviceOutOfMemory if that does not fit)."""
-        if self._closed:
-            return
+    def _allocator(self) -> int:
+        """The simulated allocator's holding: the resident regions, with the device's slack on them."""
         with self._mu:
             resident = sum(r.nbytes() for t, r in self._regions.items() if t not in self._paused)
-        self.dev.dev.ledger.reserve(self.dev.pid, self.context_bytes + resident, self.dev.dev.is_dead, self.dev.gpu)
+        return self.dev.dev.allocator_bytes(resident)
+
+    def _account(self) -> None:
+        """The context arena, then the resident regions (raises DeviceOutOfMemory if that does not fit;
+        nothing changes then)."""
+        if self._closed:
+            return
+        n = self._allocator()
+        self.dev.hold(n)
+        self._hold_peak = max(self._hold_peak, n)
 
     def device_id(self) -> str:
         return device_id(self.dev.gpu)
@@ -92,8 +101,15 @@ class SimJaxMemory(JaxMemory):
         """The footprint with every region resident (as declared where it is not made yet)."""
         return self.context_bytes + self.planned_bytes()
 
+    # -- DeviceStats (timeslice.memstats): the simulated allocator's figures and the meter's ----------
+    def reset_peak(self) -> None:
+        self._hold_peak = self._allocator()
+
     def allocator_bytes(self) -> int:
-        return sum(r.nbytes() for t, r in self._regions.items() if t not in self._paused)
+        return self._allocator()
+
+    def allocator_peak_bytes(self) -> int:
+        return max(self._hold_peak, self._allocator())
 
     def device_used_bytes(self) -> int | None:
         return self.dev.device_bytes
