@@ -140,9 +140,11 @@ class Policy:
             p = jax.tree_util.tree_map(lambda p, m, v: p - a.lr * (m / c1) / (jnp.sqrt(v / c2) + eps), p, m, v)
             return p, {"m": m, "v": v, "t": t}
 
-        self.init = init
-        self.opt_init = lambda p: {"m": jax.tree_util.tree_map(jnp.zeros_like, p),
-                                   "v": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
+        # Jitted, init too: one compilation each, not one per eager op (dozens, seconds on a busy CPU).
+        self.init = jax.jit(init)
+        self.opt_init = jax.jit(lambda p: {"m": jax.tree_util.tree_map(jnp.zeros_like, p),
+                                           "v": jax.tree_util.tree_map(jnp.zeros_like, p),
+                                           "t": jnp.zeros((), jnp.int32)})
         self.generate = jax.jit(generate)
         self.grad = jax.jit(jax.value_and_grad(loss))
         self.adam = jax.jit(adam)
@@ -269,7 +271,7 @@ def main(argv=None) -> int:
         if arena is not None:
             arena.close()
         ts.finish()
-    doc = {"job": client.job_id if client else "standalone", "framework": "jax", "standalone": a.standalone,
+    doc = {"job": client.job_id if client else "standalone", "first_pin": first_pin(ts.log.events, swap), "framework": "jax", "standalone": a.standalone,
            "swap": swap, "device": a.device, "steps": len(losses), "losses": losses, "rewards": rewards,
            "digest": weights, "state_bytes": nbytes, "wall_s": time.monotonic() - t0, "events": ts.log.events,
            "region_bytes": regions, "host_bytes": memory.host_bytes() if memory is not None else 0,
@@ -309,6 +311,17 @@ def device_peak(jax, sampler) -> int:
         return 0
     stats = dev.memory_stats() or {}
     return max(int(stats.get("peak_bytes_in_use", 0)), sampler.peak if sampler is not None else 0)
+
+
+def first_pin(events: list[dict], swap: str) -> dict | None:
+    """The cooperative job's host backup, reserved at registration: how long, how much, and whether it
+    was done before the job first asked for the group (outside any hold, where pinning belongs)."""
+    reg = next((e for e in events if e["ev"] == "registered"), None)
+    hold = next((e for e in events if e["ev"] == "hold"), None)
+    if swap != "cooperative" or reg is None:
+        return None
+    return {"s": round(reg["seconds"], 4), "host_bytes": reg["host_bytes"],
+            "outside_any_hold": hold is not None and reg["t"] <= hold["t_req"]}
 
 
 def state_bytes(jax, *trees) -> int:

@@ -18,7 +18,8 @@ pytest.importorskip("trl", reason="needs the test extra (torch, trl)")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.timeout(600)   # five job runs and two stacks: minutes on two busy cores
+@pytest.mark.slow
+@pytest.mark.timeout(600)   # seven job runs and two stacks (~45 CPU s): started first, beside the rest
 def test_jax_pairs_by_checkpoint_and_beside_trl_equal_standalone_bit_for_bit(tmp_path):
     # (jax-cooperative, two cooperative JAX jobs, is the GPU run's; CI has that pair in
     # tests/integrations/test_jax_jobs.py, and the cooperative JAX job beside TRL here.)
@@ -42,6 +43,9 @@ def test_jax_pairs_by_checkpoint_and_beside_trl_equal_standalone_bit_for_bit(tmp
     assert mixed["backup"]["job-a"]["verified"] >= 1                            # every resume checked
     assert jax_job["residue_bytes_max"] == 256 << 10                            # the simulated context stays
     assert mixed["left_behind"]["job-a"] is not None                            # told at its first pause
+    pin = mixed["first_pin"]["job-a"]                                           # reserved before it first asked
+    assert pin["outside_any_hold"] and pin["host_bytes"] >= sum(jax_job["region_bytes"].values()) > 0
+    assert set(mixed["first_pin"]) == {"job-a"}                                 # (TRL's pins in its first step)
     assert doc["round_trip"]["checkpoint_s"]
     assert "FAILED" not in (tmp_path / "gpu_jax_pair_dryrun.txt").read_text()
 

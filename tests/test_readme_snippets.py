@@ -247,11 +247,14 @@ def _check_trl(ns: dict, stack: Stack) -> None:
 def _jax_job() -> dict:
     """A tiny JAX model and Adam on JAX's CPU backend: what the snippet calls init, adam_init and step."""
     jax = pytest.importorskip("jax", reason="needs the test extra (jax[cpu])")
+    import numpy as np
     jnp = jax.numpy
 
+    @jax.jit                                                  # (jitted: one compilation, not one per op)
     def init(key):
         return {"w": jax.random.normal(key, (4, 4)), "b": jnp.zeros(4)}
 
+    @jax.jit
     def adam_init(p):
         return {"m": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
 
@@ -261,7 +264,7 @@ def _jax_job() -> dict:
         m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + g, o["m"], g)
         return jax.tree_util.tree_map(lambda p, m: p - 0.1 * m, p, m), {"m": m, "t": o["t"] + 1}, loss
     return {"init": init, "adam_init": adam_init, "step": step, "key": jax.random.key(0),
-            "batches": [jnp.ones((2, 4)) * i for i in range(3)]}
+            "batches": [np.full((2, 4), i, np.float32) for i in range(3)]}
 
 
 def _check_jax(ns: dict, stack: Stack) -> None:
