@@ -125,6 +125,7 @@ def probe(a) -> dict:
     m["clean"] = [trip("clean") for _ in range(a.trips)]
     m["left_behind"], m["stats"] = mem.left_behind, mem.backup_stats()
     m["round_trip_dirty_median_s"] = statistics.median(t["round_trip_s"] for t in m["dirty"])
+    m["round_trip_dirty_worst_s"] = max(t["round_trip_s"] for t in m["dirty"])
     m["round_trip_clean_median_s"] = statistics.median(t["round_trip_s"] for t in m["clean"])
     m["ok"] = all(t["intact"] for t in [*m["dirty"], *m["clean"]]) and m["stats"]["clean_skips"] == a.trips
 
@@ -269,6 +270,10 @@ def report(doc: dict) -> str:
         res = [t["residue_bytes"] for t in m["dirty"]]
         text += (f"\nresidue after a full pause: {max(res) / GIB:.3f} GiB (max of {len(res)}); arrays left outside "
                  f"the regions at the first pause: {m['left_behind']}")
+        worst = m["round_trip_dirty_worst_s"]
+        text += (f"\nround trip of {doc['bytes'] / GIB:.1f} GiB by JaxMemory: median {m['round_trip_dirty_median_s']} s, "
+                 f"worst {worst} s ({'within' if worst <= 1.0 else 'OVER'} 1.0 s); the first pin came before any "
+                 "array existed, as cooperate() makes it before the first hold")
     al = doc.get("allocators") or {}
     if al:
         arows = [[k, v.get("with_4gib"), v.get("after_delete"), v.get("step_ms_median"), v.get("error", "")[:60]]
