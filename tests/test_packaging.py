@@ -3,6 +3,7 @@ markers shipped in the wheel, classifiers, and one version for __version__ and -
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,13 @@ def test_a_plain_install_is_the_lean_job_client():
     for dep in ("aetcd", "prometheus-client", "nvidia-ml-py", "grpcio-health-checking"):
         assert dep in server
     assert not any(p.startswith("chaos_tests") for p in PROJECT["tool"]["setuptools"]["packages"])
+
+
+def test_the_test_extra_brings_jax_and_ci_has_it():
+    """The JAX tests (tests/integrations/test_jax_*.py, the JAX README snippet, the JAX dry runs) skip where
+    JAX is missing; CI installs the test extra, so there they must run: a CI without JAX fails here."""
+    test = PROJECT["project"]["optional-dependencies"]["test"]
+    assert any(d.replace(" ", "").startswith("jax[cpu]") for d in test), test
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        import jax
+        assert jax.devices("cpu")

@@ -278,6 +278,41 @@ def _check_trl(ns: dict, stack: Stack) -> None:
     assert "grpo-a" not in {j.job_id for j in stack.admin.jobs()}   # closed: session and worker gone
 
 
+def _jax_job() -> dict:
+    """A tiny JAX model and Adam on JAX's CPU backend: what the snippet calls init, adam_init and step."""
+    jax = pytest.importorskip("jax", reason="needs the test extra (jax[cpu])")
+    import numpy as np
+    jnp = jax.numpy
+
+    @jax.jit                                                  # (jitted: one compilation, not one per op)
+    def init(key):
+        return {"w": jax.random.normal(key, (4, 4)), "b": jnp.zeros(4)}
+
+    @jax.jit
+    def adam_init(p):
+        return {"m": jax.tree_util.tree_map(jnp.zeros_like, p), "t": jnp.zeros((), jnp.int32)}
+
+    @jax.jit
+    def step(p, o, x):
+        loss, g = jax.value_and_grad(lambda p: ((x @ p["w"] + p["b"]) ** 2).mean())(p)
+        m = jax.tree_util.tree_map(lambda m, g: 0.9 * m + g, o["m"], g)
+        return jax.tree_util.tree_map(lambda p, m: p - 0.1 * m, p, m), {"m": m, "t": o["t"] + 1}, loss
+    return {"init": init, "adam_init": adam_init, "step": step, "key": jax.random.key(0),
+            "batches": [np.full((2, 4), i, np.float32) for i in range(3)]}
+
+
+def _check_jax(ns: dict, stack: Stack) -> None:
+    memory = ns["memory"]
+    assert int(memory["opt_state"]["t"]) == 3                # three steps, each read and written through it
+    assert memory.region_bytes()["params"] == 80 and memory.host_bytes() >= 80   # the backup, pinned up front
+    job = {j.job_id: j for j in stack.admin.jobs()}["jax-1"]
+    assert job.workers == 1                                  # cooperate() reached lockd
+    memory.pause(["params", "opt_state"])                    # what the agent asks of a parked job
+    memory.resume(["params", "opt_state"])
+    assert int(memory["opt_state"]["t"]) == 3 and memory.backup_stats()["verified"] == 2
+    memory.close()
+
+
 SETUPS = [
     Setup("orchestrator = OrchestratorClient(target=",
           replace={'"lockd-0:50051,lockd-1:50051"': lambda s: repr(s.cluster.target)},
@@ -293,6 +328,7 @@ SETUPS = [
           replace={'TorchMemory({"weights": "offload", "optimizer": "offload"})': _sim_memory,
                    '"cuda")': lambda s: '"cpu")'},
           names=_plain_loop, check=_check_plain_loop),
+    Setup("from timeslice.integrations.jax import JaxMemory", names=_jax_job, check=_check_jax),
 ]
 
 

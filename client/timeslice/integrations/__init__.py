@@ -7,7 +7,10 @@
   its memory and its worker registration, as a framework integration drives them;
 * ``timeslice.integrations.trl`` — ``TimeslicedGRPOTrainer`` (and its mixin): TRL's
   ``GRPOTrainer`` whose GPU phases run inside the hold and whose reward functions run
-  outside it.
+  outside it;
+* ``timeslice.integrations.jax`` — ``JaxMemory``: the pytrees a JAX job names (parameters,
+  optimizer state, caches) moved to host memory while it is parked, and made again before
+  its next grant.
 
-Each imports PyTorch (and TRL) lazily, on first use: the lock never needs them.
+Each imports PyTorch (TRL, JAX) lazily, on first use: the lock never needs them.
 """

@@ -189,7 +189,10 @@ class TimeSlice:
         if self.client is not None:
             # The hint was worked out at the last release, while holding: outside a hold this
             # process must not ask anything of its device (it may be checkpointed).
-            hint = self._next_hint if self._next_hint is not None else self.hint
+            # Before the first hold the process has never been parked: a memory registered then (its sizes
+            # declared, ``pins_unheld``) can say what its first hold needs.
+            hint = (self._next_hint if self._next_hint is not None else
+                    self._hint() if self._registered else self.hint)
             scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint)
             grant = scope.__enter__()
             self._scope = scope
@@ -216,14 +219,17 @@ class TimeSlice:
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
-        """Tell the node agent about this process (once), inside a hold, once its memory is placed."""
+        """Tell the node agent about this process (once), inside a hold, once its memory is placed; or,
+        for a memory whose sizes are declared before its arrays exist (``pins_unheld``, as
+        ``timeslice.integrations.jax.JaxMemory``), before the first hold, so its pinning is outside any."""
         if self._registered:
             return
+        unheld = self.swap == "cooperative" and getattr(self._memory, "pins_unheld", False)
+        if self.client is not None and self.swap != "none" and not self.held and not unheld:
+            raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
         self._registered = True
         if self.client is None or self.swap == NO_SWAP:
             return
-        if not self.held:
-            raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
         t0 = time.monotonic()
         if self.swap == swaps.COOPERATIVE:
             self.worker = self.client.cooperate(self.memory, node=self.node, socket_path=self.socket_path,
