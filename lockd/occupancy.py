@@ -39,6 +39,7 @@ class NodeView:
     agent: R.AgentValue | None
     all_gpus: frozenset[int] = frozenset()
     free: dict[int, int] = field(default_factory=dict)
+    total: dict[int, int] = field(default_factory=dict)      # GPU index -> its capacity (fit groups)
     _index: dict[str, int] = field(default_factory=dict)
     _regs: dict[int, list[R.WorkerValue]] = field(default_factory=dict)   # id(JobState) -> its workers here
 
@@ -52,9 +53,11 @@ class NodeView:
                 continue
             v._index[str(g.get("uuid", idx))] = idx
             v.free[idx] = int(g.get("free_bytes", 0))
+            v.total[idx] = int(g.get("total_bytes", 0))
         if agent is not None and not v.free:
             # An agent that lists no GPU: its node total stands for one device.
             v.free[0] = agent.device_free_bytes
+            v.total[0] = agent.device_total_bytes
         v.all_gpus = frozenset(v.free)
         return v
 

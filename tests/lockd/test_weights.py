@@ -1,0 +1,65 @@
+"""The fit rule and the backfill rule of a fit group (lockd/weights.py), sans-IO."""
+from timeslice.common.server import records as R
+from timeslice.lockd import weights as W
+
+GB = 1 << 30
+CAP = {("n1", 0): 100 * GB, ("n1", 1): 100 * GB}
+
+
+def w(gb, gpu=0, node="n1"):
+    return W.Weight({(node, gpu): gb * GB})
+
+
+def test_a_grant_fits_while_the_footprints_on_each_of_its_gpus_stay_within_capacity_less_the_margin():
+    assert W.fits(w(40), [w(30), w(30)], CAP, 0)
+    assert not W.fits(w(41), [w(30), w(30)], CAP, 0)
+    assert not W.fits(w(40), [w(30), w(30)], CAP, 1)            # the margin is kept
+    assert W.fits(w(90), [w(30, gpu=1)], CAP, 0)                # another GPU's load does not count
+    two = W.Weight({("n1", 0): 10 * GB, ("n1", 1): 80 * GB})    # a job on two GPUs weighs on both
+    assert not W.fits(two, [w(30, gpu=1)], CAP, 0)
+    assert not W.fits(w(1, node="n2"), [w(1)], CAP, 0)          # a GPU no agent reports has no room
+
+
+def test_the_whole_device_is_alone_and_alone_only_with_nobody_holding():
+    assert W.fits(W.WHOLE, [], CAP, 0) and W.fits(w(99), [], CAP, 0)
+    assert not W.fits(W.WHOLE, [w(1)], CAP, 0)
+    assert not W.fits(w(1), [W.WHOLE], CAP, 0)
+
+
+def test_a_grant_without_a_readable_footprint_weighs_the_whole_device():
+    assert W.of_grant(R.GrantValue("a", 5, 1)) == W.WHOLE                          # an older lockd's grant
+    assert W.of_grant(R.GrantValue("a", 5, 1, footprint={"n1/0": 1}, exclusive=True)) == W.WHOLE
+    assert W.of_grant(R.GrantValue("a", 5, 1, footprint={"n1/x": 1})) == W.WHOLE
+    assert W.of_grant(R.GrantValue("a", 5, 1, footprint={"n1/0": 7, "n-2/3": 9})) == \
+        W.Weight({("n1", 0): 7, ("n-2", 3): 9})
+
+
+def test_an_undeclared_footprint_is_unknown_and_a_declared_one_is_never_below_what_the_job_holds():
+    assert W.admitted({}, {0: 5 * GB}) is None
+    assert W.admitted({0: 4 * GB}, {0: 5 * GB}) == {0: 5 * GB}
+    assert W.admitted({0: 6 * GB}, {0: 5 * GB, 1: GB}) == {0: 6 * GB, 1: GB}
+    assert W.declared_on(8, frozenset({0, 1}), placed=True) == {0: 4, 1: 4}
+    assert W.declared_on(8, frozenset({0, 1}), placed=False) == {0: 8, 1: 8}   # it may land on either
+
+
+def test_backfill_only_where_the_head_would_fit_beside_every_set_of_holders_it_fits_beside_now_and_then():
+    holders = [w(40), w(40)]
+    head = w(50)                                  # 80 + 50 > 100: the head waits for a holder to yield
+    assert not W.fits(head, holders, CAP, 0)
+    # 10 GB: after either holder yields, 40 + 50 + 10 = 100 still fits: the head loses nothing.
+    assert W.may_backfill(head, w(10), holders, CAP, 0)
+    # 15 GB fits now (95), but once one holder yields the head would need the room it took: refused.
+    assert W.fits(w(15), holders, CAP, 0)
+    assert not W.may_backfill(head, w(15), holders, CAP, 0)
+    # On a GPU the head does not use, anything that fits.
+    assert W.may_backfill(head, w(60, gpu=1), holders, CAP, 0)
+    # Past an exclusive (or unknown) head nobody goes: it fits only beside nobody.
+    assert not W.may_backfill(W.WHOLE, w(1), holders, CAP, 0)
+    assert not W.may_backfill(head, W.WHOLE, [], CAP, 0)
+    # What does not fit now is not backfilled either.
+    assert not W.may_backfill(head, w(21), holders, CAP, 0)
+
+
+def test_the_holders_room_to_grow_is_their_footprint_less_what_they_hold_now():
+    assert W.reserve([w(30), w(20)], "n1", {"a": {0: 5 * GB}, "b": {0: 25 * GB}}, ["a", "b"]) == {0: 25 * GB}
+    assert W.reserve([w(30)], "n2", {}, ["a"]) == {}
