@@ -172,23 +172,23 @@ def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterabl
 
 
 def planned_head(gs: GroupState, now_ms: int) -> tuple[str, KV] | None:
-    """The head as the planner picks it (FIFO groups: the oldest entry), for metrics and traces
-    (no swap under way is looked at)."""
-    if gs.parsed is None or not gs.parsed.priorities:
+    """The head as the planner picks it (FIFO groups: the oldest entry; a fit group: the next waiter
+    beside its holders), for metrics and traces (no swap under way is looked at)."""
+    if gs.parsed is None or not (gs.parsed.priorities or gs.parsed.shared):
         return gs.head()
-    h = head_of(gs, gs.parsed, now_ms)
+    h = head_of(gs, gs.parsed, now_ms, holders=gs.holders() if gs.parsed.shared else ())
     return (h.job, h.kv) if h is not None and h.ready else None
 
 
-def order(gs: GroupState, spec: R.GroupSpec, now_ms: int) -> list[tuple[str, KV]]:
+def order(gs: GroupState, spec: R.GroupSpec, now_ms: int, holders: Collection[str] = ()) -> list[tuple[str, KV]]:
     """The queue as it will be served, for status (holder first): by the rule above, without
-    simulating the aging of the waits to come."""
+    simulating the aging of the waits to come. ``holders``: a fit group's, left out of the order."""
     turns = turns_of(gs)
-    ws = _waiters(gs)
+    ws = [w for w in _waiters(gs) if w.job not in holders]
     aged_class: dict[int, bool] = {}
     for w in ws:
         aged_class[w.value.priority] = aged_class.get(w.value.priority, False) or _aged(w, spec, turns, now_ms)
-    holder = head_of(gs, spec, now_ms)
+    holder = head_of(gs, spec, now_ms, holders=holders)
     first = [w for w in ws if holder is not None and w.job == holder.job and not w.moving]
     rest = sorted((w for w in ws if not first or w.job != first[0].job),
                   key=lambda w: _rank(w, aged_class[w.value.priority]))

@@ -176,13 +176,14 @@ class ClientCore:
         with self.mu:
             return next(self._seq)
 
-    def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0) -> pb.AcquireRequest:
+    def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0,
+                    exclusive: bool = False) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         if not isinstance(priority, int) or not 0 <= priority < 2**32:
             raise ValueError(f"priority must be a class >= 0 (lockd accepts 0..9), got {priority!r}")
         return pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret(), group_id=group_id,
                                  device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
-                                 last_hold_ms=int(last_hold_ms), priority=priority)
+                                 last_hold_ms=int(last_hold_ms), priority=priority, exclusive=bool(exclusive))
 
     def open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""

@@ -335,3 +335,8 @@ class HoldRecord(Record):
     # The agents' answers to this grant's swap intents:
     # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
     swaps: list[dict] = field(default_factory=list)
+    # A fit group's grant (GrantValue's): what it was admitted with; left out while at the defaults.
+    footprint: dict = field(default_factory=dict)
+    exclusive: bool = False
+    backfilled: bool = False
+    _omit_default = frozenset({"footprint", "exclusive", "backfilled"})

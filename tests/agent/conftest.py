@@ -85,12 +85,13 @@ class NodeStack:
 
 @pytest.fixture
 def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
-    """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=()) -> async context
+    """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=(), sharing="") -> async context
     of a NodeStack: the test's SIMULATED device resized to ``capacity`` bytes, this node's agent,
     one lockd replica (their extra flags), and ``group`` over the node. The replica is stopped on
     the way out."""
     @asynccontextmanager
-    async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=()):
+    async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=(),
+                   sharing: str = ""):
         dev = SimDevice(sim_dir, capacity_bytes=capacity)
         lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
                              extra=list(lockd_extra)).start()
@@ -99,7 +100,7 @@ def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
             async with admin_channel(lockd.replicas[0].target) as ch:
                 stub = lpbg.LockdStub(ch)
                 await stub.CreateGroup(lpb.CreateGroupRequest(group_id=group, nodes=[lpb.NodeSpec(node=NODE)],
-                                                              isolation=isolation))
+                                                              isolation=isolation, sharing=sharing))
                 yield NodeStack(stub, lockd, agent, dev)
         finally:
             lockd.stop()

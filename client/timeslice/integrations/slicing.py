@@ -28,7 +28,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from timeslice.hooks import release_framework_cache
+from timeslice.config import node_name
+from timeslice.hooks import cap_allocator, release_framework_cache
 from timeslice.integrations.pytorch import Placement
 from timeslice.logs import get_logger
 
@@ -72,7 +73,9 @@ class TimeSlice:
 
     def __init__(self, client, group_id: str = "", memory=None, *, swap: str = "cooperative",
                  device_bytes_hint: int = 0, timeout: float | None = None, node: str | None = None,
-                 socket_path: str | None = None, gpus=(), sync_phases: bool = False):
+                 socket_path: str | None = None, gpus=(), sync_phases: bool = False, exclusive: bool = False):
+        """``exclusive``: every hold asks for the group's GPUs alone (a fit group: nobody beside it);
+        ``hold(exclusive=True)`` asks it for one phase."""
         if swap not in SWAPS:
             raise ValueError(f"swap must be one of {SWAPS}, got {swap!r}")
         if client is not None and not group_id:
@@ -80,6 +83,8 @@ class TimeSlice:
         self.client, self.group_id, self.swap = client, group_id, swap
         self.timeout, self.node, self.socket_path, self.gpus = timeout, node, socket_path, tuple(gpus)
         self.hint = int(device_bytes_hint)
+        self.exclusive = bool(exclusive)
+        self._held_exclusive = self.exclusive
         self.transient_bytes = 0       # expected beside the regions at the peak (e.g. gradients)
         self._memory = memory
         self._placement: Placement | None = None
@@ -119,10 +124,12 @@ class TimeSlice:
 
     # -- holds -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def hold(self) -> Iterator[Any]:
-        """Hold the group for the body (re-entrant); yields the grant (None standalone)."""
+    def hold(self, exclusive: bool | None = None) -> Iterator[Any]:
+        """Hold the group for the body (re-entrant); yields the grant (None standalone).
+        ``exclusive``: this hold wants the GPUs alone (None: the TimeSlice's setting); the
+        outermost hold's choice counts."""
         if self._depth == 0:
-            self._enter()
+            self._enter(self.exclusive if exclusive is None else exclusive)
         self._depth += 1
         try:
             yield None if self._open is None else self._open.get("grant")
@@ -151,7 +158,7 @@ class TimeSlice:
         finally:
             try:
                 if depth:
-                    self._enter()
+                    self._enter(self._held_exclusive)
             finally:
                 self._depth = depth
 
@@ -173,16 +180,22 @@ class TimeSlice:
             peak += missing + self.transient_bytes
         return max(self.hint, peak)
 
-    def _enter(self) -> None:
+    def _enter(self, exclusive: bool | None = None) -> None:
         t_req = time.monotonic()
+        exclusive = self.exclusive if exclusive is None else exclusive
+        self._held_exclusive = exclusive          # released() takes the group back the same way
         grant = None
         if self.client is not None:
             # The hint was worked out at the last release, while holding: outside a hold this
             # process must not ask anything of its device (it may be checkpointed).
             hint = self._next_hint if self._next_hint is not None else self.hint
-            scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint)
+            scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint,
+                                                exclusive=exclusive)
             grant = scope.__enter__()
             self._scope = scope
+            if grant is not None and _cuda_ready():
+                # A fit group's holders share the GPU: this job's allocator stays within what it was admitted.
+                cap_allocator(grant.footprint_bytes, grant.exclusive, self.node or node_name())
         self._open = {"t_req": t_req, "t_grant": time.monotonic(), "grant": grant}
 
     def _exit(self) -> None:
