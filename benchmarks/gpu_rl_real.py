@@ -26,7 +26,7 @@ final weight hashes identical, bit for bit, to the standalone runs. Deterministi
     python -m benchmarks.gpu_rl_real --kind plain --out benchmarks/results   # the 7B-class plain loop (~4 min)
 
 ``--kind plain`` runs examples/grpo/real_job.py instead: the plain transformers loop
-(``@on_accelerators`` phases, ``Placement``) at a Qwen2-7B-architecture config with bf16
+(``@on_accelerators`` phases, ``ModelRegions``) at a Qwen2-7B-architecture config with bf16
 weights and AdamW state, standalone and cooperative. Each job keeps ~46 GB resident and
 peaks near 70 GB, so a parked job plus the other's peak fit the H200 only narrowly; the
 ballast rule above decides. Its pinned backups take ~92 GB of host memory together; a

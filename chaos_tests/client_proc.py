@@ -56,7 +56,7 @@ import grpc
 from chaos_tests.coopdevice import SimCoopWorkerDevice
 from chaos_tests.device import SimWorkerDevice
 from chaos_tests.history import FencedResource, HistoryRecorder
-from timeslice.testing.rawjob import GiveUp, RawJob, SessionLost
+from timeslice.testing.rawjob import GiveUp, RawJob, RawSessionLost
 
 
 class AttemptFailed(Exception):
@@ -70,9 +70,9 @@ def log(msg: str) -> None:
 
 
 def failure(method: str, e: BaseException) -> Exception:
-    """What a failed call means for the history: ``SessionLost``, or ``AttemptFailed`` with the reason
+    """What a failed call means for the history: ``RawSessionLost``, or ``AttemptFailed`` with the reason
     (and its gRPC ``code``, for the checker's status rule)."""
-    if isinstance(e, SessionLost):
+    if isinstance(e, RawSessionLost):
         return e
     if isinstance(e, grpc.aio.AioRpcError):
         err = AttemptFailed(f"{method}: {e.code().name}: {e.details()}")
@@ -176,7 +176,7 @@ class Client:
         self.rec.cs_end(group, token)
         try:
             await self.yield_(group, token)
-        except (SessionLost, AttemptFailed) as e:
+        except (RawSessionLost, AttemptFailed) as e:
             self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, token=token, code=code_of(e))
             await self.renew_session()        # whatever lockd still holds for us goes with the old session
             return
@@ -186,7 +186,7 @@ class Client:
         try:
             await self.yield_(group, token)
             log(f"stale grant {group}/{token}: Yield succeeded")
-        except (SessionLost, AttemptFailed) as e:
+        except (RawSessionLost, AttemptFailed) as e:
             log(f"stale grant {group}/{token}: {e}")
 
     # -- the loop -------------------------------------------------------------------

@@ -145,7 +145,7 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
     verdict(w, report)
     for c, resumed in paused:
         after = [e for e in w.client_events(c) if e["t"] > resumed * 1e9 and e["ev"] in ("granted", "yield", "error")]
-        assert after and after[0]["ev"] == "error" and after[0].get("kind") == "SessionLost", (
+        assert after and after[0]["ev"] == "error" and after[0].get("kind") == "RawSessionLost", (
             f"{c.job} woke from a pause past its TTL; its next outcome was {after[:1]}")
 
 

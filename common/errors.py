@@ -86,12 +86,6 @@ class StaleToken(LockError):
     """A fencing token older than the current one was presented."""
 
 
-class WaitCancelled(LockError):
-    """A wait for the lock was cancelled; the waiter's key has been removed."""
-
-    code = "CANCELLED"
-
-
 class ElectionError(TimesliceError):
     """Leader election failed."""
 

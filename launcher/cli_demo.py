@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if (msg := server_extra_missing("demo")) is not None:
         print(msg, file=sys.stderr)
         return 1
-    from timeslice.launcher.demo.runner import Demo, DemoError, Plan, RunSpec, sim_runs
+    from timeslice.launcher.demo.runner import Demo, DemoError, DemoPlan, RunSpec, sim_runs
 
     def say(msg: str) -> None:          # with --json, stdout carries only the final JSON object
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
         def phase(given, default):
             return given if given is not None else default * scale
-        plan = Plan(iterations=args.iterations, generate_s=phase(args.generate_s, 1.0),
+        plan = DemoPlan(iterations=args.iterations, generate_s=phase(args.generate_s, 1.0),
                     rewards_s=phase(args.rewards_s, 1.5), train_s=phase(args.train_s, 0.5))
         if not gpu:
             cap = int(doc["sim"]["capacity_bytes"])

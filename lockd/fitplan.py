@@ -85,7 +85,7 @@ def weight(ctx: P._Ctx, views: dict[str, NodeView | None], job: str, kv: KV) -> 
         where = residency(ns, job, on_node, view.agent)
         snap = status_of(ns, job) if where in ("snapshotted", "partial") else None
         mine = view.group_gpus(e)
-        placed = view.placement(job, ctx.jobs.get(job), snap) & mine
+        placed = view.known_gpus(job, ctx.jobs.get(job), snap) & mine
         gpus = placed or mine
         observed = dict(view.seen(job) or {}) if where in ("running", "partial", "unknown") else {}
         for g, b in ((view.by_index(snap.gpu_bytes) or {}) if snap is not None and snap.gpu_bytes else {}).items():

@@ -13,7 +13,7 @@ from timeslice.lockd import priority as PR
 from timeslice.lockd.errors import AlreadyExists, GroupBusy, LimitExceeded, NotFound
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.residency import RESIDENT, residency
-from timeslice.lockd.revocations import Revocations
+from timeslice.lockd.revocations import RevocationNotices
 from timeslice.proto import lockd_pb2 as pb
 
 MAX_NODES = 1024             # nodes in one group
@@ -27,11 +27,11 @@ log = structlog.get_logger(__name__)
 
 
 class Groups:
-    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, revocations: Revocations | None = None,
+    def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, revocations: RevocationNotices | None = None,
                  max_groups: int = MAX_GROUPS):
         self.client, self.keys, self.index = client, keys, index
         self.max_groups = max_groups
-        self.revocations = revocations or Revocations(client, keys)
+        self.revocations = revocations or RevocationNotices(client, keys)
 
     async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "",
                      tenants: list[str] | None = None, admins: list[str] | None = None,

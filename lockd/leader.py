@@ -22,7 +22,7 @@ from timeslice.common.server.etcd.session import Session
 from timeslice.common.server.etcd.timing import ElectionTiming
 from timeslice.common.server.keys import Keys
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.metrics import LockdMetrics
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.scheduler import Scheduler
 
@@ -31,7 +31,7 @@ log = structlog.get_logger(__name__)
 
 class LeaderLoop:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, reflector: Reflector,
-                 replica: str, timing: ElectionTiming, policy: Policy, metrics: Metrics,
+                 replica: str, timing: ElectionTiming, policy: Policy, metrics: LockdMetrics,
                  on_started_leading: Callable[[Leadership], None] | None = None,
                  on_stopped_leading: Callable[[str], None] | None = None):
         self.client, self.keys, self.index, self.reflector = client, keys, index, reflector

@@ -84,7 +84,7 @@ class JobFractions:
         yield wait
 
 
-class Metrics:
+class LockdMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         r = self.registry = registry or CollectorRegistry()
         add_common(r, "lockd")

@@ -113,7 +113,7 @@ class NodeView:
             return self.all_gpus                       # a device the agent did not list: assume all
         return declared if every else self.all_gpus
 
-    def placement(self, job: str, js: JobState | None, snapshot: R.StatusValue | None) -> frozenset[int]:
+    def known_gpus(self, job: str, js: JobState | None, snapshot: R.StatusValue | None) -> frozenset[int]:
         """GPUs a job uses here, known by any means (empty: not known)."""
         declared, _ = self.declared(js)
         seen = self.seen(job) or {}

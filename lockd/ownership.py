@@ -30,7 +30,7 @@ from timeslice.lockd.errors import NotOwner, SystemProcess
 
 
 @dataclass(frozen=True)
-class Claim:
+class PidClaim:
     """What etcd says about a pid on a node: who attested it (None: nobody)."""
 
     attested_by: str | None
@@ -40,7 +40,7 @@ class Ownership:
     def __init__(self, client: EtcdClient, keys: Keys):
         self.client, self.keys = client, keys
 
-    async def claim(self, job: str, node: str, pid: int) -> Claim:
+    async def claim(self, job: str, node: str, pid: int) -> PidClaim:
         """Raise if ``job`` may not register ``pid`` on ``node``; else who attested it."""
         if pid == 1:
             raise SystemProcess(f"pid 1 on node {node!r} is init, a system process; a job registers only its "
@@ -57,7 +57,7 @@ class Ownership:
         if by is not None and by != job:
             raise NotOwner(f"pid {pid} on node {node!r} attested to the node agent as another job's process; "
                            "a job registers only its own processes")
-        return Claim(by)
+        return PidClaim(by)
 
 
 def _protected(raw: bytes) -> dict:

@@ -270,7 +270,7 @@ def serve(ctx: _Ctx, head_job: str, head_kv: KV,
         if b_where == "partial":
             b_where = "snapshotted"            # for itself: a snapshot to restore, like any other
         b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
-        b_gpus = view.placement(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
+        b_gpus = view.known_gpus(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
         need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
         free: dict[int, int] = {}

@@ -18,22 +18,22 @@ from timeslice.lockd.history import History
 from timeslice.lockd.index import StateIndex
 from timeslice.lockd.leader import LeaderLoop
 from timeslice.lockd.locks import Locks
-from timeslice.lockd.metrics import Metrics
-from timeslice.lockd.profile_service import ProfileService
-from timeslice.lockd.sessions import Sessions
+from timeslice.lockd.metrics import LockdMetrics
+from timeslice.lockd.profiles import ProfileService
+from timeslice.lockd.sessions import JobSessions
 from timeslice.lockd.tenancy import Tenancy
 from timeslice.lockd.traces import HandoffTraces
 from timeslice.lockd.waiters import Waiters
 from timeslice.lockd.watches import Watches
-from timeslice.lockd.workers import Workers
+from timeslice.lockd.workers import WorkerRegistry
 
 log = structlog.get_logger(__name__)
 
 
 class Replica:
-    def __init__(self, config: LockdConfig, metrics: Metrics | None = None, client: EtcdClient | None = None):
+    def __init__(self, config: LockdConfig, metrics: LockdMetrics | None = None, client: EtcdClient | None = None):
         self.config = config
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or LockdMetrics()
         self.client = client or EtcdClient(config.etcd)
         self.keys = Keys(config.prefix)
         self.index = StateIndex(self.keys)
@@ -41,13 +41,13 @@ class Replica:
         self.metrics.queue_depth.live_groups = lambda: list(self.index.groups)
         self.reflector = Reflector(self.client, self.keys.root())
         self.waiters = Waiters(self.keys)
-        self.sessions = Sessions(self.client, self.keys, self.index, config.replica_id, config.sessions,
+        self.sessions = JobSessions(self.client, self.keys, self.index, config.replica_id, config.sessions,
                                  seen=lambda rev: self.reflector.wait_revision(rev, timeout=5))
         self.locks = Locks(self.client, self.keys, self.index, self.reflector, self.waiters, config.replica_id,
                            config.policy, leadership=self._current_leadership,
                            on_direct_grant=self._direct_grant)
         self.groups = Groups(self.client, self.keys, self.index, max_groups=config.max_groups)
-        self.workers = Workers(self.client, self.keys, self.index, config.max_workers_per_job)
+        self.workers = WorkerRegistry(self.client, self.keys, self.index, config.max_workers_per_job)
         self.watches = Watches(config.callers.max_watches, config.callers.max_watches_per_caller)
         self.tenancy = Tenancy(self.client, self.keys, self.index, enabled=config.callers.tenants_file is not None)
         # Job profiles, read off the history of holds in the mirror (lockd/profiles.py).

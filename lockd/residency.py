@@ -76,7 +76,7 @@ def residue_holders(view: NodeView, ns: NodeState | None, where: dict[str, str],
         js = jobs.get(j)
         if not may_checkpoint_rest(view, js, isolation):
             continue
-        on = view.placement(j, js, st) or view.all_gpus
+        on = view.known_gpus(j, js, st) or view.all_gpus
         if on & set(gpus):
             out.append(j)
     return out

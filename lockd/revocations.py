@@ -27,7 +27,7 @@ MAX_LISTED = 64      # revoked groups a KeepAlive reply lists
 BATCH = 64          # puts per transaction: etcd refuses a txn of more than --max-txn-ops (128) operations
 
 
-class Revocations:
+class RevocationNotices:
     def __init__(self, client: EtcdClient, keys: Keys):
         self.client, self.keys = client, keys
 

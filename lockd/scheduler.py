@@ -23,14 +23,14 @@ from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
 from timeslice.lockd.cleanup import plan_cleanup
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.metrics import Metrics
+from timeslice.lockd.metrics import LockdMetrics
 
 log = structlog.get_logger(__name__)
 
 
 class Scheduler:
     def __init__(self, leadership: Leadership, keys: Keys, index: StateIndex, reflector: Reflector,
-                 policy: P.Policy, metrics: Metrics, tick: float = 1.0, cleanup_every: int = 10):
+                 policy: P.Policy, metrics: LockdMetrics, tick: float = 1.0, cleanup_every: int = 10):
         self.lead, self.keys, self.index, self.reflector = leadership, keys, index, reflector
         self.policy, self.metrics, self.tick, self.cleanup_every = policy, metrics, tick, cleanup_every
         self._dirty: set[str] = set()

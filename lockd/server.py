@@ -59,7 +59,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     if config.tls_cert and config.tls_key is not None:     # config: cert and key come together
         ca = config.callers.tls_client_ca
-        # With a client CA, every caller proves a certificate identity (lockd/peers.py, lockd/callers.py).
+        # With a client CA, every caller proves a certificate identity (lockd/callers.py).
         creds = grpc.ssl_server_credentials([(_read(config.tls_key), _read(config.tls_cert))],
                                             root_certificates=_read(ca) if ca else None,
                                             require_client_auth=ca is not None)
@@ -72,7 +72,7 @@ def create_server(config: LockdConfig, replica: Replica) -> tuple[grpc.aio.Serve
 
 
 async def serve(config: LockdConfig, ready=None) -> None:
-    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): common/tracing.py.
     tracing.setup("lockd", {"timeslice.replica": config.replica_id})
     replica = Replica(config)
     await replica.start()

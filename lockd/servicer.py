@@ -14,8 +14,8 @@ import structlog
 from timeslice.common.errors import LockError, TimesliceError
 from timeslice.common.server.auth import Authority
 from timeslice.common.server.serving import rpc, stream_rpc
-from timeslice.lockd import peers, traces
-from timeslice.lockd.callers import Callers
+from timeslice.lockd import traces
+from timeslice.lockd.callers import Callers, peer_identity
 from timeslice.lockd.errors import NotFound
 from timeslice.lockd.groups import priorities_of
 from timeslice.lockd.replica import Replica
@@ -37,7 +37,7 @@ class LockdServicer(pbg.LockdServicer):
     @ids_checked
     async def OpenSession(self, req, context):
         tenant = self.r.tenancy.session_tenant(self.callers.of(context))
-        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peers.identity(context), tenant)
+        secret, lease, ttl = await self.r.sessions.open(req.job_id, req.ttl_seconds, peer_identity(context), tenant)
         return pb.OpenSessionReply(job_id=req.job_id, session_secret=secret, lease_id=lease, ttl_seconds=ttl)
 
     @rpc

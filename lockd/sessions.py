@@ -7,7 +7,7 @@ for the job, even knowing its id and token.
 
 Live sessions are bounded (each holds an etcd lease and a key): at most
 ``--max-sessions`` in the system and ``--max-sessions-per-peer`` opened by one
-caller (``lockd.peers``: its TLS identity, else its address). OpenSession past
+caller (``lockd.callers``: its TLS identity, else its address). OpenSession past
 either returns RESOURCE_EXHAUSTED naming the limit, and changes nothing. Each
 session holds one slot of each limit (lockd/slots.py), written in the same
 transaction as its key, so the bounds hold across replicas and parallel callers.
@@ -41,7 +41,7 @@ CLOSED_MARKER_TTL_S = 60            # how long CloseSession's marker outlives th
 
 
 MAX_SESSIONS = 10_000              # live sessions in the system (each is an etcd lease and a key)
-MAX_SESSIONS_PER_PEER = 2_048      # live sessions opened by one caller (lockd.peers), e.g. one pod
+MAX_SESSIONS_PER_PEER = 2_048      # live sessions opened by one caller (lockd.callers), e.g. one pod
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def _digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-class Sessions:
+class JobSessions:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, replica: str,
                  limits: SessionLimits = SessionLimits(),
                  seen: Callable[[int], Awaitable[None]] | None = None):
@@ -86,7 +86,7 @@ class Sessions:
         self._rng = random.Random()
 
     async def open(self, job: str, ttl: int, peer: str = "", tenant: str = "") -> tuple[str, int, int]:
-        """Returns (secret, lease_id, ttl). ``peer``: the caller (lockd.peers), for the per-peer limit;
+        """Returns (secret, lease_id, ttl). ``peer``: the caller (lockd.callers), for the per-peer limit;
         ``tenant``: the tenant the session belongs to (lockd/tenancy.py)."""
         check_id("job", job)
         ttl = ttl or self.limits.default_ttl

@@ -11,7 +11,7 @@ every replica. A slot a parallel call took first costs one more try with another
 mirror says which are free, and a random pick keeps parallel callers apart.
 
 Spaces: ``sessions`` (--max-sessions), ``peers/<digest>`` (--max-sessions-per-peer, the
-digest of the caller's identity: lockd.peers), ``workers/<job>`` (max_workers_per_job).
+digest of the caller's identity: lockd.callers), ``workers/<job>`` (max_workers_per_job).
 The decisions are sans-IO; the services (sessions.py, workers.py) write, and ``taken_now``
 reads etcd before a refusal.
 """

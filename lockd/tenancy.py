@@ -1,6 +1,6 @@
 """Tenants and groups: who may acquire, administer and see what (on with ``--tenants-file``).
 
-A credential names a tenant (``lockd/tenants.py``); a job's session records the tenant
+A credential names a tenant (``lockd/callers.py``); a job's session records the tenant
 its opener presented; a group names the tenants that may acquire it (``tenants``,
 ``*`` for all) and those that administer it (``admins``). The admin token is the
 superuser. The rules, with tenancy on:
@@ -25,10 +25,9 @@ from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.keys import Keys
-from timeslice.lockd.callers import Caller
+from timeslice.lockd.callers import ALL_TENANTS, Caller
 from timeslice.lockd.errors import Forbidden, NotFound, Unauthenticated
 from timeslice.lockd.index import StateIndex
-from timeslice.lockd.tenants import ALL_TENANTS
 from timeslice.proto import lockd_pb2 as pb
 
 REDACTED = "(another tenant)"

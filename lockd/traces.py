@@ -1,4 +1,4 @@
-"""lockd's spans of a handoff (opt-in, timeslice/tracing.py): the Acquire, its wait in the queue,
+"""lockd's spans of a handoff (opt-in, common/tracing.py): the Acquire, its wait in the queue,
 and, on the leader, the handoff with its plan and each intent.
 
 * The replica serving an Acquire opens ``lockd.acquire`` (a server span continuing the

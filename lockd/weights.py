@@ -15,9 +15,9 @@ planner's ``device_margin_bytes``. A GPU whose capacity no agent reports has no 
 also checks what is really free (``reserve``: the holders' room to grow to their footprints is
 kept for them), and makes room by parking jobs that hold nothing, as in any group.
 
-The footprint (``admitted``) is issue 32's max(declared, observed) + context + margin; until that
-lands it is the declaration (the Acquire's ``device_bytes_hint``, per node) or what the job already
-holds on the GPU, whichever is larger. Without a declaration the footprint is unknown, and an
+The footprint (``admitted``) is the measured footprint rule's max(declared, observed) + context +
+margin; until that rule is in this tree it is the declaration (the Acquire's ``device_bytes_hint``, per
+node) or what the job already holds on the GPU, whichever is larger. Without a declaration the footprint is unknown, and an
 unknown footprint weighs the whole device: nobody is ever granted beside another on a guess.
 
 FIFO: the head (the earliest waiter by arrival; lockd/priority.py for classes) is served first:
@@ -86,8 +86,8 @@ def of_grant(g: R.GrantValue) -> Weight:
 def admitted(declared: Mapping[int, int], observed: Mapping[int, int]) -> dict[int, int] | None:
     """The footprint a job is admitted with on one node, per GPU; None when it is unknown.
 
-    The one call site of the footprint rule (issue 32's max(declared, observed) + context + margin
-    replaces it). Here: what the job declared, or what it holds there now if that is more; nothing
+    The one call site of the footprint rule (the measured rule, max(declared, observed) + context +
+    margin, replaces it). Here: what the job declared, or what it holds there now if that is more; nothing
     declared is unknown (what a job holds between phases says nothing of its peak)."""
     if not declared:
         return None

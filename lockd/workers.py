@@ -29,7 +29,7 @@ MAX_ENDPOINT = 512       # characters of an inference server's base URL
 MAX_WORKERS_PER_JOB = 256   # registered processes of one job, all nodes together
 
 
-class Workers:
+class WorkerRegistry:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, max_per_job: int = MAX_WORKERS_PER_JOB,
                  ownership: Ownership | None = None):
         self.client, self.keys, self.index = client, keys, index

@@ -29,7 +29,7 @@ from timeslice.common.errors import ConfigError
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.etcd.mirror import Reflector
 from timeslice.common.server.keys import Keys
-from timeslice.nodeagent.attestations import Attestations
+from timeslice.nodeagent.attestations import Attestations, WorkerAuth
 from timeslice.nodeagent.backends import pick_backend
 from timeslice.nodeagent.backends.base import Backend
 from timeslice.nodeagent.backends.composite import CompositeBackend
@@ -50,7 +50,6 @@ from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
 from timeslice.nodeagent.upkeep import Upkeep
-from timeslice.nodeagent.worker_auth import WorkerAuth
 
 log = structlog.get_logger(__name__)
 

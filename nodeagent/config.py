@@ -82,7 +82,7 @@ class AgentConfig:
     app_drain_expired: str = "refuse"         # then: refuse the swap (serve on) or abort them (app_endpoint.py)
     freeze_parked: bool = False               # lock a paused cooperative worker (see backends/composite.py)
     parked_warn_s: float = 300.0              # warn once when a job stays snapshotted (parked) this long
-    require_attestation: bool = False         # act only on pids a job attested over the channel (attest.py)
+    require_attestation: bool = False         # act only on pids a job attested over the channel (attestations.py)
 
     def __post_init__(self) -> None:
         check_id("node", self.node)

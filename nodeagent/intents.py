@@ -83,7 +83,7 @@ def answered(intent: Intent, status: R.StatusValue | None) -> bool:
 
 
 @dataclass(frozen=True)
-class Decision:
+class IntentDecision:
     kind: str                          # run | report | refuse
     outcome: str = ""                  # for report / refuse
     reason: str = ""
@@ -114,27 +114,27 @@ def checkpoint_refusal(workers: Iterable[R.WorkerValue]) -> str:
 
 
 def decide(intent: Intent, picture: Picture, stale_reason: str = "", fence: int = 0,
-           refusal: str = "", away: str = "") -> Decision:
+           refusal: str = "", away: str = "") -> IntentDecision:
     """``refusal``: why the backend may not snapshot this job (``checkpoint_refusal``); ``away``:
     why some of its cooperative workers cannot be reached (``Reconnects.wait_all``)."""
     if intent.error:
-        return Decision(REFUSE, R.REFUSED, intent.error)
+        return IntentDecision(REFUSE, R.REFUSED, intent.error)
     if stale_reason:
-        return Decision(REFUSE, R.REFUSED, stale_reason, fence)
+        return IntentDecision(REFUSE, R.REFUSED, stale_reason, fence)
     if picture.state == R.GONE:
-        return Decision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
+        return IntentDecision(REPORT, R.PROCESS_GONE, "no live process of the job on this node")
     # A snapshot asking for full isolation has work on a job paused cooperatively with memory left
     # outside its regions (its residue): the checkpoint of the rest (the planner asks for it when
     # that residue is in the next job's way).
     rest = (intent.op == R.SNAPSHOT and intent.value is not None and R.checkpoints_rest(intent.value.isolation)
             and picture.state == R.SNAPSHOTTED and picture.residue_bytes > 0)
     if not picture.needs(intent.op) and not rest:
-        return Decision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
+        return IntentDecision(REPORT, R.OK, f"nothing to {intent.op}: the job is {picture.state} already")
     if away:
-        return Decision(REPORT, R.FAILED, away)
+        return IntentDecision(REPORT, R.FAILED, away)
     if refusal and intent.op == R.SNAPSHOT:
-        return Decision(REFUSE, R.REFUSED, refusal)
-    return Decision(RUN)
+        return IntentDecision(REFUSE, R.REFUSED, refusal)
+    return IntentDecision(RUN)
 
 
 def status(intent: Intent, state: str, outcome: str, *, bytes_moved: int = 0, device_bytes: int = 0,

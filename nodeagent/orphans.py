@@ -17,7 +17,7 @@ agent's report shows it gone from the running jobs (frozen or exited): see
 ``lockd.plan`` (``unfenced``).
 
 The decision is sans-IO (``Orphans.step``): registrations and process states in,
-pids to freeze and to thaw out. The agent applies them (``agent.fence``).
+pids to freeze and to thaw out. ``DeviceExclusion`` (nodeagent/exclusion.py) applies them.
 """
 from __future__ import annotations
 

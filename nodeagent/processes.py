@@ -5,7 +5,7 @@ jobs mirror may lag a worker registered a moment ago), the pids adopted for it b
 call, and its cooperative workers (theirs as long as they live, registered or not: their
 memory moves only through them). From those the agent drops init, itself and the system's
 servers (``nodeagent.protected``) and the pids the job has not attested
-(``nodeagent.attest``; each refusal is said once per pid). ``remembered`` are the pids of
+(``nodeagent.attestations``; each refusal is said once per pid). ``remembered`` are the pids of
 the job's last status that are no longer registered (``nodeagent.jobs``).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.keys import Keys
-from timeslice.nodeagent import attest
+from timeslice.nodeagent import attestations
 from timeslice.nodeagent.channel import ChannelServer
 from timeslice.nodeagent.discovery import local_registered_pids
 from timeslice.nodeagent.jobs import LocalJobs
@@ -67,8 +67,8 @@ class JobProcesses:
         return sorted(registered), sorted(self.jobs.remembered(job) - registered)
 
     def trusted(self, job: str, pids: Iterable[int]) -> list[int]:
-        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attest.py)."""
-        keep, refused = attest.trusted(job, pids, self.channel.job_of, self.require_attestation)
+        """The registered ``pids`` the agent may act on for ``job`` (see nodeagent/attestations.py)."""
+        keep, refused = attestations.trusted(job, pids, self.channel.job_of, self.require_attestation)
         for pid, why in refused.items():
             if self._unattested.get(pid) != job:
                 self._unattested[pid] = job

@@ -89,7 +89,7 @@ async def _etcd_ok(agent: Agent, timeout: float = 2.0) -> bool:
 
 
 async def serve(cfg: AgentConfig, ready=None) -> None:
-    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): timeslice/tracing.py.
+    # Opt-in traces (TIMESLICE_TRACING; exported per the OTEL_* variables): common/tracing.py.
     tracing.setup("nodeagent", {"timeslice.node": cfg.node})
     agent = Agent(cfg)
     operations = direct_ops(agent)

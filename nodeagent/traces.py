@@ -1,4 +1,4 @@
-"""The node agent's spans of a handoff (opt-in, timeslice/tracing.py): one per process it moved.
+"""The node agent's spans of a handoff (opt-in, common/tracing.py): one per process it moved.
 
 For a snapshot or restore intent that belongs to a traced handoff, each process the op
 touched gets a span ``nodeagent.snapshot`` / ``nodeagent.restore`` (bytes, backend, the

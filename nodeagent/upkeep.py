@@ -77,7 +77,7 @@ class Upkeep:
                 local[job] = (sorted({*reg, pid}), [p for p in rem if p != pid])
 
         def work():
-            # Only what the job may be acted on for counts as its footprint (nodeagent/attest.py).
+            # Only what the job may be acted on for counts as its footprint (nodeagent/attestations.py).
             return {job: take(self.backend, self.processes.trusted(job, reg), rem)
                     for job, (reg, rem) in local.items()}
         return await asyncio.to_thread(work)

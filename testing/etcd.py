@@ -29,7 +29,7 @@ import time
 
 from timeslice.launcher.etcd import initial_cluster, start_members
 from timeslice.testing.ctl import EtcdHarnessError, PortCollision, etcdctl_run
-from timeslice.testing.member import EtcdMember
+from timeslice.testing.member import HarnessMember
 from timeslice.testing.ports import free_port
 
 _live: list[EtcdCluster] = []  # started and not yet stopped; see live_clusters()
@@ -63,7 +63,7 @@ class EtcdCluster:
                          "--logger", "zap", "--log-outputs", "stderr", "--log-level", log_level]
         self._root = workdir or _default_tmp_root()
         self._dir: str | None = None
-        self.members: list[EtcdMember] = []
+        self.members: list[HarnessMember] = []
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -73,7 +73,7 @@ class EtcdCluster:
                       lambda _ms: self.stop(grace=0), attempts=5)
         return self
 
-    def _create_members(self) -> list[EtcdMember]:
+    def _create_members(self) -> list[HarnessMember]:
         # A fresh cluster token per attempt, so members of a dead attempt or of
         # another test cluster that reuses a port can never join this one.
         self._dir = tempfile.mkdtemp(prefix="timeslice-etcd-", dir=self._root)
@@ -81,7 +81,7 @@ class EtcdCluster:
         ports = [(free_port(), free_port()) for _ in names]
         cluster_args = ["--initial-cluster", initial_cluster(names, [pp for _, pp in ports]),
                         "--initial-cluster-token", f"ts-{secrets.token_hex(6)}", *self.settings]
-        self.members = [EtcdMember(n, cp, pp, self._dir, cluster_args)
+        self.members = [HarnessMember(n, cp, pp, self._dir, cluster_args)
                         for n, (cp, pp) in zip(names, ports)]
         _live.append(self)
         return self.members
@@ -119,7 +119,7 @@ class EtcdCluster:
 
     # -- health ------------------------------------------------------------
 
-    def _active(self) -> list[EtcdMember]:
+    def _active(self) -> list[HarnessMember]:
         return [m for m in self.members if m.is_running() and not m.paused]
 
     def wait_healthy(self, timeout: float = 15.0) -> None:
@@ -155,7 +155,7 @@ class EtcdCluster:
                 m.restart()
         self.wait_healthy(timeout)
 
-    def leader(self, timeout: float = 10.0) -> EtcdMember:
+    def leader(self, timeout: float = 10.0) -> HarnessMember:
         """The member that is raft leader, as the running members report it."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -170,14 +170,14 @@ class EtcdCluster:
             time.sleep(0.05)
         raise EtcdHarnessError(f"no agreed leader within {timeout}s\n{self.dump_logs()}")
 
-    def followers(self, timeout: float = 10.0) -> list[EtcdMember]:
+    def followers(self, timeout: float = 10.0) -> list[HarnessMember]:
         """The running, unpaused members that are not raft leader."""
         leader = self.leader(timeout)
         return [m for m in self._active() if m is not leader]
 
     # -- losing the quorum -------------------------------------------------
 
-    def lose_quorum(self, how: str = "kill", with_leader: bool = True) -> list[EtcdMember]:
+    def lose_quorum(self, how: str = "kill", with_leader: bool = True) -> list[HarnessMember]:
         """Take a majority of the members away: SIGKILL (``how="kill"``) or SIGSTOP (``"pause"``)
         them, the raft leader among them if ``with_leader``. The rest cannot commit anything
         until ``regain_quorum``. Returns the members taken."""
@@ -191,7 +191,7 @@ class EtcdCluster:
             m.kill() if how == "kill" else m.pause()
         return victims
 
-    def regain_quorum(self, members: list[EtcdMember]) -> None:
+    def regain_quorum(self, members: list[HarnessMember]) -> None:
         """Bring back what ``lose_quorum`` took (restart or SIGCONT); ``wait_healthy`` waits for service."""
         for m in members:
             if m.paused:
@@ -232,4 +232,4 @@ def _stop_leftovers() -> None:
         cluster.stop(grace=0)
 
 
-__all__ = ["EtcdCluster", "EtcdHarnessError", "EtcdMember", "PortCollision", "live_clusters"]
+__all__ = ["EtcdCluster", "EtcdHarnessError", "HarnessMember", "PortCollision", "live_clusters"]

@@ -1,4 +1,4 @@
-"""One etcd member for tests: the launcher's ``EtcdMember`` plus kill, pause, resume and restart.
+"""One etcd member for tests (``HarnessMember``): the launcher's ``EtcdMember`` plus kill, pause, resume and restart.
 
 A member keeps its name, ports and data dir for its whole life, so a restart
 comes back as the same raft member and rejoins its cluster with its old data.
@@ -20,7 +20,7 @@ from timeslice.testing.ctl import (
 )
 
 
-class EtcdMember(launcher.EtcdMember):
+class HarnessMember(launcher.EtcdMember):
     """An etcd server on 127.0.0.1; its log (all runs appended) is ``log_path``."""
 
     def __init__(self, name: str, client_port: int, peer_port: int, workdir: str, cluster_args: list[str]):
@@ -36,7 +36,7 @@ class EtcdMember(launcher.EtcdMember):
 
     # -- lifecycle ---------------------------------------------------------
 
-    def launch(self, state: str = "new") -> EtcdMember:
+    def launch(self, state: str = "new") -> HarnessMember:
         """Start the process; ``state`` is etcd's --initial-cluster-state (new|existing)."""
         if self.is_running():
             raise EtcdHarnessError(f"etcd {self.name} is already running")
@@ -97,4 +97,4 @@ class EtcdMember(launcher.EtcdMember):
         raise error(f"etcd {self.name} exited with {self.proc.returncode}\n{tail}")
 
     def __repr__(self) -> str:
-        return f"EtcdMember({self.name}, {self.endpoint}, pid={self.pid})"
+        return f"HarnessMember({self.name}, {self.endpoint}, pid={self.pid})"

@@ -12,11 +12,18 @@ Shared clusters are healed (paused members resumed, stopped ones restarted)
 before each test that uses them, so one test's faults do not leak into the
 next. When a test fails, the log tail of every live etcd member is attached to
 its report, next to the traceback.
+
+Under pytest-xdist (``-n N``, as ``scripts/test.sh`` runs the suite) every worker is a
+session of its own: its own ``etcd``, and, set here before any test runs, its own per-user
+state folder (where ``timeslice up`` leaves the pointers that other commands and tests look
+for) and pinning lock, so that no worker finds another's local cluster or waits on its pinning.
 """
 from __future__ import annotations
 
+import os
 import re
 import secrets
+import tempfile
 
 import pytest
 
@@ -25,6 +32,26 @@ from timeslice.testing.lockd import shared_admin_token
 from timeslice.testing.procs import ProcReaper
 
 shared_admin_token()        # lockd/agents the tests start and the tests' own clients share it
+
+
+def _own_host_state() -> None:
+    """Per-host state that tests must not share with a developer's cluster or another session's,
+    nor, under xdist, with another worker's (a worker inherits the controller's environment)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    # `timeslice up` remembers running local clusters in a per-user folder so that other commands
+    # find them from any directory: the tests keep theirs in a folder of their own.
+    state = os.environ.get("TIMESLICE_USER_STATE_DIR") or tempfile.mkdtemp(prefix="timeslice-user-state-")
+    if worker:
+        state = os.path.join(state, worker)
+        os.makedirs(state, exist_ok=True)
+    os.environ["TIMESLICE_USER_STATE_DIR"] = state
+    # One host-memory pinning at a time per host (timeslice.pinned): per worker here, so one
+    # worker's jobs never wait on another's.
+    if worker and "TIMESLICE_PIN_LOCK" not in os.environ:
+        os.environ["TIMESLICE_PIN_LOCK"] = os.path.join(state, "timeslice-pin.lock")
+
+
+_own_host_state()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ session over a list of replicas, starting at ``home``:
   numbered (``attempt_seq``): lockd lets a late, older one change nothing.
 * A Yield re-sent with the same token that finds the job ``not_queued``
   means the earlier one applied.
-* ABORTED / UNAUTHENTICATED mean the session is gone: ``SessionLost``.
+* ABORTED / UNAUTHENTICATED mean the session is gone: ``RawSessionLost``.
 
 With ``failover=False`` (lockd's tests, which talk to one replica on
 purpose) every call goes once to the one replica and its error comes back as
@@ -50,7 +50,7 @@ class GiveUp(RuntimeError):
     """No answer before the call's deadline (every replica tried)."""
 
 
-class SessionLost(GiveUp):
+class RawSessionLost(GiveUp):
     """lockd says the job's session is gone (ABORTED / UNAUTHENTICATED)."""
 
 
@@ -150,7 +150,7 @@ class RawJob:
             self.leave(idx, f"{method}: {e.code().name}")
         elif e.code() in LOST:
             self.lost = self.lost or f"{method}: {e.code().name} {e.details()}"
-            raise SessionLost(self.lost) from e
+            raise RawSessionLost(self.lost) from e
 
     # -- the session ---------------------------------------------------------------------------
     async def open(self, ttl: int | None = None, timeout: float = 30.0, patient: bool = False) -> RawJob:
@@ -179,12 +179,12 @@ class RawJob:
             await asyncio.sleep(period)
             try:
                 await self.keepalive()
-            except SessionLost:
+            except RawSessionLost:
                 self.log(f"session lost: {self.lost}")
             except (grpc.aio.AioRpcError, GiveUp) as e:
                 self.log(f"keepalive: {e}"[:300])
         if self._moved is not None and not self._moved.done():
-            self._moved.set_result(None)            # wake a waiting Acquire: it raises SessionLost
+            self._moved.set_result(None)            # wake a waiting Acquire: it raises RawSessionLost
 
     async def close_session(self, timeout: float = 5.0) -> None:
         """CloseSession (the session's keys go at once); a failure is only logged."""
@@ -211,7 +211,7 @@ class RawJob:
         try:
             while True:
                 if self.lost:
-                    raise SessionLost(self.lost)
+                    raise RawSessionLost(self.lost)
                 if self._i not in calls.values():
                     # Send (again) to the current replica; earlier sends stay running.
                     idx, self.seq = self._i, self.seq + 1

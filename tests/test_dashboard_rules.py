@@ -13,7 +13,7 @@ import pytest
 
 yaml = pytest.importorskip("yaml")
 
-from timeslice.lockd.metrics import Metrics as LockdMetrics
+from timeslice.lockd.metrics import LockdMetrics
 from timeslice.nodeagent.metrics import Metrics as AgentMetrics
 
 MON = Path(__file__).resolve().parents[1] / "deploy" / "components" / "monitoring"

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from timeslice.common.errors import SessionLost, WaitCancelled
-from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming, ops
+from timeslice.common.errors import SessionLost
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoQueue, Session, SessionTiming, ops
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -58,14 +58,14 @@ async def test_sigkilled_holder_lease_expires_next_waiter_granted(etcd, key_pref
         await asyncio.sleep(0.05)
     holder_token = int(open(out + ".holding").read())
     async with Session(client, SessionTiming(ttl=5)) as s:
-        lock = FifoLock(FifoQueue(client, prefix.encode()), "waiter", s)
-        waiting = asyncio.ensure_future(lock.acquire())
+        q = FifoQueue(client, prefix.encode())
+        waiting = asyncio.ensure_future(q.wait_turn(await q.enqueue("waiter", b"", s.lease_id)))
         await asyncio.sleep(0.5)
         assert not waiting.done(), "waiter must block while the holder lives"
         os.kill(holder.pid, signal.SIGKILL)
         held = await asyncio.wait_for(waiting, 30)      # after the holder's 2 s lease expires
         assert held.token > holder_token
-        await lock.release()
+        assert await q.remove(held)
 
 
 async def test_retried_enqueue_does_not_enqueue_twice(client, key_prefix):
@@ -77,26 +77,6 @@ async def test_retried_enqueue_does_not_enqueue_twice(client, key_prefix):
         assert first.token == again.token
         _, entries = await q.entries()
         assert len(entries) == 1
-
-
-async def test_cancelled_and_timed_out_waits_remove_their_key(client, key_prefix):
-    q = FifoQueue(client, (key_prefix + "q/").encode())
-    async with Session(client, SessionTiming(ttl=5)) as s1, Session(client, SessionTiming(ttl=5)) as s2:
-        holder = FifoLock(q, "holder", s1)
-        await holder.acquire()
-        waiter = FifoLock(q, "waiter", s2)
-        task = asyncio.ensure_future(waiter.acquire())
-        await asyncio.sleep(0.3)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        _, entries = await q.entries()
-        assert [e.key for e in entries] == [q.key("holder")]
-        with pytest.raises(WaitCancelled):
-            await FifoLock(q, "waiter", s2).acquire(timeout=0.3)
-        _, entries = await q.entries()
-        assert [e.key for e in entries] == [q.key("holder")]
-        await holder.release()
 
 
 async def test_predecessor_deleted_before_watch_starts(client, key_prefix):

@@ -186,13 +186,13 @@ def _realmodel() -> types.ModuleType:
 def _plain_loop() -> dict:
     """Real PyTorch on the CPU: a small module, and a client for the job on the readme node."""
     torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
-    from timeslice.integrations.pytorch import Placement
+    from timeslice.integrations.pytorch import ModelRegions
     from timeslice.sim.torch_memory import SimTorchMemory
 
     def build_model():
         torch.manual_seed(0)
         return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    return {"torch": torch, "Placement": Placement, "SimTorchMemory": SimTorchMemory, "build_model": build_model,
+    return {"torch": torch, "ModelRegions": ModelRegions, "SimTorchMemory": SimTorchMemory, "build_model": build_model,
             "client": OrchestratorClient(job_id="plain-1")}
 
 
@@ -255,7 +255,7 @@ SETUPS = [
     Setup("from timeslice.integrations.trl import TimeslicedGRPOTrainer",
           replace={'"rl-gpus")': lambda s: f'"rl-gpus", {_sim_memory(s)})', "GRPOConfig(...)": lambda s: _GRPO_ARGS},
           names=_trl_job, check=_check_trl),
-    Setup("place = Placement(TorchMemory(",
+    Setup("place = ModelRegions(TorchMemory(",
           replace={'TorchMemory({"weights": "offload", "optimizer": "offload"})': _sim_memory,
                    '"cuda")': lambda s: '"cpu")'},
           names=_plain_loop, check=_check_plain_loop),

@@ -7,7 +7,7 @@ copies them; a ``HostPool`` (``pinned.PinnedPool``, or the simulator's CPU
 stand-in) is host memory made of *slabs*, each one registration. This module
 decides what goes where and whether a pause copies at all.
 
-Placement. ``reserve(sizes)`` gives every offload region its own *area* of the
+Layout. ``reserve(sizes)`` gives every offload region its own *area* of the
 pool (logical ranges, so one region's re-layout never moves another's copy).
 A copy-out lays the region's spans into its area in order; a piece never
 crosses a slab (a single host<->device copy spanning two separately

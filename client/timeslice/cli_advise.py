@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from timeslice.advise.grouping import DEFAULT_MAX_SLOWDOWN, Advice, Options, Placement, advise
+from timeslice.advise.grouping import DEFAULT_MAX_SLOWDOWN, Advice, Candidate, Options, advise
 from timeslice.advise.profile import JobProfile, ProfileFormatError, ProfileSet, mean, pct
 from timeslice.cli import admin_client
 from timeslice.common.cliout import emit
@@ -135,7 +135,7 @@ def _apply(args, ps: ProfileSet, adv: Advice, names: dict[tuple[str, ...], str])
     return made
 
 
-def _row(name: str, pl: Placement, where: str) -> str:
+def _row(name: str, pl: Candidate, where: str) -> str:
     slow = "  ".join(f"{j} {round(pl.result.jobs[j].slowdown, 4) + 0.0:+.1%}" for j in pl.jobs)
     return f"  {name:<14} {pl.duty:6.1%}  {slow}{where}"
 

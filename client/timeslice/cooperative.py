@@ -118,7 +118,7 @@ class Attestation:
 
     The client opens one when it registers a worker swapped by checkpoint, so that a
     job can never have the agent act on a process that is not its own
-    (``nodeagent/attest.py``: the agent trusts the pid the kernel gives it).
+    (``nodeagent/attestations.py``: the agent trusts the pid the kernel gives it).
     """
 
     tags: Mapping[str, str] = {}

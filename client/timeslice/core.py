@@ -40,7 +40,7 @@ SESSION_CALLS = frozenset({Call.KEEPALIVE, Call.ACQUIRE, Call.YIELD, Call.REGIST
 
 
 @dataclass(frozen=True)
-class Session:
+class SessionInfo:
     secret: str
     lease_id: int
     ttl: int
@@ -70,7 +70,7 @@ class ClientCore:
         self.mu = threading.RLock()
         self.cur = 0                        # index of the current target
         self.gen = 0                        # bumped on every failover
-        self.session: Session | None = None
+        self.session: SessionInfo | None = None
         self.lost: E.SessionLostError | None = None
         self.closed = False
         self.closing = False
@@ -127,7 +127,7 @@ class ClientCore:
         assert lost is not None
         return E.SessionLostError(str(lost), code=lost.code, reason=lost.reason, details=lost.details)
 
-    def take_loss(self, err: E.SessionLostError, session: Session | None) -> Callable | None:
+    def take_loss(self, err: E.SessionLostError, session: SessionInfo | None) -> Callable | None:
         """Record the loss of ``session``; returns the callback to fire (once), if any."""
         with self.mu:
             if self.lost is not None or self.closing or self.closed or (session is not None and session is not self.session):

@@ -132,7 +132,7 @@ class Holds:
         Calling it while holding the group returns the same grant at once.
         ``after_acquire(grant)`` runs before it returns; if it raises, the group is released.
         """
-        # One trace per handoff starts here when traces are on (timeslice/tracing.py; a no-op when off).
+        # One trace per handoff starts here when traces are on (common/tracing.py; a no-op when off).
         with tracing.span("timeslice.acquire", kind="client",
                           attributes={"timeslice.job": self.core.job_id, "timeslice.group": group_id}) as span:
             if span is not None:

@@ -135,7 +135,7 @@ class GrantInfo(_Dict):
 
 
 @dataclass(frozen=True)
-class JobState(_Dict):
+class NodeJobState(_Dict):
     job_id: str
     state: str                 # running | snapshotting | snapshotted | restoring | frozen | unknown | gone | lost
     bytes: int = 0
@@ -153,7 +153,7 @@ class NodeStatus(_Dict):
     agent_alive: bool
     backend: str
     resident_jobs: tuple[str, ...]
-    jobs: tuple[JobState, ...]
+    jobs: tuple[NodeJobState, ...]
     device_free_bytes: int
     device_total_bytes: int
 
@@ -178,7 +178,7 @@ class GroupStatus(_Dict):
         grant = GrantInfo.from_pb(s.grant) if s.HasField("grant") and s.grant.job_id else None
         nodes = tuple(
             NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
-                       tuple(JobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
+                       tuple(NodeJobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
                                               j.since_unix_ms, j.device_bytes, j.residue_bytes)
                              for j in n.jobs),
                        n.device_free_bytes, n.device_total_bytes)
@@ -200,16 +200,16 @@ class JobInfo(_Dict):
     groups: tuple[str, ...]
     workers: int
     tenant: str = ""             # its session's tenant ("*": opened with the admin token; "": no tenants)
-    holds: tuple[Hold, ...] = ()  # the groups it holds now, each with what its grant weighs
+    holds: tuple[HeldGroup, ...] = ()  # the groups it holds now, each with what its grant weighs
 
     @classmethod
     def from_pb(cls, j: pb.JobInfo) -> JobInfo:
         return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers, j.tenant,
-                   tuple(Hold(h.group_id, h.token, dict(h.footprint_bytes), h.exclusive) for h in j.holds))
+                   tuple(HeldGroup(h.group_id, h.token, dict(h.footprint_bytes), h.exclusive) for h in j.holds))
 
 
 @dataclass(frozen=True)
-class Hold(_Dict):
+class HeldGroup(_Dict):
     """A group a job holds (``jobs()``), with what its grant weighs."""
 
     group_id: str

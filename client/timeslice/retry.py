@@ -1,8 +1,8 @@
 """When to re-send a call, and what an error on a re-send means. Sans-IO.
 
-The sync client (client.py) and the async client (aio.py) are thin drivers
-around this module: they send an attempt, feed the failed status into
-``CallState.decide``, and do what the ``Decision`` says. Nothing here performs
+The client's transport (transport.py, ``Transport.invoke``) drives it: it sends
+an attempt and hands a failed status to ``ClientCore.react`` (core.py), which
+asks ``CallState.decide`` and does what the ``Decision`` says. Nothing here performs
 I/O, sleeps or reads the clock except through the injectable ``clock``, so
 every branch is unit-tested without a server (tests/client/test_retry.py).
 

@@ -34,7 +34,7 @@ import time
 from typing import TYPE_CHECKING
 
 from timeslice import errors as E
-from timeslice.core import ClientCore, Session
+from timeslice.core import ClientCore, SessionInfo
 from timeslice.logs import get_logger
 from timeslice.proto import lockd_pb2 as pb
 from timeslice.retry import Call
@@ -63,7 +63,7 @@ class Sessions:
         self._ka_task: asyncio.Task | None = None
         self._ending: asyncio.Task | None = None        # ends a session this client declared lost
 
-    async def ensure(self) -> Session:
+    async def ensure(self) -> SessionInfo:
         """The open session; opens it on first use."""
         core = self.core
         core.check_usable(Call.ACQUIRE)
@@ -81,7 +81,7 @@ class Sessions:
             # whose reply was lost) is waited out: it expires within its TTL.
             reply = await self.transport.invoke(Call.OPEN_SESSION, lambda: core.open_req(sent),
                                                 deadline=t0 + cfg.timeout + cfg.session_ttl)
-            s = Session(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
+            s = SessionInfo(reply.session_secret, reply.lease_id, reply.ttl_seconds or cfg.session_ttl, sent[0])
             with core.mu:
                 core.session = s
             log.info("session_opened", job=core.job_id, lease=s.lease_id, ttl=s.ttl, target=core.target)
@@ -92,7 +92,7 @@ class Sessions:
         """Open the session now instead of on first use; returns its lease id."""
         return (await self.ensure()).lease_id
 
-    async def _keepalive_loop(self, s: Session) -> None:
+    async def _keepalive_loop(self, s: SessionInfo) -> None:
         CALLER.set(None)           # this task outlives the call that opened the session
         core = self.core
         cfg = core.config
@@ -131,11 +131,11 @@ class Sessions:
         self.revocations.heard(reply)
 
     # -- a session declared lost, ended at lockd ---------------------------------------
-    def _start_ending(self, s: Session) -> None:
+    def _start_ending(self, s: SessionInfo) -> None:
         if self._ending is None or self._ending.done():
             self._ending = asyncio.create_task(self._end_lost(s), name=f"timeslice-end-lost-{self.core.job_id}")
 
-    async def _end_lost(self, s: Session) -> None:
+    async def _end_lost(self, s: SessionInfo) -> None:
         """CloseSession(lost) of ``s`` until a replica answers (or the window passes, or we close)."""
         CALLER.set(None)           # this task outlives the call that noticed the loss
         core = self.core
@@ -202,7 +202,7 @@ class Sessions:
         elif core.lost is not None:
             await self._await_ending(budget)        # a session it declared lost: ended at lockd if it can
 
-    async def _close_session(self, s: Session, budget: float = 5.0) -> None:
+    async def _close_session(self, s: SessionInfo, budget: float = 5.0) -> None:
         core = self.core
         try:
             await self.transport.invoke(Call.CLOSE_SESSION, core.ref,

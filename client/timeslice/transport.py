@@ -18,7 +18,7 @@ import tenacity
 from timeslice import errors as E
 from timeslice.auth import metadata_for
 from timeslice.config import CHANNEL_OPTIONS
-from timeslice.core import ClientCore, Session
+from timeslice.core import ClientCore, SessionInfo
 from timeslice.proto import lockd_pb2_grpc as pbg
 from timeslice.retry import (
     Action,
@@ -118,7 +118,7 @@ class Transport:
         await self._note_loss(call, err, session)
         raise err
 
-    async def _note_loss(self, call: Call, err: E.TimesliceClientError, session: Session | None) -> None:
+    async def _note_loss(self, call: Call, err: E.TimesliceClientError, session: SessionInfo | None) -> None:
         lost = self.core.loss_from(call, err)
         if lost is not None:
             await self.user.fire(self.core.take_loss(lost, session), lost, "on_session_lost")

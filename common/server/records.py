@@ -156,7 +156,7 @@ class QueueValue(Record):
     enqueued_ms: int = 0
     replica: str = ""
     attempt: str = ""                 # the Acquire call that owns the entry now (see lockd/locks.py)
-    trace: str = ""                   # W3C traceparent of that Acquire (timeslice/tracing.py); "" when off
+    trace: str = ""                   # W3C traceparent of that Acquire (common/tracing.py); "" when off
     last_hold_ms: int = 0             # the job's own measure of its previous hold of the group (lockd/profiles.py)
     # Priority groups only (lockd/priority.py); left out of the stored JSON while 0:
     priority: int = 0                 # the class asked for: 0 (default, lowest) .. MAX_PRIORITY
@@ -210,7 +210,7 @@ class SessionValue(Record):
     secret_sha256: str
     opened_ms: int = 0
     replica: str = ""
-    peer: str = ""                    # who opened it (lockd.peers): counted against --max-sessions-per-peer
+    peer: str = ""                    # who opened it (lockd.callers): counted against --max-sessions-per-peer
     slot: int = -1                    # its slot of --max-sessions (lockd/slots.py); -1: none (older lockd)
     peer_slot: int = -1               # its slot of --max-sessions-per-peer among the peer's
     tenant: str = ""                  # the tenant its opener's credential named (lockd/tenancy.py; "*": the admin)

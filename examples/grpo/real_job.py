@@ -6,7 +6,7 @@ The seeds' loop with a real model: ``generate_phase`` (transformers ``generate``
 sampling), ``compute_rewards`` (on the CPU), ``train_phase`` (log-probs, a
 group-relative policy-gradient loss, backward, an AdamW step). The two GPU phases
 carry ``@orchestrator.on_accelerators``; between them the job holds nothing.
-``Placement`` puts the model and the optimizer state (which AdamW creates at its
+``ModelRegions`` puts the model and the optimizer state (which AdamW creates at its
 first step) into the cooperative memory's regions: torch-memory-saver's on a CUDA
 device, the SIMULATED device's ``SimTorchMemory`` without one (it overwrites them
 with NaN while the job is parked, so a phase run outside its hold shows).
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     import torch
 
     from timeslice import OrchestratorClient
-    from timeslice.integrations.pytorch import Placement
+    from timeslice.integrations.pytorch import ModelRegions
     from timeslice.integrations.slicing import PhaseLog
 
     nondeterministic = R.deterministic()
@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         memory = TorchMemory({"weights": "offload", "optimizer": "offload"})
     def grew(tag: str, seconds: float) -> None:       # a region grew; its backup was pinned then
         log.add("region", tag=tag, bytes=memory.region_bytes().get(tag, 0), pin_s=seconds)
-    place = Placement(memory, on_grow=grew) if memory is not None else None
+    place = ModelRegions(memory, on_grow=grew) if memory is not None else None
     # lockd needs the peak before the job reaches it (AdamW makes its state at the first step):
     hint = a.hint_bytes or R.footprint(a.size, a.dtype) + getattr(memory, "context_bytes", 0)
     if device == "cuda" and not a.hint_bytes:

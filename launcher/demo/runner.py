@@ -1,6 +1,6 @@
 """The demo driver: runs the two jobs without sharing, then time-sliced, and reports.
 
-    plan = Plan(...)                       # phases, sizes, which runs
+    plan = DemoPlan(...)                       # phases, sizes, which runs
     demo = Demo(plan, cluster_doc, out_dir)
     results = demo.run_all()               # per-job progress on stdout
     demo.report(results)                   # the figures table + timeline PNG + summary.json
@@ -50,7 +50,7 @@ class RunSpec:
 
 
 @dataclass
-class Plan:
+class DemoPlan:
     iterations: int = 3
     generate_s: float = 1.0
     rewards_s: float = 1.5
@@ -126,7 +126,7 @@ class DemoError(RuntimeError):
 
 
 class Demo:
-    def __init__(self, plan: Plan, cluster: dict, out_dir: Path, say: Callable[[str], None] = print,
+    def __init__(self, plan: DemoPlan, cluster: dict, out_dir: Path, say: Callable[[str], None] = print,
                  python: str = sys.executable, run_timeout: float | None = None):
         self.plan, self.cluster, self.out = plan, cluster, Path(out_dir)
         self.say, self.python = say, python

@@ -4,7 +4,7 @@
     timeslice report --since 1h --group rl-a -o a.html --png a.png
 
 It reads etcd directly (the leader's records of finished holds and the groups' state
-now: see timeslice/report.py for what is shown), so it needs the ``server`` extra and
+now: see lockd/report/page.py for what is shown), so it needs the ``server`` extra and
 etcd's address: --etcd-endpoints, else $TIMESLICE_ETCD_ENDPOINTS, else the local
 cluster's (``timeslice up``), else 127.0.0.1:2379; TLS and credentials as for the
 servers (TIMESLICE_ETCD_CA/CERT/KEY, TIMESLICE_ETCD_USER and _PASSWORD or _PASSWORD_FILE).

@@ -28,7 +28,6 @@ gone; the agent reports ``JobResult.error`` verbatim otherwise.
 """
 from __future__ import annotations
 
-import asyncio
 import enum
 import time
 from collections.abc import Callable, Sequence
@@ -262,12 +261,3 @@ def restore_processes(backend: Backend, pids: Sequence[int], *,
              backend=backend.name)
     return result
 
-
-async def asnapshot_processes(backend: Backend, pids: Sequence[int], **kw) -> JobResult:
-    """``snapshot_processes`` off the event loop."""
-    return await asyncio.to_thread(snapshot_processes, backend, pids, **kw)
-
-
-async def arestore_processes(backend: Backend, pids: Sequence[int], **kw) -> JobResult:
-    """``restore_processes`` off the event loop."""
-    return await asyncio.to_thread(restore_processes, backend, pids, **kw)

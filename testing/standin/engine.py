@@ -51,7 +51,7 @@ class PauseCancelled(Exception):
 
 
 @dataclass
-class Request:
+class GenerateRequest:
     rid: int
     tokens: int
     done: int = 0
@@ -67,7 +67,7 @@ class Engine:
         self.cv = threading.Condition()
         self.paused = ""                    # "" or the pause mode
         self.crashed = ""                   # why the engine died ("" = alive)
-        self.active: dict[int, Request] = {}
+        self.active: dict[int, GenerateRequest] = {}
         self._ids = itertools.count(1)
         self.completed = self.aborted = self.failed = 0
 
@@ -81,7 +81,7 @@ class Engine:
                 raise EngineDead(self.crashed)
             if len(self.active) >= MAX_REQUESTS:
                 raise EngineBusy(f"{len(self.active)} requests in flight")
-            req = Request(next(self._ids), tokens)
+            req = GenerateRequest(next(self._ids), tokens)
             self.active[req.rid] = req
         try:
             while req.done < req.tokens:
@@ -108,7 +108,7 @@ class Engine:
                     req.state = HELD
                 self.cv.notify_all()
 
-    def _may_decode(self, req: Request) -> bool:
+    def _may_decode(self, req: GenerateRequest) -> bool:
         """Under ``cv``: block until ``req`` may take its next step; False if it was aborted."""
         while True:
             if self.crashed:
@@ -128,7 +128,7 @@ class Engine:
             self.cv.notify_all()
             self.cv.wait(WAKE_S)
 
-    def _finish(self, req: Request, reason: str) -> tuple[int, str]:
+    def _finish(self, req: GenerateRequest, reason: str) -> tuple[int, str]:
         if reason == "abort":
             self.aborted += 1
         else:

@@ -1,5 +1,5 @@
 """Attestation: the agent acts on a registered pid only for the job whose process proved it over the
-node-local channel (the pid itself or an ancestor; nodeagent/attest.py), whatever RegisterWorker said.
+node-local channel (the pid itself or an ancestor; nodeagent/attestations.py), whatever RegisterWorker said.
 
 The test process attests as the victim job and starts the victim's SIMULATED worker (its child).
 Mallory registers that pid as hers: her snapshot touches nothing and the victim's bytes stay put.

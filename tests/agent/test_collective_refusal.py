@@ -26,7 +26,7 @@ def test_only_checkpointed_collective_workers_are_refused():
     snap = I.Intent("j", 5, R.IntentValue(R.SNAPSHOT, "j", "g", 9, 1))
     rest = I.Intent("j", 5, R.IntentValue(R.RESTORE, "j", "g", 9, 1))
     running, parked = Picture({2: ProcState.RUNNING}, {2: 5}), Picture({2: ProcState.CHECKPOINTED}, {2: 5})
-    assert I.decide(snap, running, refusal=why) == I.Decision(I.REFUSE, R.REFUSED, why)
+    assert I.decide(snap, running, refusal=why) == I.IntentDecision(I.REFUSE, R.REFUSED, why)
     assert I.decide(rest, parked, refusal=why).kind == I.RUN           # bringing a job back is always allowed
     assert I.decide(snap, parked, refusal=why).outcome == R.OK         # nothing to do is not a refusal
 

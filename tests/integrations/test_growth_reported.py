@@ -1,5 +1,5 @@
 """Memory a job makes inside its hold (an optimizer's state at its first step) is on the node
-agent's report to etcd before the hold ends: ``Placement`` announces the growth with
+agent's report to etcd before the hold ends: ``ModelRegions`` announces the growth with
 ``sync=True`` and the agent answers only after its report counts it. Without that, the next
 grant was planned on a report from before the growth (the agent refreshes every few seconds)
 and another job was put on a device that was full (CI: its first optimizer step ran out of
@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
 from timeslice.common.server import records as R  # noqa: E402
 from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops  # noqa: E402
 from timeslice.common.server.keys import Keys  # noqa: E402
-from timeslice.integrations.pytorch import Placement  # noqa: E402
+from timeslice.integrations.pytorch import ModelRegions  # noqa: E402
 from timeslice.sim.torch_memory import SimTorchMemory  # noqa: E402
 
 NODE = "rl-node"
@@ -37,7 +37,7 @@ def test_a_region_grown_inside_a_hold_is_on_the_agents_report_before_the_hold_en
     with OrchestratorClient(target=jobs.env["TIMESLICE_TARGET"], job_id="grower") as client:
         client.acquire("rl-gpus", timeout=30)
         mem = SimTorchMemory(sim_dir=jobs.env["TIMESLICE_SIM_DIR"], context_bytes=CTX)
-        place = Placement(mem)
+        place = ModelRegions(mem)
         place.module(torch.nn.Linear(64, 64))
         place.worker = client.cooperate(mem, node=NODE, socket_path=agent.socket)
         # The hello made the agent report the job; wait for that report to settle.

@@ -1,5 +1,5 @@
 """The job-side pieces of the real-framework integrations, in one process (no etcd needed):
-the SIMULATED CPU memory's pause really takes tensors away, Placement puts an optimizer's
+the SIMULATED CPU memory's pause really takes tensors away, ModelRegions puts an optimizer's
 lazily created state into its region, and TimeSlice's holds and hint behave."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="needs the test extra (torch)")
 
 from timeslice.common.device_errors import DeviceOutOfMemory, IllegalState  # noqa: E402
 from timeslice.common.sim.device import SimDevice  # noqa: E402
-from timeslice.integrations.pytorch import Placement, expected_state_bytes, needs_state  # noqa: E402
+from timeslice.integrations.pytorch import ModelRegions, expected_state_bytes, needs_state  # noqa: E402
 from timeslice.integrations.slicing import TimeSlice  # noqa: E402
 from timeslice.sim.torch_memory import SimTorchMemory  # noqa: E402
 
@@ -39,7 +39,7 @@ def test_pause_poisons_every_adopted_byte_and_resume_brings_them_back_bit_exact(
     m = model()
     before = raw(m)
     n = sum(t.untyped_storage().nbytes() for t in [*m.parameters(), *m.buffers()])
-    assert Placement(mem).module(m) is m
+    assert ModelRegions(mem).module(m) is m
     assert mem.region_bytes() == {"weights": n, "optimizer": 0}
     assert mem.dev.device_bytes == CTX + n                  # the simulated device counts the region
     mem.pause(["weights"])
@@ -56,7 +56,7 @@ def test_pause_poisons_every_adopted_byte_and_resume_brings_them_back_bit_exact(
 def test_resume_reserves_room_first_and_a_released_region_cannot_adopt(sim, tmp_path):
     mem = SimTorchMemory(sim_dir=sim, context_bytes=CTX)
     m = model()
-    Placement(mem).module(m)
+    ModelRegions(mem).module(m)
     mem.pause(["weights"])
     with pytest.raises(IllegalState):
         mem.adopt("weights", [torch.zeros(4)])
@@ -83,7 +83,7 @@ def test_a_discard_region_comes_back_zeroed(sim):
 
 def test_the_optimizer_state_made_at_the_first_step_lands_in_its_region(sim):
     mem = SimTorchMemory(sim_dir=sim, context_bytes=CTX)
-    place = Placement(mem)
+    place = ModelRegions(mem)
     m = place.module(model())
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
     weights = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -108,7 +108,7 @@ def test_the_optimizer_state_made_at_the_first_step_lands_in_its_region(sim):
 
 def test_a_loaded_optimizer_state_is_adopted_too(sim):
     mem = SimTorchMemory(sim_dir=sim, context_bytes=CTX)
-    place = Placement(mem)
+    place = ModelRegions(mem)
     m = place.module(model())
     first = torch.optim.Adam(m.parameters())
     m(torch.ones(2, 8)).sum().backward()
@@ -144,8 +144,8 @@ def test_standalone_holds_nest_and_released_logs_a_cpu_span():
 def test_the_hint_plans_for_optimizer_state_not_made_yet(sim):
     mem = SimTorchMemory(sim_dir=sim, context_bytes=CTX)
     ts = TimeSlice(None, memory=mem, device_bytes_hint=10)
-    m = ts.placement.module(model())
-    opt = ts.placement.optimizer(torch.optim.AdamW(m.parameters()))
+    m = ts.regions.module(model())
+    opt = ts.regions.optimizer(torch.optim.AdamW(m.parameters()))
     ts.transient_bytes = 7
     ts.register()                                           # standalone: nothing to tell, but it counts
     weights = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -195,10 +195,15 @@ class _Declaring:
 def test_an_expected_optimizer_state_sizes_the_host_backup_before_the_first_step():
     # Without it the first step's hold pinned 12.5 GB (2.7 s) on the H200 (TRL run, round 3).
     mem = _Declaring()
-    place = Placement(mem)
+    place = ModelRegions(mem)
     m = torch.nn.Linear(8, 8)
     place.optimizer(torch.optim.AdamW(m.parameters()))
     want = expected_state_bytes("AdamW", list(m.parameters()))
     assert mem.declared == [("optimizer", want)]
     place.expect("kv", 1 << 20)                    # a discard region has no backup to size
     assert mem.declared == [("optimizer", want)]
+
+
+def test_the_old_name_the_readme_documents_still_imports():
+    from timeslice.integrations.pytorch import Placement
+    assert Placement is ModelRegions

@@ -1,4 +1,4 @@
-"""A lock contender in its own process: acquire a FifoLock, record the hold, release.
+"""A lock contender in its own process: join a FifoQueue, wait for its turn, record the hold, leave.
 
 argv: endpoints queue_prefix name out_file [hold_seconds] [ttl]
 Writes one JSON line {name, token, start, end} (monotonic clock, comparable across processes).
@@ -8,20 +8,20 @@ import json
 import sys
 import time
 
-from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoLock, FifoQueue, Session, SessionTiming
+from timeslice.common.server.etcd import EtcdClient, EtcdConfig, FifoQueue, Session, SessionTiming
 
 
 async def main(endpoints, prefix, name, out, hold=0.02, ttl=5):
     client = EtcdClient(EtcdConfig.parse(endpoints))
     async with Session(client, SessionTiming(ttl=int(ttl))) as session:
-        lock = FifoLock(FifoQueue(client, prefix.encode()), name, session)
-        held = await lock.acquire()
+        queue = FifoQueue(client, prefix.encode())
+        held = await queue.wait_turn(await queue.enqueue(name, b"", session.lease_id))
         start = time.monotonic()
         with open(out + ".holding", "w") as f:
             f.write(str(held.token))
         await asyncio.sleep(float(hold))
         end = time.monotonic()
-        await lock.release()
+        await queue.remove(held)
     with open(out, "a") as f:
         f.write(json.dumps({"name": name, "token": held.token, "start": start, "end": end}) + "\n")
     await client.close()

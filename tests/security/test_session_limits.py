@@ -15,7 +15,7 @@ from aetcd import rpc
 from tests.security.conftest import rpc_error
 from timeslice.common.errors import ConfigError
 from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
-from timeslice.lockd.peers import address
+from timeslice.lockd.callers import peer_address as address
 from timeslice.lockd.sessions import SessionLimits
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg

@@ -17,8 +17,8 @@ from tests.security.conftest import etcd_state, rpc_error
 from tests.security.test_agent_tls import pki  # noqa: F401  (the fixture)
 from timeslice.common.errors import ConfigError
 from timeslice.common.server.keys import Keys
+from timeslice.lockd.callers import TenantBook
 from timeslice.lockd.tenancy import REDACTED
-from timeslice.lockd.tenants import TenantBook
 from timeslice.proto import lockd_pb2 as lpb
 from timeslice.proto import lockd_pb2_grpc as lpbg
 from timeslice.testing.lockd import LockdCluster, admin_channel, shared_admin_token

@@ -48,7 +48,7 @@ class Options:
 
 
 @dataclass
-class Placement:
+class Candidate:
     """One group of jobs on one set of GPUs, with its prediction."""
 
     jobs: tuple[str, ...]
@@ -72,7 +72,7 @@ class Placement:
 
 @dataclass
 class Plan:
-    groups: list[Placement] = field(default_factory=list)
+    groups: list[Candidate] = field(default_factory=list)
 
     @property
     def gpus(self) -> int:
@@ -148,7 +148,7 @@ class Advisor:
         self.estimated = sorted(n for n, p in self.profiles.items() if not (p.snapshot_ms and p.restore_ms))
         self.rate = "observed" if all(rates) else f"assumed {opts.gbps:g} GB/s"
         self.overhead_s = opts.overhead_s if opts.overhead_s is not None else DEFAULT_HANDOFF_S
-        self._cache: dict[tuple[str, ...], Placement] = {}
+        self._cache: dict[tuple[str, ...], Candidate] = {}
 
     # -- the GPUs ------------------------------------------------------------------------
     def set_gpus(self, group: str) -> int:
@@ -195,7 +195,7 @@ class Advisor:
                 f"parked snapshots need {need} B of host memory, {min(free)} B free")
 
     # -- judging a group -------------------------------------------------------------------
-    def evaluate(self, members: tuple[str, ...], overhead_s: float | None = None) -> Placement:
+    def evaluate(self, members: tuple[str, ...], overhead_s: float | None = None) -> Candidate:
         members = tuple(sorted(members))
         oh = self.overhead_s if overhead_s is None else overhead_s
         key = members if overhead_s is None else (*members, f"@{oh}")
@@ -216,7 +216,7 @@ class Advisor:
         big = [j for j in members if cap and self.profiles[j].per_gpu_bytes > cap]
         if big:
             why = f"{big[0]} does not fit a GPU of {cap} B"
-        pl = Placement(members, self.gpus_of(members[0]), res, feasible=not why or len(members) == 1, why=why)
+        pl = Candidate(members, self.gpus_of(members[0]), res, feasible=not why or len(members) == 1, why=why)
         self._cache[key] = pl
         return pl
 
@@ -253,7 +253,7 @@ class Advisor:
             self.overhead_s = self.calibrate(today)
         today_plan = Plan([replace(self.evaluate(g), gpu_set=self.profiles[g[0]].group) for g in today])
         names = list(self.profiles)
-        feasible: dict[tuple[str, ...], Placement] = {(j,): self.evaluate((j,)) for j in names}
+        feasible: dict[tuple[str, ...], Candidate] = {(j,): self.evaluate((j,)) for j in names}
         pairs = [c for c in itertools.combinations(names, 2) if self.evaluate(c).feasible]
         feasible.update({c: self.evaluate(c) for c in pairs})
         ok_pairs = set(pairs)
@@ -269,7 +269,7 @@ class Advisor:
         return Advice(plan, today_plan, self.overhead_s, self.skipped, self.estimated, self.rate)
 
     @staticmethod
-    def _greedy(names: list[str], feasible: dict[tuple[str, ...], Placement]) -> list[tuple[str, ...]]:
+    def _greedy(names: list[str], feasible: dict[tuple[str, ...], Candidate]) -> list[tuple[str, ...]]:
         taken: set[str] = set()
         out = []
         for c, _ in sorted(feasible.items(), key=lambda kv: (-len(kv[0]), -kv[1].duty, kv[0])):
@@ -278,7 +278,7 @@ class Advisor:
                 taken.update(c)
         return out + [(n,) for n in names if n not in taken]
 
-    def _improve(self, groups: list[tuple[str, ...]], feasible: dict[tuple[str, ...], Placement]
+    def _improve(self, groups: list[tuple[str, ...]], feasible: dict[tuple[str, ...], Candidate]
                  ) -> list[tuple[str, ...]]:
         def score(gs: list[tuple[str, ...]]) -> tuple[float, float]:
             return sum(feasible[g].gpus * feasible[g].duty for g in gs), sum(feasible[g].gpus for g in gs)
@@ -300,7 +300,7 @@ class Advisor:
             w, n = score(groups)
         return groups
 
-    def _fit_sets(self, groups: list[tuple[str, ...]], feasible: dict[tuple[str, ...], Placement]
+    def _fit_sets(self, groups: list[tuple[str, ...]], feasible: dict[tuple[str, ...], Candidate]
                   ) -> list[tuple[str, ...]]:
         """No more groups of N GPUs than there are GPU sets of N GPUs: merge the pair of groups whose
         union slows its worst job least (it may break the bound: then the proposal says so)."""
@@ -332,7 +332,7 @@ class Advisor:
             pl.gpu_set = pick
 
 
-def _partitions(items: list[str], feasible: dict[tuple[str, ...], Placement]):
+def _partitions(items: list[str], feasible: dict[tuple[str, ...], Candidate]):
     """Every partition of ``items`` into feasible groups (tuples sorted as in ``feasible``)."""
     if not items:
         yield []

@@ -64,7 +64,7 @@ class SimGroup:
 
 
 @dataclass
-class JobResult:
+class SimJobResult:
     name: str
     holds: int = 0
     mean_step_s: float = 0.0
@@ -80,7 +80,7 @@ class JobResult:
 class SimResult:
     duty: float
     window_s: float
-    jobs: dict[str, JobResult] = field(default_factory=dict)
+    jobs: dict[str, SimJobResult] = field(default_factory=dict)
     swaps: int = 0                        # turns that moved memory
     elided: int = 0                       # turns that moved nothing although another job was resident
     holds: list[tuple[float, float, str]] = field(default_factory=list)
@@ -180,6 +180,6 @@ def simulate(jobs: list[SimJob], group: SimGroup, *, horizon_s: float | None = N
         solo = j.solo_step_s + group.handoff_s
         mean_step = statistics.fmean(steps) if steps else float("inf")
         w = [x for g, x in waits[i] if warm <= g <= end]
-        res.jobs[j.name] = JobResult(j.name, len(rel), mean_step, solo, statistics.fmean(w) if w else 0.0,
+        res.jobs[j.name] = SimJobResult(j.name, len(rel), mean_step, solo, statistics.fmean(w) if w else 0.0,
                                      mean_step / solo - 1 if solo > 0 else 0.0)
     return res

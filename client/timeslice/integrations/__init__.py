@@ -1,6 +1,6 @@
 """Time-slicing for real training code: PyTorch loops and RL frameworks.
 
-* ``timeslice.integrations.pytorch`` — ``Placement``: puts a ``torch.nn.Module`` and
+* ``timeslice.integrations.pytorch`` — ``ModelRegions``: puts a ``torch.nn.Module`` and
   its optimizer (the state it creates at its first step included) into a cooperative
   memory's tagged regions, for a plain loop decorated with ``@client.on_accelerators``;
 * ``timeslice.integrations.slicing`` — ``TimeSlice``: one job's holds on one group,

@@ -1,7 +1,7 @@
 """Put a PyTorch model and its optimizer into a cooperative memory's tagged regions.
 
     memory = TorchMemory()                        # tags: weights, optimizer (offload), kv_cache (discard)
-    place = Placement(memory)
+    place = ModelRegions(memory)
 
     @client.on_accelerators(group_id="rl-gpus")
     def generate_phase(prompts):
@@ -96,7 +96,7 @@ def needs_state(optimizer) -> bool:
     return False
 
 
-class Placement:
+class ModelRegions:
     """Puts modules and optimizers into ``memory``'s regions (``weights_tag``, ``optimizer_tag``).
 
     ``worker``: the ``CooperativeWorker`` that ``client.cooperate(memory)`` returned, once
@@ -192,3 +192,7 @@ class Placement:
             self.worker.announce(sync=True)            # counted by the agent's report before the hold ends
         if self.on_grow is not None:
             self.on_grow(tag, time.monotonic() - t0)
+
+
+#: The name this class had until round 4; the README documents it, so it still imports.
+Placement = ModelRegions

@@ -2,7 +2,7 @@
 
     ts = TimeSlice(client, "rl-gpus")          # cooperative, torch-memory-saver regions (default)
     with ts.hold():                            # acquire (nested holds do not acquire again)
-        model = ts.placement.module(build_model(), "cuda")
+        model = ts.regions.module(build_model(), "cuda")
         ts.register()                          # cooperate(memory): channel, registration, pinned backup
         ...
         with ts.released():                    # CPU work (rewards): the group is free for others
@@ -30,7 +30,7 @@ from typing import Any
 
 from timeslice.config import node_name
 from timeslice.hooks import cap_allocator, release_framework_cache
-from timeslice.integrations.pytorch import Placement
+from timeslice.integrations.pytorch import ModelRegions
 from timeslice.logs import get_logger
 
 log = get_logger(__name__)
@@ -87,7 +87,7 @@ class TimeSlice:
         self._held_exclusive = self.exclusive
         self.transient_bytes = 0       # expected beside the regions at the peak (e.g. gradients)
         self._memory = memory
-        self._placement: Placement | None = None
+        self._regions: ModelRegions | None = None
         self.worker = None
         self.log = PhaseLog(sync_phases)
         self._depth = 0
@@ -111,13 +111,13 @@ class TimeSlice:
         return self._memory
 
     @property
-    def placement(self) -> Placement | _NoPlacement:
+    def regions(self) -> ModelRegions | _NoRegions:
         """Where modules and optimizers go: the memory's regions, or nowhere (checkpoint, none)."""
         if self.memory is None:
-            return _NoPlacement()
-        if self._placement is None:
-            self._placement = Placement(self.memory, worker=self.worker, on_grow=self._grew)
-        return self._placement
+            return _NoRegions()
+        if self._regions is None:
+            self._regions = ModelRegions(self.memory, worker=self.worker, on_grow=self._grew)
+        return self._regions
 
     def _grew(self, tag: str, seconds: float) -> None:
         self.log.add("region", tag=tag, bytes=self.memory.region_bytes().get(tag, 0), pin_s=seconds)
@@ -175,7 +175,7 @@ class TimeSlice:
             return self.hint
         peak_of = getattr(mem, "peak_bytes", None)
         peak = peak_of() if peak_of is not None else sum(mem.region_bytes().values())
-        missing = self._placement.missing_bytes() if self._placement is not None else 0
+        missing = self._regions.missing_bytes() if self._regions is not None else 0
         if missing:
             peak += missing + self.transient_bytes
         return max(self.hint, peak)
@@ -231,8 +231,8 @@ class TimeSlice:
         if self.swap == "cooperative":
             self.worker = self.client.cooperate(self.memory, node=self.node, socket_path=self.socket_path,
                                                 gpus=self.gpus)
-            if self._placement is not None:
-                self._placement.worker = self.worker
+            if self._regions is not None:
+                self._regions.worker = self.worker
         else:
             used = 0
             if _cuda_ready():
@@ -260,7 +260,7 @@ class TimeSlice:
         self.log.add("finished")
 
 
-class _NoPlacement:
+class _NoRegions:
     """checkpoint / none: nothing is put in regions; modules just move to the device."""
 
     worker = None

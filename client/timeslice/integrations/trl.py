@@ -27,7 +27,7 @@ points, all in TRL's ``GRPOTrainer`` or transformers' ``Trainer``:
 * ``__init__``: held, and run inside the weights region, so the model (and a
   reference model, ``beta > 0``) is moved to the device inside it; the worker
   is registered at its end (cooperative: the channel and the pinned backup);
-* ``create_optimizer``: the optimizer is placed (``Placement.optimizer``), so
+* ``create_optimizer``: the optimizer is placed (``ModelRegions.optimizer``), so
   the state AdamW creates at its first step lands in the optimizer region;
 * ``train``, ``evaluate``, ``save_model``: held (re-entrant);
 * ``_calculate_rewards``: released, with the trainer's accelerator pointed at
@@ -99,11 +99,11 @@ class TimesliceGRPOMixin:
             tensors = list(module_tensors(self.model))
             if getattr(self, "ref_model", None) is not None:
                 tensors += module_tensors(self.ref_model)
-            ts.placement.adopt("weights", tensors)
+            ts.regions.adopt("weights", tensors)
             # AdamW's state appears at the first step, inside train(): plan room for it (and the
             # gradients beside it) before then, or that step would not fit beside another job.
             params = list(self.model.parameters())
-            ts.placement.expect("optimizer", expected_state_bytes(str(self.args.optim), params))
+            ts.regions.expect("optimizer", expected_state_bytes(str(self.args.optim), params))
             ts.transient_bytes = param_bytes(params)
             self.add_callback(_optimizer_span_callback(ts))
             ts.register()
@@ -123,7 +123,7 @@ class TimesliceGRPOMixin:
 
     def create_optimizer(self, *args, **kwargs):
         opt = self._ts_parent().create_optimizer(*args, **kwargs)
-        return self.timeslice.placement.optimizer(opt)
+        return self.timeslice.regions.optimizer(opt)
 
     # -- rewards, outside the hold ---------------------------------------------------------
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -10,13 +10,12 @@ revision of the read that found it, so a delete can never slip by unseen.
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aetcd import rpc
 
-from timeslice.common.errors import GuardFailed, LockError, NotHolder, SessionLost, WaitCancelled, WatchCompacted
+from timeslice.common.errors import GuardFailed, SessionLost, WatchCompacted
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.etcd.client import EtcdClient
 from timeslice.common.server.etcd.watch import DELETE, Watch
@@ -93,8 +92,8 @@ class FifoQueue:
     async def wait_turn(self, entry: Entry) -> Entry:
         """Block until ``entry`` is the head; returns it re-read.
 
-        Cancellation leaves the key in place: use ``FifoLock`` (which removes it)
-        or call ``remove`` yourself.
+        Cancellation leaves the key in place: call ``remove`` (the lease removes it
+        otherwise).
         """
         while True:
             # The predecessor: the newest key created before ours.
@@ -125,64 +124,3 @@ class FifoQueue:
         resp = await self.client.txn([ops.create_rev(entry.key, "==", entry.token)], [ops.delete(entry.key)])
         return resp.succeeded
 
-
-class FifoLock:
-    """A fair mutex on top of FifoQueue and a session.
-
-        async with FifoLock(queue, "job-1", session) as held:
-            ... held.token ...
-    """
-
-    def __init__(self, queue: FifoQueue, name: str, session, value: bytes = b""):
-        self.queue = queue
-        self.name = name
-        self.session = session
-        self.value = value
-        self.held: Entry | None = None
-
-    async def acquire(self, timeout: float | None = None) -> Entry:
-        self.session.check()
-        entry = await self.queue.enqueue(self.name, self.value, self.session.lease_id)
-        if entry.lease != self.session.lease_id:
-            raise LockError(f"{self.name!r} is already queued under another session")
-        try:
-            waiter = asyncio.ensure_future(self.queue.wait_turn(entry))
-            lost = asyncio.ensure_future(self.session.lost.wait())
-            try:
-                done, _ = await asyncio.wait({waiter, lost}, timeout=timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                lost.cancel()
-            if waiter not in done:
-                waiter.cancel()
-                self.session.check()
-                raise asyncio.TimeoutError(f"lock {self.queue.prefix!r} not acquired in {timeout}s")
-            self.held = waiter.result()
-            return self.held
-        except BaseException as e:
-            # A cancelled or timed-out wait must not leave a ghost waiter behind.
-            await asyncio.shield(self._cleanup(entry))
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            if isinstance(e, asyncio.TimeoutError):
-                raise WaitCancelled(str(e)) from e
-            raise
-
-    async def _cleanup(self, entry: Entry) -> None:
-        try:
-            await self.queue.remove(entry)
-        except Exception:
-            pass  # the lease will remove it; nothing else can be done here
-
-    async def release(self) -> None:
-        if self.held is None:
-            raise NotHolder(f"{self.name!r} does not hold {self.queue.prefix!r}")
-        entry, self.held = self.held, None
-        await self.queue.remove(entry)
-
-    async def __aenter__(self) -> Entry:
-        return await self.acquire()
-
-    async def __aexit__(self, *exc) -> None:
-        if self.held is not None:
-            await self.release()
