@@ -33,6 +33,22 @@ ballast rule above decides. Its pinned backups take ~92 GB of host memory togeth
 46 GB whole-process checkpoint would take most of a call's ten minutes, hence no
 checkpoint regime by default.
 
+``--jobs N --mix fits|half|none`` runs N TRL jobs (seeds 1..N) on a GPU sized so that all of
+them, half of them, or one of them fit at a time (a ballast process holds the rest; the dry run
+sizes the SIMULATED device so), in these regimes instead:
+
+  standalone    one after the other, no lock (the baseline, and the degradation reference)
+  nolock        the N jobs started together with no timeslice: only where they all fit (else
+                skipped, and marked so), the ceiling a lock that shares can reach
+  exclusive     time-sliced through an exclusive group (one holder at a time)
+  fit           time-sliced through a group with sharing fit: side by side where the declared
+                footprints (each job's standalone peak plus its context) fit, time-sliced elsewhere
+
+Per regime: wall against one after the other and against nolock (``wall_vs_no_lock``), NVML duty
+(and against nolock), each job's GPU-phase throughput, every job's exit code, bit-identity with
+the standalone runs, and how the holds overlapped (the most jobs holding at once, holds beside
+another, backfills, any beside a hold that weighed the whole device).
+
 ``--dry-run`` runs the same orchestration and analysis on the CPU: a tiny model, the
 SIMULATED device (``SimTorchMemory``: a pause overwrites the tensors with NaN, so a phase
 run outside its hold shows in the degradation check), the sim agent; its checkpoint regime
@@ -59,6 +75,26 @@ JOBS = {"trl": ROOT / "examples" / "grpo" / "trl_job.py", "plain": ROOT / "examp
 NODE = "gpu-node-0"
 GiB = 1 << 30
 REGIMES = ("standalone", "cooperative", "strict", "checkpoint")   # the slowest last: a cut-short call keeps the rest
+MIXES = ("fits", "half", "none")                                  # --mix: all, half, or one of the N jobs fit at once
+MIX_REGIMES = ("standalone", "nolock", "exclusive", "fit")
+
+
+def job_id(i: int) -> str:
+    """The i-th job's id: job-a, job-b, ... (seed i + 1)."""
+    return f"job-{chr(ord('a') + i)}" if i < 26 else f"job-{i}"
+
+
+def fitting(a) -> int:
+    """How many of the jobs fit the device at once: --mix's (the pair mode: one)."""
+    return {"fits": a.jobs, "half": max(1, a.jobs // 2), "none": 1}.get(a.mix or "none", 1)
+
+
+class JobsFailed(RuntimeError):
+    """A regime in which a job did not end with exit code 0 (its figures would mean nothing)."""
+
+    def __init__(self, exit_codes: list, message: str):
+        super().__init__(message)
+        self.exit_codes = exit_codes
 PROFILES = {   # name: job arguments
     # each step: ~6-7 s of generation and ~1 s of training on the H200 (estimated), 6 s of CPU reward
     "full": dict(size="1.5b", steps=3, batch=64, generations=8, prompt_len=64, completion_len=160, reward_s=6.0),
@@ -89,7 +125,11 @@ def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0
 
 
 def core_halves(root: str = "/sys/devices/system/cpu") -> list[set[int]]:
-    """This process's CPUs in two halves of whole physical cores (hyperthread siblings together).
+    return core_parts(2, root)
+
+
+def core_parts(n: int, root: str = "/sys/devices/system/cpu") -> list[set[int]]:
+    """This process's CPUs in ``n`` parts of whole physical cores (hyperthread siblings together).
 
     Why: time-sliced, one job's CPU phase (its reward) runs beside the other's GPU phase, and
     transformers' generate is launch-bound: sharing a physical core with a busy reward slowed
@@ -104,21 +144,22 @@ def core_halves(root: str = "/sys/devices/system/cpu") -> list[set[int]]:
             key = str(c)
         cores.setdefault(key, set()).add(c)
     groups = list(cores.values())
-    if len(groups) < 2:
-        return [set(mine), set(mine)]
-    half = len(groups) // 2
-    return [set().union(*groups[:half]), set().union(*groups[half:])]
+    if len(groups) < n:
+        return [set(mine) for _ in range(n)]
+    per = len(groups) // n
+    return [set().union(*groups[i * per:(i + 1) * per if i < n - 1 else len(groups)]) for i in range(n)]
 
 
 def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, together: bool,
              cpus: list[set[int]] | None = None) -> list[dict]:
-    """Run the jobs (at once, or one after the other); their documents, in order."""
+    """Run the jobs (at once, or one after the other); their documents, in order. JobsFailed, with
+    every job's exit code, when one did not end 0 or wrote nothing."""
     procs, docs = [], []
 
     def start(i, argv):
-        pin = cpus[i] if cpus else None
+        pin = cpus[i % len(cpus)] if cpus else None
         with open(logdir / f"job-{i}.log", "wb") as log:    # the child keeps its own descriptor
-            return subprocess.Popen(argv, env={**os.environ, **env, "TIMESLICE_JOB_ID": f"job-{'ab'[i]}"},
+            return subprocess.Popen(argv, env={**os.environ, **env, "TIMESLICE_JOB_ID": job_id(i)},
                                     stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
 
@@ -131,11 +172,12 @@ def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, to
             _wait(procs[-1], end)
     for p in procs:
         _wait(p, end)
+    rcs = [p.returncode for p in procs]
     for i, argv in enumerate(argvs):
         out = Path(argv[argv.index("--out") + 1])
         if procs[i].returncode != 0 or not out.exists():
             tail = (logdir / f"job-{i}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"job {i} ended {procs[i].returncode}:\n{tail}")
+            raise JobsFailed(rcs, f"job {i} ended {procs[i].returncode} (exit codes {rcs}):\n{tail}")
         docs.append(json.loads(out.read_text()))
     return docs
 
@@ -167,23 +209,42 @@ class Device:
         return round(sum(xs) / len(xs) / 100, 3) if xs else None
 
     def prepare(self, alone: list[dict], a) -> dict:
-        """Make the pair not fit side by side; returns what was done."""
+        """Size the device: the pair must not fit side by side; with --mix, k = fitting(a) of the N
+        jobs fit at once (the rest parked beside them). Returns what was done."""
+        k, n = fitting(a), len(alone)
         if self.dry_run:
             from timeslice.common.sim.device import SimDevice
             from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
-            states = [d["state_bytes"] for d in alone]
-            cap = 2 * ctx + max(states) + min(states) // 2    # both contexts and one job, never both jobs
+            states = sorted(d["state_bytes"] for d in alone)
+            # every job's context, the k largest jobs' state, and never a (k+1)-th job (half the smallest)
+            cap = n * ctx + sum(states[-k:]) + states[0] // 2
             sim = self.workdir / "sim"
             SimDevice(sim, self.workdir / "host", capacity_bytes=cap)
-            return {"simulated_capacity_bytes": cap, "fits_side_by_side": False}
+            return {"simulated_capacity_bytes": cap, "fits_side_by_side": k > 1, "fit_at_once": k}
         from benchmarks.gpu_timeslice import _settle
         _settle(self.sampler)
         free = self.sampler.free_bytes()
         peak = max(d.get("peak_bytes", 0) for d in alone) + int(a.context_gib * GiB)
         resident = min(sum(d["region_bytes"].values()) for d in alone)
+        if a.mix:
+            # k peaks side by side, the others parked (their residue), a GiB of slack; never k + 1.
+            keep = k * peak + (n - k) * int(a.coop_residue_gib * GiB) + GiB
+            fits = keep <= free
+            ballast = max(0, free - keep) if a.ballast and k < n else 0
+            fit = {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
+                   "fit_at_once": k, "fits_side_by_side": k > 1 and fits, "ballast_gib": round(ballast / GiB, 2)}
+            self._ballast(ballast)
+            return fit
         fits = resident + peak <= free
         keep = peak + int(a.coop_residue_gib * GiB) + GiB       # the incoming peak beside a parked job
         ballast = max(0, free - keep) if fits and a.ballast else 0
+        self._ballast(ballast)
+        return {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
+                "job_resident_gib": round(resident / GiB, 2), "fits_side_by_side": fits,
+                "ballast_gib": round(ballast / GiB, 2)}
+
+    def _ballast(self, ballast: int) -> None:
+        """A process outside timeslice holding ``ballast`` bytes of the GPU (0: none)."""
         if ballast:
             self.ballast = subprocess.Popen([sys.executable, "-c", (
                 "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
@@ -191,15 +252,24 @@ class Device:
                 stdout=subprocess.PIPE)
             if not self.ballast.stdout or not self.ballast.stdout.readline():
                 raise RuntimeError("the ballast process failed")
-        return {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
-                "job_resident_gib": round(resident / GiB, 2), "fits_side_by_side": fits,
-                "ballast_gib": round(ballast / GiB, 2)}
 
     def release(self) -> None:
         if self.ballast is not None:
             self.ballast.kill()
             self.ballast.wait()
             self.ballast = None
+
+
+def hint_of(a, doc: dict) -> int:
+    """What a job declares (its Acquire's device_bytes_hint): its standalone peak, same run, plus its
+    CUDA context, as a user would; the dry run's jobs measure no peak alone (no device), so there it is
+    their state plus the simulated context (the pair mode keeps its old figure, the peak: 0 there)."""
+    if a.dry_run:
+        if not a.mix:
+            return doc.get("peak_bytes", 0)
+        from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES
+        return doc["state_bytes"] + DEFAULT_CONTEXT_BYTES
+    return doc.get("peak_bytes", 0) + int(a.context_gib * GiB)
 
 
 def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dict:
@@ -228,13 +298,13 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
             try:
                 env.update(TIMESLICE_TARGET=lockd.replicas[0].target, TIMESLICE_AGENT_SOCKET=agent.socket)
                 with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
-                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "")
+                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "",
+                                       sharing="fit" if regime == "fit" else "exclusive")
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
                 # Each job tells lockd its peak (measured standalone, same run), as a user would:
                 # its first step's optimizer state and activations are not on the device yet.
-                hints = [d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB)) for d in alone]
-                argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False, h)
-                         for (s, j), h in zip(((1, "a"), (2, "b")), hints)]
+                argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", swap, False, hint_of(a, d))
+                         for i, d in enumerate(alone)]
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)
@@ -244,9 +314,33 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
     finally:
         dev.release()
     res = F.regime_figures(docs)
+    cap = {f"{NODE}/0": fit["simulated_capacity_bytes"]} if "simulated_capacity_bytes" in fit else None
     res.update(regime=regime, fit=fit, swap=F.swap_figures(ops, docs), degradation=F.degradation(docs, alone),
-               agent_ops=ops)
+               agent_ops=ops, exit_codes=[0] * len(docs), sharing=F.sharing_figures(docs, cap))
     return res
+
+
+def no_lock(a, dev: Device, alone: list[dict], workdir: Path, fit: dict) -> dict:
+    """The N jobs started together with no timeslice (``--standalone``, at once): where they fit."""
+    logdir = workdir / "nolock"
+    logdir.mkdir()
+    argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", "cooperative", True) for i in range(len(alone))]
+    docs = run_jobs(argvs, {}, logdir, a.job_timeout, together=True, cpus=a.cpus)
+    res = F.regime_figures(docs)
+    res.update(regime="nolock", fit=fit, degradation=F.degradation(docs, alone), exit_codes=[0] * len(docs))
+    return res
+
+
+def fits_together(a, dev: Device, alone: list[dict]) -> dict:
+    """Whether the N jobs fit the device side by side with no lock (else the nolock regime is skipped:
+    they would run out of memory). The dry run's standalone jobs hold no device memory: there it is
+    the mix that says."""
+    if a.dry_run:
+        return {"fits_side_by_side": a.mix == "fits", "fit_at_once": fitting(a)}
+    free = dev.sampler.free_bytes()
+    need = sum(d.get("peak_bytes", 0) for d in alone) + len(alone) * int(a.context_gib * GiB) + GiB
+    return {"fits_side_by_side": a.mix == "fits" and need <= free, "free_gib": round(free / GiB, 2),
+            "need_gib": round(need / GiB, 2)}
 
 
 def keep_logs(logdir: Path, dest: Path) -> str:
@@ -287,20 +381,29 @@ def main(argv=None) -> int:
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_rl_real[_quick|_dryrun])")
     p.add_argument("--split-cores", action="store_true",
-                   help="give each job half of the physical cores (its own cpuset), standalone runs too")
+                   help="give each job its share of the physical cores (its own cpuset), standalone runs too")
+    p.add_argument("--jobs", type=int, default=2, help="how many jobs (seeds 1..N; default 2: the pair)")
+    p.add_argument("--mix", choices=MIXES, default="",
+                   help="size the device so that all, half or one of the jobs fit at once, and run the regimes "
+                        f"{','.join(MIX_REGIMES)} (default: the pair's regimes)")
     a = p.parse_args(argv)
-    a.cpus = core_halves() if a.split_cores else None
+    if not 1 <= a.jobs <= 26 or (not a.mix and a.jobs != 2):
+        p.error("--jobs: 1..26, and other than 2 only with --mix")
+    if a.mix and a.kind != "trl":
+        p.error("--mix runs TRL jobs (--kind trl)")
+    a.cpus = core_parts(a.jobs) if a.split_cores else None
     a.profile = dict(PROFILES["dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
                               "quick" if a.quick else "full"])
     if a.kind == "plain" and a.dry_run:
         a.profile["batch"] = 8
-    a.regimes = a.regimes or (",".join(REGIMES) if a.kind == "trl" else "standalone,cooperative")
+    a.regimes = a.regimes or (",".join(MIX_REGIMES) if a.mix else ",".join(REGIMES) if a.kind == "trl"
+                              else "standalone,cooperative")
     if a.steps:
         a.profile["steps"] = a.steps
     if a.reward_s:
         a.profile["reward_s"] = a.reward_s
     name = a.name or "gpu_rl_real" + ("_plain" if a.kind == "plain" else "") + (
-        "_dryrun" if a.dry_run else "_quick" if a.quick else "")
+        f"_{a.mix}{a.jobs}" if a.mix else "") + ("_dryrun" if a.dry_run else "_quick" if a.quick else "")
     regimes = [r for r in a.regimes.split(",") if r]
     if "standalone" not in regimes:
         regimes.insert(0, "standalone")       # the baseline and the degradation reference, same run
@@ -319,32 +422,57 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1, default=str)
 
     (workdir / "standalone").mkdir()
-    argvs = [job_argv(a, s, workdir / "standalone" / f"{j}.json", "cooperative", True) for s, j in ((1, "a"), (2, "b"))]
-    alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * 2, together=False, cpus=a.cpus)
+    argvs = [job_argv(a, i + 1, workdir / "standalone" / f"{job_id(i)}.json", "cooperative", True)
+             for i in range(a.jobs)]
+    try:
+        alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * a.jobs, together=False, cpus=a.cpus)
+    except JobsFailed as e:
+        doc["regimes"]["standalone"] = {"regime": "standalone", "error": str(e)[-2000:], "exit_codes": e.exit_codes}
+        doc["ok"] = False
+        save()
+        print(f"FAILED: a standalone job died (exit codes {e.exit_codes}); no ratio means anything")
+        return 1
     base = F.regime_figures(alone, sequential=True)
-    base.update(regime="standalone", sequential=True)
+    base.update(regime="standalone", sequential=True, exit_codes=[0] * len(alone))
     add_nvml(base, dev)
     doc["regimes"]["standalone"] = base
     save()
     failed = []
     for regime in regimes[1:]:
         try:
-            res = sliced(a, dev, regime, alone, workdir)
+            if regime == "nolock":
+                together = fits_together(a, dev, alone)
+                if not together["fits_side_by_side"]:
+                    doc["regimes"][regime] = {"regime": regime, "fit": together, "skipped": (
+                        f"the {a.jobs} jobs do not fit the device side by side (--mix {a.mix or 'none'}): "
+                        "started together with no lock they would run out of memory")}
+                    save()
+                    continue
+                res = no_lock(a, dev, alone, workdir, together)
+            else:
+                res = sliced(a, dev, regime, alone, workdir)
             add_nvml(res, dev)
             res["vs_standalone"] = F.ratios(res, base)
         except Exception as e:   # keep the other regimes' figures: the failure is a result too
             res = {"regime": regime, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
+                   "exit_codes": getattr(e, "exit_codes", None),
                    "logs": keep_logs(workdir / regime, Path(a.out) / f"{name}_{regime}_logs.tar.gz")}
             failed.append(regime)
         doc["regimes"][regime] = res
         save()
     if dev.sampler is not None:
         dev.sampler.stop.set()
+    nolock = doc["regimes"].get("nolock")
+    for r in doc["regimes"].values():
+        if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and r["regime"] != "standalone":
+            r["vs_no_lock"] = F.vs(r, nolock)
+            r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
     print(report(doc))
     with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
         f.write(report(doc) + "\n")
+    ran = {k: r for k, r in doc["regimes"].items() if k != "standalone" and "skipped" not in r}
     ok = not failed and all(all(v["losses_identical"] and v["weights_identical"] for v in r["degradation"].values())
-                            for k, r in doc["regimes"].items() if k != "standalone")
+                            for r in ran.values())
     doc["ok"] = ok
     save()
     return 0 if ok else 1
@@ -355,6 +483,8 @@ def pct(x: float | None) -> str:
 
 
 def report(doc: dict) -> str:
+    if doc["params"].get("mix"):
+        return mix_report(doc)
     rows = []
     for name, r in doc["regimes"].items():
         if "error" in r:
@@ -378,6 +508,40 @@ def report(doc: dict) -> str:
     note = ("SIMULATED device (CPU dry run): no NVML; swaps are the simulator's" if doc["simulated"]
             else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
     return table(head, rows) + f"\n{note}; ratios (x) against standalone, same run"
+
+
+def _bit_equal(r: dict) -> str:
+    deg = r.get("degradation", {})
+    return "yes" if deg and all(v["losses_identical"] and v["weights_identical"] for v in deg.values()) else (
+        "-" if not deg else "NO")
+
+
+def mix_report(doc: dict) -> str:
+    """--jobs N --mix: wall against one after the other and against nolock, NVML, the overlap of holds,
+    exit codes and bit-identity; FAILED (no ratio) for a regime in which a job died."""
+    rows = []
+    for name, r in doc["regimes"].items():
+        if "error" in r:
+            rows.append([name, f"FAILED (exit codes {r.get('exit_codes')}): " + r["error"].splitlines()[0][:60]]
+                        + [""] * 11)
+            continue
+        if "skipped" in r:
+            rows.append([name, "skipped: " + r["skipped"][:70]] + [""] * 11)
+            continue
+        sh, ratio, nl = r.get("sharing") or {}, r.get("vs_standalone", {}), r.get("vs_no_lock") or {}
+        rows.append([name, r["wall_s"], ratio.get("wall", 1.0) if name != "standalone" else 1.0,
+                     nl.get("wall", "-"), pct(r.get("duty_cycle_nvml")), nl.get("duty_cycle_nvml", "-"),
+                     pct(r["duty_cycle_phases"]), sh.get("max_holders", "-"), sh.get("holds_beside_another", "-"),
+                     sh.get("backfilled", "-"),
+                     "/".join(f"{ratio.get(j['job'], {}).get('tokens_per_s') or 1:.2f}" for j in r["jobs"]),
+                     ",".join(str(c) for c in r.get("exit_codes", [])), _bit_equal(r)])
+    head = ["regime", "wall s", "x seq", "x no-lock", "NVML", "NVML x no-lock", "phases", "max holders",
+            "beside", "backfilled", "tok/s x", "exit", "bit-equal"]
+    p = doc["params"]
+    note = ("SIMULATED device (CPU dry run): no NVML" if doc["simulated"]
+            else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
+    return table(head, rows) + (f"\n{p['jobs']} jobs, --mix {p['mix']}; {note}; x seq: wall against one after "
+                                "the other (standalone), x no-lock: against the jobs started together with no lock")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,9 @@ class _Group:
     fence_ok: list[tuple[int, int, str]] = field(default_factory=list)
     # (job, token) -> (footprint {"<node>/<gpu>": bytes}, exclusive, backfilled), from ``granted`` (fit groups)
     grant_facts: dict[tuple[str, int], tuple[dict, bool, bool]] = field(default_factory=dict)
+    # (job, token) -> when the observer saw the grant deleted (``grant_end``): a holder's section counts
+    # while its grant exists (fitrules.py); one paused past its lease runs on, and the device stops it
+    grant_ends: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -253,6 +256,8 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         st.held = None
         report.errors += ev == "error"
         report.abandoned += ev == "abandoned"
+    elif ev == "grant_end" and token is not None:
+        g.grant_ends.setdefault((job, token), t)
     elif ev == "data_check" and not e.get("ok"):
         report.violations.append(f"[data] {where}: {e.get('detail', 'data check failed')}")
 

@@ -9,7 +9,9 @@ its GPUs' capacities and the planner's margin:
 fit         At every moment the critical sections in progress weigh, on each GPU, at most its
             capacity less the margin (a section weighs what its grant's ``footprint`` says), and a
             section whose grant weighs the whole device (``exclusive``, or no footprint) overlaps no
-            other job's section.
+            other job's section. A section counts while its grant exists: up to the observer's
+            ``grant_end`` of it when one was seen (a holder paused past its lease runs on after its
+            grant expired; the device exclusion stops such a process, not the lock).
 token-job   Each job's grant tokens strictly increase (its next entry is created after its last).
 fifo-fit    If A was queued (``enqueued``) before B asked (``acquire_req``), both were granted, and
             B's grant was not ``backfilled``, A's grant token is below B's: only a backfill goes
@@ -23,6 +25,7 @@ lost-waiter, stale-token (a job's own), protocol and the rules of the other modu
 """
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any
 
 
@@ -31,8 +34,11 @@ def check_fit_group(group: str, g: Any, spec: dict, report: Any, at) -> None:
     bytes}, "margin": bytes, "max_backfills": int | None}."""
     caps, margin = dict(spec.get("capacity", {})), int(spec.get("margin", 0))
     facts = g.grant_facts                      # (job, token) -> (footprint, exclusive, backfilled)
-    spans = sorted(((*span, s) for s in g.sections if (span := s.effective())), key=lambda x: x[0])
-    for i, (start, end, s) in enumerate(spans):
+    # A section counts while its grant exists: up to the observer's ``grant_end`` of it, if seen (a holder
+    # paused past its lease runs on after its grant expired; stopping it is the device's job).
+    spans = sorted(((span[0], min(span[1], g.grant_ends.get((s.job, s.token), span[1])), s)
+                    for s in g.sections if (span := s.effective())), key=lambda x: x[0])
+    for i, (start, _, s) in enumerate(spans):
         fp, excl, _ = facts.get((s.job, s.token), ({}, True, False))
         inside = [(o, facts.get((o.job, o.token), ({}, True, False))) for (st, en, o) in spans[:i]
                   if en > start and o.job != s.job]
@@ -61,7 +67,7 @@ def check_fit_group(group: str, g: Any, spec: dict, report: Any, at) -> None:
     for t, token, job in g.grants:
         by_job.setdefault(job, []).append((t, token))
     for job, grants in by_job.items():
-        for (t1, k1), (t2, k2) in zip(grants, grants[1:]):
+        for (t1, k1), (t2, k2) in pairwise(grants):
             if k2 <= k1:
                 report.violations.append(f"[token-job] {group}: {job} granted token {k2} at {at(t2)} after "
                                          f"its token {k1} at {at(t1)}")

@@ -65,3 +65,11 @@ def test_overtaking_without_a_backfill_is_a_fifo_violation_and_a_backfill_is_not
     report = check(events, fit=FIT)
     assert report.ok, report.violations
     assert check(events, fit={"g": {**FIT["g"], "max_backfills": 0}}).of_kind("starve")
+
+
+def test_a_section_counts_while_its_grant_exists():
+    # A's lease lapsed at 5 (the observer saw its grant go); A, paused, runs on to 10; B enters at 6.
+    events = turn(0, 1, 10, "A", 10, 60) + turn(2, 6, 20, "B", 12, 60)
+    assert check(events, fit=FIT).of_kind("fit")
+    events.append(ev(5, "grant_end", "A", token=10))
+    assert check(events, fit=FIT).ok

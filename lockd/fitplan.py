@@ -52,10 +52,15 @@ def plan_fit(ctx: P._Ctx, group: GroupState, live: dict[str, tuple[KV, R.GrantVa
         if prio.raise_to:
             # Before any intent or grant carries its token: the waiters it overtakes re-key above it.
             return [P.RaiseTurns(prio.raise_to, turns.mod_revision, turns.raised(prio.raise_to))]
-        return _stamp(P.serve(ctx, *head, reserve=reserve), head_w, rev, backfilled=False)
+        return _stamp(P.serve(ctx, *head, reserve=reserve), head_w, rev, False, turns)
+    # A backfill is judged on the room the holders' going will really give back: what is free now plus
+    # what they hold, within the capacity (memory nobody admitted, another process's, stays taken).
+    room = W.returnable(caps, {(n, g): f for n, v in views.items() if v is not None for g, f in v.free.items()},
+                        [{(n, g): b for n, v in views.items() if v is not None for g, b in (v.seen(j) or {}).items()}
+                         for j in jobs])
     for job, kv in _later(group, live, head[0], turns)[:MAX_BACKFILL_LOOKS]:
         w = weight(ctx, views, job, kv)
-        if not W.may_backfill(head_w, w, hw, caps, margin):
+        if not W.may_backfill(head_w, w, hw, room, margin):
             continue
         acts = P.serve(ctx, job, kv, reserve=reserve)
         if len(acts) != 1 or not isinstance(acts[0], P.WriteGrant):
@@ -64,7 +69,7 @@ def plan_fit(ctx: P._Ctx, group: GroupState, live: dict[str, tuple[KV, R.GrantVa
         if any(turns.token <= q.create_revision < tok for j, q in group.queue.items() if j != job and j not in live):
             # It overtakes the head (and whoever waits below it) by key: they re-key above it first.
             return [P.RaiseTurns(tok, turns.mod_revision, turns.raised(tok))]
-        return _stamp(acts, w, rev, backfilled=True)
+        return _stamp(acts, w, rev, True, turns)
     return []                                             # wait for holders to yield
 
 
@@ -115,8 +120,11 @@ def _later(group: GroupState, live: dict, head: str, turns: PR.Turns) -> list[tu
     return sorted(ws, key=lambda it: R.QueueValue.load(it[1].value).arrival(it[1].create_revision))
 
 
-def _stamp(acts: list[P.Action], w: W.Weight, rev: int, backfilled: bool) -> list[P.Action]:
-    """The grant of a fit group carries what it weighs and the grants it was planned on."""
+def _stamp(acts: list[P.Action], w: W.Weight, rev: int, backfilled: bool, turns: PR.Turns) -> list[P.Action]:
+    """The grant of a fit group carries what it weighs and what it was planned on: the grants, and the
+    turns key (a backfill's raise since, with the moves it starts, makes the plan stale; a priority
+    group's grant counts itself there already)."""
     return [dataclasses.replace(a, shared=True, exclusive=w.exclusive, backfilled=backfilled,
-                                footprint=w.footprint(), holders_rev=rev)
+                                footprint=w.footprint(), holders_rev=rev,
+                                turns_rev=a.turns_rev if a.turns_rev >= 0 else turns.mod_revision)
             if isinstance(a, P.WriteGrant) else a for a in acts]

@@ -64,9 +64,11 @@ def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_key: bytes, old_
         compare += [ops.create_rev(gkey, "==", 0), ops.mod_revs_below(keys.grants(group), a.holders_rev + 1)]
         success.insert(0, ops.delete(old_key))
     if a.turns_rev >= 0:
-        # A priority group's grant counts itself (lockd/priority.py), over the count as planned.
+        # Over the turns key as planned (a raise since makes the plan stale); a priority group's grant
+        # also counts itself there (lockd/priority.py).
         compare.append(ops.mod_rev(keys.turns(group), "==", a.turns_rev))
-        success.append(ops.put(keys.turns(group), a.turns_next))
+        if a.turns_next:
+            success.append(ops.put(keys.turns(group), a.turns_next))
     op = rpc.RequestOp(request_txn=rpc.TxnRequest(
         compare=compare, success=success, failure=[drop_only(old_key, old_grant)]))
     return op, val

@@ -96,17 +96,24 @@ class Locks:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
         return r.kvs[0].create_revision, R.GroupSpec.load(r.kvs[0].value)
 
-    def _arrival(self, group: str, job: str, lease: int) -> dict:
-        """A priority group's entry fields: the job's arrival and age carried over from its entry
-        (a re-sent Acquire takes it over), else the group's grant count now (the aging clock)."""
-        gs = self.index.groups.get(group)
-        kv = (gs.queue.get(job) or gs.moving.get(job)) if gs else None     # queued, or out being moved
+    async def _arrival(self, group: str, job: str, lease: int) -> dict:
+        """A movable group's entry fields (priority classes, a fit group): the job's arrival and age
+        carried over from its entry (a re-sent Acquire takes it over), else the group's grant count now
+        (the aging clock). Read from etcd, not the mirror: a job's next Acquire right after its Yield
+        must not find the entry that Yield deleted (the mirror may not show the delete yet) and take its
+        old arrival, jumping ahead of everyone who queued meanwhile."""
+        # Why: one read at one revision of the entry, its being-moved marker and the turns key (no write).
+        r = await self.client.txn([], [ops.get(self.keys.queue_entry(group, job)), ops.get(self.keys.moving(group, job)),
+                                       ops.get(self.keys.turns(group))])
+        found = [kv for resp in r.responses[:2] for kv in resp.response_range.kvs]
+        kv = found[0] if found else None                                   # queued, or out being moved
         if kv is not None and kv.lease == lease:
             old = R.QueueValue.load(kv.value)
             # Its arrival spelt out (not 0 for "this key"): the entry may be moved before we take it over.
             return {"since": old.arrival(kv.create_revision), "since_grants": old.since_grants,
                     "enqueued_ms": old.enqueued_ms}
-        return {"since_grants": PR.turns_of(gs).grants if gs else 0}
+        turns = r.responses[2].response_range.kvs
+        return {"since_grants": R.TurnsValue.load(turns[0].value).grants if turns else 0}
 
     async def _require_group(self, group: str) -> None:
         await self._spec_rev(group)
@@ -132,7 +139,7 @@ class Locks:
         movable = RK.movable(spec)
         if movable:
             # The leader may re-key the entry (priority classes, a fit group's backfill): its arrival travels.
-            entry = dataclasses.replace(entry, priority=priority, **self._arrival(group, job, lease))
+            entry = dataclasses.replace(entry, priority=priority, **(await self._arrival(group, job, lease)))
         value = entry.dump()
         token: int | None = None
         wake = self.waiters.register(group, job)

@@ -73,7 +73,8 @@ class WriteGrant:
     elided: bool
     bytes_moved: int
     # A priority group's grant also counts itself in the turns key, guarded by the key's mod revision
-    # as planned (0: absent); -1: a FIFO group, no turns key.
+    # as planned (0: absent); -1: a FIFO group, no turns key. A fit group's grant is guarded by it
+    # without writing it (``turns_next`` empty): a raise since the plan (a backfill's) makes it stale.
     turns_rev: int = field(default=-1, compare=False)
     turns_next: bytes = field(default=b"", compare=False)
     # A fit group's grant (lockd.fitplan): its own key ``grants/<job>``, guarded by the grants as planned

@@ -165,9 +165,11 @@ class Scheduler:
                 cmp.append(ops.mod_revs_below(k.grants(group), a.holders_rev + 1))
             put = [ops.put(gkey, grant_val.dump(), a.lease)]   # the grant dies with the holder's session
             if a.turns_rev >= 0:
-                # A priority group counts its grants (the aging clock): only over the count as planned.
+                # Only over the turns key as planned: a raise since (an earlier waiter overtaken) makes this
+                # plan stale. A priority group also counts its grants there (the aging clock).
                 cmp.append(ops.mod_rev(k.turns(group), "==", a.turns_rev))
-                put.append(ops.put(k.turns(group), a.turns_next))
+                if a.turns_next:
+                    put.append(ops.put(k.turns(group), a.turns_next))
             resp = await self.lead.txn(cmp, put)
             if resp.succeeded:
                 self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved,

@@ -24,7 +24,8 @@ FIFO: the head (the earliest waiter by arrival; lockd/priority.py for classes) i
 granted at once when it fits beside the holders, else the group waits for holders to yield
 (exclusive time-slicing, with the swap, for what does not fit). **Backfill** (``may_backfill``): a
 later waiter C may be granted before a head A that does not fit only if, for *every* set S of the
-current holders that A would fit beside, A still fits beside S and C. Holders only leave until A is
+current holders that A would fit beside, A still fits beside S and C, judged on the room the holders
+give back when they leave (``returnable``: free now plus what they hold, within the capacity). Holders only leave until A is
 granted (any other grant before A is a backfill, and satisfies the same rule over the holders then),
 so whenever A would have been granted without C, it is granted with C there: C never takes room A
 will get. C is granted only as a plain grant (nothing to snapshot, restore or freeze: no swap of
@@ -106,6 +107,19 @@ def declared_on(hint: int, gpus: frozenset[int], placed: bool) -> dict[int, int]
 def capacities(views: Iterable[NodeView]) -> dict[Slot, int]:
     """(node, GPU) -> total bytes, as the agents report their devices."""
     return {(v.node, g): b for v in views for g, b in v.total.items()}
+
+
+def returnable(caps: Mapping[Slot, int], free: Mapping[Slot, int],
+               held: Iterable[Mapping[Slot, int]]) -> dict[Slot, int]:
+    """Per GPU, the room the holders' leaving gives back at most: free now plus what each holds there,
+    never more than the capacity. The backfill rule is judged on it: memory no holder accounts for (a
+    process outside the lock, a parked job's residue) does not come back when the holders leave."""
+    out = {s: int(free.get(s, 0)) for s in caps}
+    for h in held:
+        for s, b in h.items():
+            if s in out:
+                out[s] += int(b)
+    return {s: min(int(caps[s]), b) for s, b in out.items()}
 
 
 def _load(weights: Iterable[Weight]) -> dict[Slot, int]:

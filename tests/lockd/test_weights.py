@@ -63,3 +63,13 @@ def test_backfill_only_where_the_head_would_fit_beside_every_set_of_holders_it_f
 def test_the_holders_room_to_grow_is_their_footprint_less_what_they_hold_now():
     assert W.reserve([w(30), w(20)], "n1", {"a": {0: 5 * GB}, "b": {0: 25 * GB}}, ["a", "b"]) == {0: 25 * GB}
     assert W.reserve([w(30)], "n2", {}, ["a"]) == {}
+
+
+def test_backfill_is_judged_on_the_room_the_holders_give_back_not_on_the_capacity():
+    # 100 GB GPU, but a process outside the lock holds 30: only 70 comes back when holders leave.
+    holders, head = [w(20), w(20)], w(40)
+    room = W.returnable(CAP, {("n1", 0): 30 * GB}, [{("n1", 0): 20 * GB}, {("n1", 0): 20 * GB}])
+    assert room[("n1", 0)] == 70 * GB and room[("n1", 1)] == 0
+    assert W.may_backfill(head, w(15), holders, CAP, 0)          # by the capacity: 20 + 40 + 15 <= 100
+    assert not W.may_backfill(head, w(15), holders, room, 0)     # by what comes back: 20 + 40 + 15 > 70
+    assert W.may_backfill(head, w(10), holders, room, 0)         # 20 + 40 + 10 <= 70

@@ -215,7 +215,8 @@ class TimeSlice:
             self.log.add("hold", t_req=held["t_req"], t_grant=held["t_grant"], t_release=t_end,
                          token=getattr(g, "token", 0), restored=getattr(g, "restored", False),
                          elided=getattr(g, "elided", False), bytes_moved=getattr(g, "bytes_moved", 0),
-                         waited_ms=getattr(g, "waited_ms", 0.0))
+                         waited_ms=getattr(g, "waited_ms", 0.0), footprint=dict(getattr(g, "footprint_bytes", {})),
+                         exclusive=getattr(g, "exclusive", False), backfilled=getattr(g, "backfilled", False))
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
