@@ -24,6 +24,9 @@ final weight hashes identical, bit for bit, to the standalone runs. Deterministi
     python -m benchmarks.gpu_rl_real --quick --out benchmarks/results    # a shorter one (~5 min)
     python -m benchmarks.gpu_rl_real --dry-run --out /tmp/x              # CPU, SIMULATED device (CI)
     python -m benchmarks.gpu_rl_real --kind plain --out benchmarks/results   # the 7B-class plain loop (~4 min)
+    python -m benchmarks.gpu_rl_real --jobs 4 --mix fits,half,none --split-cores --out benchmarks/results
+                                                                         # the fit policy's targets (~8 min)
+    python -m benchmarks.gpu_rl_real --jobs 4 --mix half --dry-run --out /tmp/x   # two of four fit, CPU (CI)
 
 ``--kind plain`` runs examples/grpo/real_job.py instead: the plain transformers loop
 (``@on_accelerators`` phases, ``ModelRegions``) at a Qwen2-7B-architecture config with bf16
@@ -44,6 +47,10 @@ sizes the SIMULATED device so), in these regimes instead:
   fit           time-sliced through a group with sharing fit: side by side where the declared
                 footprints (each job's standalone peak plus its context) fit, time-sliced elsewhere
 
+Several mixes in one run (``--mix fits,half,none``) share one standalone baseline; each mix runs the
+regimes its target needs (``MIX_DEFAULTS``; ``--regimes`` for all), keyed ``<mix>/<regime>``, and the
+document's ``targets`` says whether each was met (``TARGETS``: fits, wall <= 1.1x and NVML >= 0.9x
+nolock's; half, wall <= 0.5x one after the other; none, wall within 5% of the exclusive group's).
 Per regime: wall against one after the other and against nolock (``wall_vs_no_lock``), NVML duty
 (and against nolock), each job's GPU-phase throughput, every job's exit code, bit-identity with
 the standalone runs, and how the holds overlapped (the most jobs holding at once, holds beside
@@ -76,7 +83,15 @@ NODE = "gpu-node-0"
 GiB = 1 << 30
 REGIMES = ("standalone", "cooperative", "strict", "checkpoint")   # the slowest last: a cut-short call keeps the rest
 MIXES = ("fits", "half", "none")                                  # --mix: all, half, or one of the N jobs fit at once
-MIX_REGIMES = ("standalone", "nolock", "exclusive", "fit")
+MIX_REGIMES = ("nolock", "exclusive", "fit")
+# What each mix is compared with unless --regimes says otherwise: the jobs together with no lock where
+# they all fit, one after the other (the standalone baseline, always run) where half fit, an
+# exclusive group where one fits at a time.
+MIX_DEFAULTS = {"fits": ("nolock", "fit"), "half": ("fit",), "none": ("exclusive", "fit")}
+#: The figures a --mix run must show (the targets of the fit policy), checked into the document.
+TARGETS = {"fits": [("fit", "wall_vs_no_lock", "<=", 1.1), ("fit", "nvml_vs_no_lock", ">=", 0.9)],
+           "half": [("fit", "wall_vs_standalone", "<=", 0.5)],
+           "none": [("fit", "wall_vs_exclusive", "<=", 1.05)]}
 
 
 def job_id(i: int) -> str:
@@ -104,6 +119,8 @@ PROFILES = {   # name: job arguments
     # (~46 GB resident per job: two never fit side by side); cooperative only by default.
     "plain-7b": dict(size="7b", steps=2, batch=16, generations=4, prompt_len=64, completion_len=128, reward_s=5.0,
                      dtype="bfloat16"),
+    # --mix on the GPU: Qwen2-0.5B-architecture jobs (~10 GiB each alone), short steps, a 0.5 s CPU reward
+    "mix": dict(size="0.5b", steps=8, batch=16, generations=4, prompt_len=32, completion_len=64, reward_s=0.5),
 }
 
 
@@ -216,8 +233,16 @@ class Device:
             from timeslice.common.sim.device import SimDevice
             from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
             states = sorted(d["state_bytes"] for d in alone)
-            # every job's context, the k largest jobs' state, and never a (k+1)-th job (half the smallest)
-            cap = n * ctx + sum(states[-k:]) + states[0] // 2
+            if a.mix:
+                # By the footprints the jobs declare (hint_of): k of them fit with half a job to spare and
+                # the others' contexts beside one holder, never k + 1 (then the parked jobs' contexts,
+                # their residue, are moved out for the k-th holder: the residue path).
+                fp = max(hint_of(a, d) for d in alone)
+                cap = max(k * fp + fp // 2, fp + (n - 1) * ctx + ctx // 2)
+                cap = cap if k >= n else min(cap, (k + 1) * fp - 1)
+            else:
+                # both contexts and one job, never both jobs
+                cap = n * ctx + states[-1] + states[0] // 2
             sim = self.workdir / "sim"
             SimDevice(sim, self.workdir / "host", capacity_bytes=cap)
             return {"simulated_capacity_bytes": cap, "fits_side_by_side": k > 1, "fit_at_once": k}
@@ -272,12 +297,13 @@ def hint_of(a, doc: dict) -> int:
     return doc.get("peak_bytes", 0) + int(a.context_gib * GiB)
 
 
-def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dict:
+def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where: str = "") -> dict:
+    """One time-sliced regime, on a fresh etcd, lockd and agent; ``where``: its folder (default: its name)."""
     from timeslice import OrchestratorClient
     from timeslice.testing.agent import AgentProcess
     from timeslice.testing.etcd import EtcdCluster
     from timeslice.testing.lockd import LockdCluster
-    logdir = workdir / regime
+    logdir = workdir / (where or regime)
     logdir.mkdir()
     fit = dev.prepare(alone, a)
     env = {"TIMESLICE_NODE_NAME": NODE}
@@ -320,9 +346,8 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
     return res
 
 
-def no_lock(a, dev: Device, alone: list[dict], workdir: Path, fit: dict) -> dict:
+def no_lock(a, dev: Device, alone: list[dict], logdir: Path, fit: dict) -> dict:
     """The N jobs started together with no timeslice (``--standalone``, at once): where they fit."""
-    logdir = workdir / "nolock"
     logdir.mkdir()
     argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", "cooperative", True) for i in range(len(alone))]
     docs = run_jobs(argvs, {}, logdir, a.job_timeout, together=True, cpus=a.cpus)
@@ -383,30 +408,38 @@ def main(argv=None) -> int:
     p.add_argument("--split-cores", action="store_true",
                    help="give each job its share of the physical cores (its own cpuset), standalone runs too")
     p.add_argument("--jobs", type=int, default=2, help="how many jobs (seeds 1..N; default 2: the pair)")
-    p.add_argument("--mix", choices=MIXES, default="",
-                   help="size the device so that all, half or one of the jobs fit at once, and run the regimes "
-                        f"{','.join(MIX_REGIMES)} (default: the pair's regimes)")
+    p.add_argument("--mix", default="", metavar="MIX[,MIX]",
+                   help=f"{'|'.join(MIXES)}, or several comma-separated (one standalone baseline for all): size "
+                        "the device so that all, half or one of the jobs fit at once, and run some of the regimes "
+                        f"{','.join(MIX_REGIMES)} (default per mix: "
+                        + "; ".join(f"{m}: {','.join(r)}" for m, r in MIX_DEFAULTS.items()) + ")")
+    p.add_argument("--profile", default="", choices=[""] + sorted(PROFILES),
+                   help="the jobs' size and phases (default: full; --quick, --dry-run, --kind plain and --mix pick theirs)")
     a = p.parse_args(argv)
-    if not 1 <= a.jobs <= 26 or (not a.mix and a.jobs != 2):
+    a.mixes = [m for m in a.mix.split(",") if m]
+    if any(m not in MIXES for m in a.mixes):
+        p.error(f"--mix: {'|'.join(MIXES)}, comma-separated")
+    if not 1 <= a.jobs <= 26 or (not a.mixes and a.jobs != 2):
         p.error("--jobs: 1..26, and other than 2 only with --mix")
-    if a.mix and a.kind != "trl":
+    if a.mixes and a.kind != "trl":
         p.error("--mix runs TRL jobs (--kind trl)")
+    a.mix = a.mixes[0] if a.mixes else ""     # the mix being run (set per mix below)
     a.cpus = core_parts(a.jobs) if a.split_cores else None
-    a.profile = dict(PROFILES["dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
-                              "quick" if a.quick else "full"])
+    a.profile = dict(PROFILES[a.profile or ("dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
+                                            "quick" if a.quick else "mix" if a.mixes else "full")])
     if a.kind == "plain" and a.dry_run:
         a.profile["batch"] = 8
-    a.regimes = a.regimes or (",".join(MIX_REGIMES) if a.mix else ",".join(REGIMES) if a.kind == "trl"
-                              else "standalone,cooperative")
+    a.regimes = a.regimes or ("" if a.mixes else ",".join(REGIMES) if a.kind == "trl" else "standalone,cooperative")
     if a.steps:
         a.profile["steps"] = a.steps
     if a.reward_s:
         a.profile["reward_s"] = a.reward_s
     name = a.name or "gpu_rl_real" + ("_plain" if a.kind == "plain" else "") + (
-        f"_{a.mix}{a.jobs}" if a.mix else "") + ("_dryrun" if a.dry_run else "_quick" if a.quick else "")
-    regimes = [r for r in a.regimes.split(",") if r]
-    if "standalone" not in regimes:
-        regimes.insert(0, "standalone")       # the baseline and the degradation reference, same run
+        f"_{'-'.join(a.mixes)}{a.jobs}" if a.mixes else "") + ("_dryrun" if a.dry_run else "_quick" if a.quick else "")
+    asked = [r for r in a.regimes.split(",") if r and r != "standalone"]
+    # (key in the document, mix, regime), after the standalone baseline (the degradation reference), run once
+    runs = [(f"{m}/{r}", m, r) for m in a.mixes for r in (asked or MIX_DEFAULTS[m])] if a.mixes else \
+        [(r, "", r) for r in asked]
     os.makedirs(a.out, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="gpu-rl-real-"))
     dev = Device(a.dry_run, workdir)
@@ -438,35 +471,40 @@ def main(argv=None) -> int:
     doc["regimes"]["standalone"] = base
     save()
     failed = []
-    for regime in regimes[1:]:
+    for key, mix, regime in runs:
+        a.mix = mix
+        where = key.replace("/", "-")
         try:
             if regime == "nolock":
                 together = fits_together(a, dev, alone)
                 if not together["fits_side_by_side"]:
-                    doc["regimes"][regime] = {"regime": regime, "fit": together, "skipped": (
-                        f"the {a.jobs} jobs do not fit the device side by side (--mix {a.mix or 'none'}): "
+                    doc["regimes"][key] = {"regime": regime, "mix": mix, "fit": together, "skipped": (
+                        f"the {a.jobs} jobs do not fit the device side by side (--mix {mix}): "
                         "started together with no lock they would run out of memory")}
                     save()
                     continue
-                res = no_lock(a, dev, alone, workdir, together)
+                res = no_lock(a, dev, alone, workdir / where, together)
             else:
-                res = sliced(a, dev, regime, alone, workdir)
+                res = sliced(a, dev, regime, alone, workdir, where)
             add_nvml(res, dev)
             res["vs_standalone"] = F.ratios(res, base)
+            res["mix"] = mix
         except Exception as e:   # keep the other regimes' figures: the failure is a result too
-            res = {"regime": regime, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
+            res = {"regime": regime, "mix": mix, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
                    "exit_codes": getattr(e, "exit_codes", None),
-                   "logs": keep_logs(workdir / regime, Path(a.out) / f"{name}_{regime}_logs.tar.gz")}
-            failed.append(regime)
-        doc["regimes"][regime] = res
+                   "logs": keep_logs(workdir / where, Path(a.out) / f"{name}_{where}_logs.tar.gz")}
+            failed.append(key)
+        doc["regimes"][key] = res
         save()
     if dev.sampler is not None:
         dev.sampler.stop.set()
-    nolock = doc["regimes"].get("nolock")
-    for r in doc["regimes"].values():
-        if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and r["regime"] != "standalone":
+    for key, r in doc["regimes"].items():
+        nolock = doc["regimes"].get(f"{r.get('mix')}/nolock") if r.get("mix") else doc["regimes"].get("nolock")
+        if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and key != "standalone":
             r["vs_no_lock"] = F.vs(r, nolock)
             r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
+    if a.mixes:
+        doc["targets"] = targets(doc, a.mixes)
     print(report(doc))
     with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
         f.write(report(doc) + "\n")
@@ -478,12 +516,33 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
+def targets(doc: dict, mixes: list[str]) -> list[dict]:
+    """The fit policy's targets (TARGETS) against this run's figures: each with its value and verdict
+    (None: the regimes it needs did not run, or one of them failed)."""
+    out = []
+    for mix in mixes:
+        for regime, what, op, bound in TARGETS[mix]:
+            r = doc["regimes"].get(f"{mix}/{regime}", {})
+            ref = {"wall_vs_no_lock": f"{mix}/nolock", "nvml_vs_no_lock": f"{mix}/nolock",
+                   "wall_vs_standalone": "standalone", "wall_vs_exclusive": f"{mix}/exclusive"}[what]
+            b = doc["regimes"].get(ref, {})
+            value = None
+            if "wall_s" in r and "wall_s" in b and not r.get("error") and not b.get("error"):
+                if what.startswith("wall"):
+                    value = round(r["wall_s"] / b["wall_s"], 3)
+                elif r.get("duty_cycle_nvml") is not None and b.get("duty_cycle_nvml"):
+                    value = round(r["duty_cycle_nvml"] / b["duty_cycle_nvml"], 3)
+            ok = None if value is None else (value <= bound if op == "<=" else value >= bound)
+            out.append({"mix": mix, "what": what, "value": value, "target": f"{op} {bound}", "ok": ok})
+    return out
+
+
 def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.0%}"
 
 
 def report(doc: dict) -> str:
-    if doc["params"].get("mix"):
+    if doc["params"].get("mixes"):
         return mix_report(doc)
     rows = []
     for name, r in doc["regimes"].items():
@@ -540,8 +599,12 @@ def mix_report(doc: dict) -> str:
     p = doc["params"]
     note = ("SIMULATED device (CPU dry run): no NVML" if doc["simulated"]
             else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
-    return table(head, rows) + (f"\n{p['jobs']} jobs, --mix {p['mix']}; {note}; x seq: wall against one after "
-                                "the other (standalone), x no-lock: against the jobs started together with no lock")
+    lines = [table(head, rows), f"{p['jobs']} jobs, --mix {','.join(p['mixes'])}; {note}; x seq: wall against one "
+             "after the other (standalone), x no-lock: against the jobs started together with no lock"]
+    for t in doc.get("targets", []):
+        verdict = "-" if t["ok"] is None else ("met" if t["ok"] else "MISSED")
+        lines.append(f"target {t['mix']}: {t['what']} {t['value']} (wanted {t['target']}): {verdict}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

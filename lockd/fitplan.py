@@ -30,14 +30,14 @@ from timeslice.lockd.residency import residency
 MAX_BACKFILL_LOOKS = 8
 
 
-def plan_fit(ctx: P._Ctx, group: GroupState, live: dict[str, tuple[KV, R.GrantValue]],
+def plan_fit(ctx: P.PlanContext, group: GroupState, live: dict[str, tuple[KV, R.GrantValue]],
              turns: PR.Turns) -> list[P.Action]:
     """``live``: job -> (grant kv, grant) of every holder whose grant is current."""
     holders = sorted(live.items(), key=lambda it: it[1][1].token)
     hw = [W.of_grant(g) for _, (_, g) in holders]
     if any(w.exclusive for w in hw):
         return []                                         # alone on its GPUs until it yields
-    head, prio = P._head(group, ctx.spec, ctx.nodes, ctx.now_ms, live)
+    head, prio = P.pick_head(group, ctx.spec, ctx.nodes, ctx.now_ms, live)
     if head is None or prio is None or not prio.ready:
         return []                                         # idle, or the head re-keys first
     views = _views(ctx)
@@ -73,7 +73,7 @@ def plan_fit(ctx: P._Ctx, group: GroupState, live: dict[str, tuple[KV, R.GrantVa
     return []                                             # wait for holders to yield
 
 
-def weight(ctx: P._Ctx, views: dict[str, NodeView | None], job: str, kv: KV) -> W.Weight:
+def weight(ctx: P.PlanContext, views: dict[str, NodeView | None], job: str, kv: KV) -> W.Weight:
     """What ``job``'s grant would weigh, on each of the group's GPUs it uses (lockd.weights)."""
     entry = R.QueueValue.load(kv.value)
     if entry.exclusive:
@@ -103,7 +103,7 @@ def weight(ctx: P._Ctx, views: dict[str, NodeView | None], job: str, kv: KV) -> 
     return W.Weight(per)
 
 
-def _views(ctx: P._Ctx) -> dict[str, NodeView | None]:
+def _views(ctx: P.PlanContext) -> dict[str, NodeView | None]:
     out: dict[str, NodeView | None] = {}
     for node in ctx.spec.node_names():
         ns = ctx.nodes.get(node)

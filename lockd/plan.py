@@ -121,7 +121,7 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter | RaiseTurns | RK.MoveOut | RK.MoveIn | RK.DropMarker
 
 
-def _head(group: GroupState, spec: R.GroupSpec, nodes: dict[str, NodeState],
+def pick_head(group: GroupState, spec: R.GroupSpec, nodes: dict[str, NodeState],
           now_ms: int, holders: Collection[str] = ()) -> tuple[tuple[str, KV] | None, PR.Head | None]:
     """(head, its priority decision): the FIFO head, or that of a priority group or a fit group
     (lockd.priority: by arrival, a fit group's holders left out)."""
@@ -158,13 +158,13 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
         moves = RK.moves(group.queue, group.moving, turns.token, {(j, g.token) for j, (_, g) in live.items()})
         if moves:
             return list(moves)                            # overtaken entries re-key first (lockd.rekey)
-    ctx = _Ctx(spec, nodes, jobs, node_jobs, holding, now_ms, policy, turns if spec.priorities else None)
+    ctx = PlanContext(spec, nodes, jobs, node_jobs, holding, now_ms, policy, turns if spec.priorities else None)
     if spec.shared:
         from timeslice.lockd import fitplan  # it builds on this module: imported once plan is whole
         return fitplan.plan_fit(ctx, group, live, turns or PR.Turns())
     if live:
         return []                                         # the head already holds
-    head, prio = _head(group, spec, nodes, now_ms)
+    head, prio = pick_head(group, spec, nodes, now_ms)
     if head is None:
         return []                                         # idle
     if prio is not None and turns is not None:
@@ -177,7 +177,7 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
 
 
 @dataclass(frozen=True)
-class _Ctx:
+class PlanContext:
     """What one plan of one group looks at, handed to ``serve`` (and to lockd.weights' fit plan)."""
 
     spec: R.GroupSpec
@@ -190,7 +190,7 @@ class _Ctx:
     count: PR.Turns | None                # a priority group's grant counts itself in the turns key
 
 
-def serve(ctx: _Ctx, head_job: str, head_kv: KV,
+def serve(ctx: PlanContext, head_job: str, head_kv: KV,
           reserve: dict[str, dict[int, int]] | None = None) -> list[Action]:
     """The swap for ``head_job`` (the steps in the module's docstring), node by node: its intents,
     or its grant once every node is settled. ``reserve``: node -> GPU -> bytes kept free for a fit

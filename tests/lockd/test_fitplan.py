@@ -153,3 +153,11 @@ def test_a_head_whose_swap_has_begun_keeps_its_turn():
     nodes["n1"].statuses["P"] = status("P", R.RUNNING)
     js = jobs("A", "B", "C", "P")
     assert plan(gs, nodes, js, now=2000) == []                         # waiting for the agent on B's behalf
+
+
+def test_a_strict_fit_group_freezes_the_jobs_that_hold_nothing_never_a_co_holder():
+    spec = R.GroupSpec([{"node": "n1", "gpus": [0]}], isolation=R.ISOLATION_STRICT, sharing=R.SHARING_FIT)
+    gs = fit_group([("A", 5, 10), ("B", 9, 10)], holders=[("A", 10)], spec=spec)
+    js = jobs("A", "B", "P")                                  # P yielded earlier and stays resident
+    acts = P.plan_group(gs, node(60, {"A": 10, "P": 10}), js, 0, P.Policy(), holding=lambda j: [spec] if j == "A" else [])
+    assert acts == [P.WriteIntent("n1", "P", R.FREEZE, 9, 0)]   # P frozen before B's grant; A, holding, runs on

@@ -23,11 +23,13 @@ what a benchmark needs to compute duty cycle and per-phase throughput.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from timeslice.common import defaults as D
 from timeslice.config import node_name
 from timeslice.hooks import cap_allocator, release_framework_cache
 from timeslice.integrations.pytorch import ModelRegions
@@ -193,7 +195,7 @@ class TimeSlice:
                                                 exclusive=exclusive)
             grant = scope.__enter__()
             self._scope = scope
-            if grant is not None and _cuda_ready():
+            if grant is not None and _cuda_ready() and os.environ.get(D.ENV_ALLOCATOR_CAP, "1") != "0":
                 # A fit group's holders share the GPU: this job's allocator stays within what it was admitted.
                 cap_allocator(grant.footprint_bytes, grant.exclusive, self.node or node_name())
         self._open = {"t_req": t_req, "t_grant": time.monotonic(), "grant": grant}
