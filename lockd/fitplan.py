@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd import plan as P
 from timeslice.lockd import priority as PR
 from timeslice.lockd import weights as W
@@ -92,14 +93,20 @@ def weight(ctx: P.PlanContext, views: dict[str, NodeView | None], job: str, kv: 
         mine = view.group_gpus(e)
         placed = view.known_gpus(job, ctx.jobs.get(job), snap) & mine
         gpus = placed or mine
-        observed = dict(view.seen(job) or {}) if where in ("running", "partial", "unknown") else {}
+        if entry.device_bytes_hint <= 0 and entry.peak_bytes <= 0:
+            return W.WHOLE                                # nothing declared or measured: the whole device
+        seen = dict(view.seen(job) or {}) if where in ("running", "partial", "unknown") else {}
         for g, b in ((view.by_index(snap.gpu_bytes) or {}) if snap is not None and snap.gpu_bytes else {}).items():
-            observed[g] = max(observed.get(g, 0), b)
-        adm = W.admitted(W.declared_on(entry.device_bytes_hint, gpus, bool(placed)),
-                         {g: b for g, b in observed.items() if g in mine})
-        if adm is None:
-            return W.WHOLE                                # unknown footprint: the whole device
-        per.update(((node, g), b) for g, b in adm.items())
+            seen[g] = max(seen.get(g, 0), b)
+        residue = FP.spread(snap.residue_bytes, gpus) if snap is not None else None
+        for g in gpus:
+            # The footprint rule (lockd.footprints): max(declared, observed, seen - context) + context +
+            # margin. A job whose placement is not known yet may land on any of the group's GPUs: its
+            # per-node figures count whole on each of them.
+            fp = FP.footprint(gpus if placed else {g}, hint=entry.device_bytes_hint, peak=entry.peak_bytes,
+                              context=entry.context_bytes, seen={k: v for k, v in seen.items() if k in mine},
+                              residue=residue, capacity=view.total)
+            per[(node, g)] = FP.admitted(fp, g, ctx.policy.footprint)
     return W.Weight(per)
 
 

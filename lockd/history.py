@@ -130,7 +130,7 @@ class HistoryBook:
         if len(answers) < MAX_SWAPS:
             answers.append({"node": node, "job": st.job, "op": st.op, "bytes": st.bytes,
                             "elapsed_ms": st.elapsed_ms, "gpu_bytes": dict(st.gpu_bytes),
-                            "done_ms": st.updated_ms})
+                            "done_ms": st.updated_ms, "residue_bytes": st.residue_bytes})
         while len(self.swaps) > MAX_TOKENS_WITH_SWAPS:
             self.swaps.popitem(last=False)            # answers for grants that never came (failed swaps)
 
@@ -142,6 +142,8 @@ class HistoryBook:
                                         elided=g.elided, bytes_moved=g.bytes_moved,
                                         hint_bytes=entry.device_bytes_hint if entry else 0,
                                         prev_busy_ms=entry.last_hold_ms if entry else 0,
+                                        peak_bytes=entry.peak_bytes if entry else 0,
+                                        context_bytes=entry.context_bytes if entry else 0,
                                         footprint=dict(g.footprint), exclusive=g.exclusive,
                                         backfilled=g.backfilled)
 

@@ -15,10 +15,12 @@ planner's ``device_margin_bytes``. A GPU whose capacity no agent reports has no 
 also checks what is really free (``reserve``: the holders' room to grow to their footprints is
 kept for them), and makes room by parking jobs that hold nothing, as in any group.
 
-The footprint (``admitted``) is the measured footprint rule's max(declared, observed) + context +
-margin; until that rule is in this tree it is the declaration (the Acquire's ``device_bytes_hint``, per
-node) or what the job already holds on the GPU, whichever is larger. Without a declaration the footprint is unknown, and an
-unknown footprint weighs the whole device: nobody is ever granted beside another on a guess.
+The footprint is lockd/footprints.py's ``admitted``: max(declared, observed, seen - context) +
+context + margin (+ a first hold's spare), per GPU, as the planner's own fit uses it
+(lockd/fitplan.py::weight). A job that neither declares a peak (its Acquire's ``device_bytes_hint``) nor
+has reported one (``peak_bytes``) has an unknown footprint, and an unknown footprint weighs the whole
+device: nobody is ever granted beside another on a guess (what a job holds between phases says nothing
+of its peak).
 
 FIFO: the head (the earliest waiter by arrival; lockd/priority.py for classes) is served first:
 granted at once when it fits beside the holders, else the group waits for holders to yield
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from timeslice.common.server import records as R
-from timeslice.lockd.occupancy import NodeView, spread
+from timeslice.lockd.occupancy import NodeView
 
 #: Holders a backfill is judged against (every subset of them is looked at); past it, no backfill.
 MAX_BACKFILL_HOLDERS = 10
@@ -82,26 +84,6 @@ def of_grant(g: R.GrantValue) -> Weight:
         except ValueError:
             return WHOLE                         # a footprint we cannot read: not knowing is not room
     return Weight(per)
-
-
-def admitted(declared: Mapping[int, int], observed: Mapping[int, int]) -> dict[int, int] | None:
-    """The footprint a job is admitted with on one node, per GPU; None when it is unknown.
-
-    The one call site of the footprint rule (the measured rule, max(declared, observed) + context +
-    margin, replaces it). Here: what the job declared, or what it holds there now if that is more; nothing
-    declared is unknown (what a job holds between phases says nothing of its peak)."""
-    if not declared:
-        return None
-    gpus = set(declared) | set(observed)
-    return {g: max(int(declared.get(g, 0)), int(observed.get(g, 0))) for g in sorted(gpus)}
-
-
-def declared_on(hint: int, gpus: frozenset[int], placed: bool) -> dict[int, int]:
-    """A per-node hint on the GPUs the job uses there: spread over them when the job's placement is
-    known, else the whole hint on each of the group's GPUs (it may land on any one of them)."""
-    if hint <= 0 or not gpus:
-        return {}
-    return spread(hint, gpus) if placed else {g: hint for g in gpus}
 
 
 def capacities(views: Iterable[NodeView]) -> dict[Slot, int]:

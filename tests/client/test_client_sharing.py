@@ -11,6 +11,7 @@ import pytest
 from tests.client.helpers import fake_torch
 from timeslice import InvalidArgumentError, OrchestratorClient, cli, render
 from timeslice.hooks import cap_allocator
+from timeslice.room import describe
 
 
 def test_create_group_with_sharing_and_bad_policies_refused(lockd, admin, uid, clients):
@@ -81,7 +82,10 @@ def test_the_allocator_is_capped_at_the_admitted_footprint_and_the_cap_lifted_wh
     cuda = Cuda()
     fake_torch(monkeypatch, cuda)
     assert cap_allocator({"n1/0": 20, "n2/0": 70}, False, "n1") == 20 and cuda.fractions == [0.25]
+    # An allocation that then finds no room says why: the cap, and what to do about it.
+    assert "capped at" in describe(1 << 30, "gpu0", None) and "device_bytes_hint" in describe(1 << 30, "gpu0", None)
     assert cap_allocator({}, True, "n1") == 0 and cuda.fractions[-1] == 1.0          # exclusive: no cap
+    assert "capped at" not in describe(1 << 30, "gpu0", None)
     assert cap_allocator({"n1/0": 1, "n1/1": 1}, False, "n1") is None               # two GPUs: not guessed
     cuda.initialized = False
     assert cap_allocator({"n1/0": 20}, False, "n1") is None and len(cuda.fractions) == 2   # never inits CUDA

@@ -2,6 +2,7 @@
 exclusive time-slicing where they do not, backfill that never delays the head."""
 from tests.lockd.test_plan import GB, agent4, intent, kv, snap, status, worker_on
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd import plan as P
 from timeslice.lockd import rekey as RK
 from timeslice.lockd.index import GroupState, JobState, NodeState
@@ -40,7 +41,12 @@ def held_by(gs):
     return lambda j: [SPEC] if j in gs.shared else []
 
 
-def plan(gs, nodes, js, now=0, policy=P.Policy()):
+# The footprint is what the job declares, exactly (no context, margin or first hold's spare): the
+# semaphore's arithmetic is read off the hints below. The rule itself: tests/lockd/test_footprints.py.
+EXACT = P.Policy(footprint=FP.FootprintPolicy(context_fraction=0, margin_fraction=0, first_hold_spare=0))
+
+
+def plan(gs, nodes, js, now=0, policy=EXACT):
     return P.plan_group(gs, nodes, js, now, policy, holding=held_by(gs))
 
 
@@ -159,5 +165,16 @@ def test_a_strict_fit_group_freezes_the_jobs_that_hold_nothing_never_a_co_holder
     spec = R.GroupSpec([{"node": "n1", "gpus": [0]}], isolation=R.ISOLATION_STRICT, sharing=R.SHARING_FIT)
     gs = fit_group([("A", 5, 10), ("B", 9, 10)], holders=[("A", 10)], spec=spec)
     js = jobs("A", "B", "P")                                  # P yielded earlier and stays resident
-    acts = P.plan_group(gs, node(60, {"A": 10, "P": 10}), js, 0, P.Policy(), holding=lambda j: [spec] if j == "A" else [])
+    acts = P.plan_group(gs, node(60, {"A": 10, "P": 10}), js, 0, EXACT, holding=lambda j: [spec] if j == "A" else [])
     assert acts == [P.WriteIntent("n1", "P", R.FREEZE, 9, 0)]   # P frozen before B's grant; A, holding, runs on
+
+
+def test_the_weight_is_the_footprint_rule_a_first_hold_with_room_to_spare():
+    # A holds 45 GB; B declares 30: 75 <= 80 by the declaration, but by the footprint rule (context,
+    # margin, a first hold's spare) B's first hold weighs ~39 GB, and waits; once B reported its peak
+    # (30 GB), it weighs that plus its context and margin (~31 GB), and goes beside A.
+    gs = fit_group([("A", 5, 45), ("B", 9, 30)], holders=[("A", 45)])
+    assert P.plan_group(gs, node(50, {"A": 30}), jobs("A", "B"), 0, holding=held_by(gs)) == []
+    gs.queue["B"] = kv("q/B", R.QueueValue("B", 109, 30 * GB, peak_bytes=30 * GB), create=9, lease=109)
+    acts = P.plan_group(gs, node(50, {"A": 30}), jobs("A", "B"), 0, holding=held_by(gs))
+    assert [a.job for a in acts] == ["B"] and 30 * GB < acts[0].footprint["n1/0"] < 32 * GB

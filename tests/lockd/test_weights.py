@@ -34,14 +34,6 @@ def test_a_grant_without_a_readable_footprint_weighs_the_whole_device():
         W.Weight({("n1", 0): 7, ("n-2", 3): 9})
 
 
-def test_an_undeclared_footprint_is_unknown_and_a_declared_one_is_never_below_what_the_job_holds():
-    assert W.admitted({}, {0: 5 * GB}) is None
-    assert W.admitted({0: 4 * GB}, {0: 5 * GB}) == {0: 5 * GB}
-    assert W.admitted({0: 6 * GB}, {0: 5 * GB, 1: GB}) == {0: 6 * GB, 1: GB}
-    assert W.declared_on(8, frozenset({0, 1}), placed=True) == {0: 4, 1: 4}
-    assert W.declared_on(8, frozenset({0, 1}), placed=False) == {0: 8, 1: 8}   # it may land on either
-
-
 def test_backfill_only_where_the_head_would_fit_beside_every_set_of_holders_it_fits_beside_now_and_then():
     holders = [w(40), w(40)]
     head = w(50)                                  # 80 + 50 > 100: the head waits for a holder to yield
