@@ -343,7 +343,7 @@ def memory_figures(events, agent: AgentProcess) -> dict:
         if e["ev"] == "phase" and e.get("gpu"):
             j = out.setdefault(e["job"], {})
             j["room_asks"] = max(j.get("room_asks", 0), int(e.get("room_asks", 0)))
-    rooms = agent.events("room_residue_moved")
+    rooms = agent.events("room_residue_moved") + agent.events("room_resident_moved")
     full = [e for e in agent.events("cooperative_paused") if e.get("isolation") == "full"]
     out["agent"] = {"room_moves": len(rooms), "room_bytes": sum(int(e.get("bytes", 0)) for e in rooms),
                     "residue_checkpoints": len(full),

@@ -8,6 +8,10 @@
 
 Everything random in a scenario comes from ``world.rng`` (``random.Random(seed)``);
 a failing seed reruns the same fault schedule with ``CHAOS_SEED=<seed>``.
+
+Length: by default (what CI runs) a scenario repeats its faults fewer times, every kind of
+fault it injects still at least once; ``TIMESLICE_CHAOS_LONG=1`` runs each at full length
+(``repeats``). A seed replays the same schedule in the same mode.
 Timings are deliberately short (leader lease 2 s, client sessions 3 s) so that
 each scenario sees many grants and several faults within its time bound.
 
@@ -60,6 +64,14 @@ SESSION_TTL = 3
 FIT_CAPACITY = 10 << 20        # a fit world's simulated GPU per group: two or three 2-6 MiB footprints at once
 FIT_CLIENT_ARGS = ["--fit", "--exclusive-p", "0.1"]
 FIT_HINTS = ["--hint-mib", "2,6"]
+
+#: TIMESLICE_CHAOS_LONG=1: every scenario at full length (more repetitions of its faults).
+LONG = os.environ.get("TIMESLICE_CHAOS_LONG", "") not in ("", "0")
+
+
+def repeats(full: int, short: int) -> int:
+    """How many times a scenario repeats a fault: ``full`` in the long mode, else ``short``."""
+    return full if LONG else short
 
 
 def scenario_seed(default: int) -> int:

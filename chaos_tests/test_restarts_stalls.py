@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from chaos_tests.scenario import SESSION_TTL
+from chaos_tests.scenario import SESSION_TTL, repeats
 from chaos_tests.test_scenarios import verdict, world  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
@@ -31,7 +31,7 @@ PING_TIMEOUT_S = 2.0
 def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):  # noqa: F811
     w = world("job-restart-same-id", seed=1701, library=True, clients=5).start(duration=26)
     restarted, killed = [], []
-    for i in range(4):
+    for i in range(repeats(4, 2)):           # holding, waiting, ...
         w.sleep(1.5, 3)
         if i % 2 == 0:
             c, how = w.wait_for_holder(), "holding"
@@ -57,7 +57,7 @@ def test_job_restarted_under_the_same_id_while_holding_and_while_waiting(world):
 
 def test_replica_stalled_under_an_inflight_acquire_past_the_ping_timeout(world):  # noqa: F811
     w = world("replica-stall-inflight-acquire", seed=1702, library=True, clients=6).start(duration=26)
-    for _ in range(3):
+    for _ in range(repeats(3, 2)):
         w.sleep(2, 3)
         c, req = w.wait_for_waiter()
         victim = w.replica_at(req["replica"])

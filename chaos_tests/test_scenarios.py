@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from chaos_tests.scenario import LEASE_TTL, SESSION_TTL, World, scenario_seed
+from chaos_tests.scenario import LEASE_TTL, SESSION_TTL, World, repeats, scenario_seed
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
@@ -68,21 +68,21 @@ def kill_leaders(w: World, times: int) -> None:
 
 @SHARINGS
 def test_lockd_leader_sigkill_repeatedly(world, sharing):
-    """SIGKILL the lockd leader three times (restarting it each time): no waiter is lost."""
+    """SIGKILL the lockd leader three times (twice by default; restarting it each time): no waiter is lost."""
     w = world("lockd-leader-kill", seed=101, sharing=sharing).start(duration=24)
-    kill_leaders(w, 3)
+    kill_leaders(w, repeats(3, 2))
     verdict(w, w.finish())
 
 
 def test_priority_classes_through_leader_kills(world):
     """Groups with priority classes, every turn a random class: overtaken waiters are moved under
-    fresh keys while the leader is killed twice; tokens still increase in grant order (the fence
+    fresh keys while the leader is killed twice (once by default); tokens still increase in grant order (the fence
     never refuses a fresh grant), no waiter is lost, the mutex holds."""
     # observe: the observer writes when each entry was created (``enqueued``), which the priority
     # rules (FIFO within a class, at most 3 overtakes) judge from.
     w = world("priority-leader-kill", seed=505, max_overtakes=3, client_args=["--priorities", "0,9"],
               observe=True).start(duration=18)
-    kill_leaders(w, 2)
+    kill_leaders(w, repeats(2, 1))
     report = w.finish()
     verdict(w, report)
     assert report.fence_rejections == 0, "a grant's token was below one the fence had accepted"
@@ -93,7 +93,7 @@ def test_priority_classes_through_leader_kills(world):
 def test_lockd_leader_sigstop_past_its_lease(world, sharing):
     """SIGSTOP the leader for longer than its lease, then SIGCONT: it must not grant on waking."""
     w = world("lockd-leader-pause", seed=202, sharing=sharing).start(duration=26)
-    for _ in range(3):
+    for _ in range(repeats(3, 2)):
         w.sleep(2, 4)
         leader, epoch = w.lockd_leader()
         pause = LEASE_TTL + w.rng.uniform(1.0, 2.5)
@@ -107,9 +107,10 @@ def test_lockd_leader_sigstop_past_its_lease(world, sharing):
 
 @SHARINGS
 def test_etcd_member_kill_and_raft_leader_kill(world, sharing, etcd3):
-    """Kill an etcd follower and bring it back; then kill the raft leader and bring it back."""
+    """Kill an etcd follower and bring it back; then kill the raft leader and bring it back (twice
+    in the long mode)."""
     w = world("etcd-member-kill", seed=303, sharing=sharing).start(duration=28)
-    for role in ("follower", "raft leader", "raft leader"):
+    for role in ("follower", "raft leader", "raft leader")[:repeats(3, 2)]:
         w.sleep(2, 4)
         leader = etcd3.leader()
         victim = leader if role == "raft leader" else w.rng.choice([m for m in etcd3.members if m is not leader])
@@ -134,7 +135,7 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world, sharing)
     """
     w = world("client-kill-pause", seed=404, client_args=["--cs-ms", "40,150"], sharing=sharing).start(duration=32)
     paused = []
-    for i in range(4):
+    for i in range(repeats(4, 2)):           # a kill, a pause, ...
         w.sleep(2, 4)
         c = w.wait_for_holder()
         if i % 2 == 0:
@@ -181,7 +182,7 @@ def test_lockd_replica_cut_off_from_etcd_by_relay(world, sharing, etcd3):
         for r in w.lockd.replicas:
             r.endpoints = ",".join(x.endpoint for x in relays[r.replica_id])
         w.start(duration=30)
-        for role in ("leader", "follower", "leader"):
+        for role in ("leader", "follower", "leader")[:repeats(3, 2)]:
             w.sleep(2, 4)
             leader, epoch = w.lockd_leader()
             victim = leader if role == "leader" else w.rng.choice([r for r in w.lockd.replicas if r is not leader])
@@ -232,7 +233,7 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     w.on_stop.append(lambda: agent.alive() and (agent.resume(), agent.stop()))
     agent.start()
     w.start(duration=34)
-    for _ in range(4):
+    for _ in range(repeats(4, 3)):
         w.sleep(2, 4)
         deadline = time.monotonic() + 10
         while not any(p.name.endswith(".partial") for p in host.iterdir()):
@@ -280,7 +281,7 @@ def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
                                 base.extra, free_port())
         w.replace_replica(2, cut)
         w.start(order=[2, 0, 1], duration=30)
-        for _ in range(3):
+        for _ in range(repeats(3, 2)):
             w.sleep(2, 4)
             leader, epoch = w.lockd_leader()
             role = "leader" if leader is cut else "follower"

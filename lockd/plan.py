@@ -31,6 +31,7 @@ timeout fails B's Acquire with the reason; the group moves on to the next job.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
@@ -301,8 +302,12 @@ def serve(ctx: PlanContext, head_job: str, head_kv: KV,
             # the others if that alone makes room; else the head waits until the holder yields
             # (its Acquire deadline bounds the wait).
             evict = [j for j in evict if j not in kept]
-            if need is None or refused_restore is not None or any(
-                    need[g] > free.get(g, 0) - policy.device_margin_bytes
+            # A first hold's spare moves what may be moved; it never makes the head wait on a holder.
+            floor = need if need is None else need_per_gpu(
+                view, head_job, b_where, b_snap, b_gpus, hint, entry_value.peak_bytes, entry_value.context_bytes,
+                dataclasses.replace(policy.footprint, first_hold_spare=0.0))
+            if floor is None or refused_restore is not None or any(
+                    floor.get(g, 0) > free.get(g, 0) - policy.device_margin_bytes
                     + sum((view.seen(j) or {}).get(g, 0) for j in evict) for g in short):
                 pending = True
                 continue

@@ -11,12 +11,18 @@ runs under that job's op lock (an intent for it waits, then finds it done), and 
 status is corrected to say where its memory is now (residue 0, the snapshot's size
 with the rest in it), as a drift correction keeps the answer to the intent it has.
 
+When that is not enough, jobs resident on the GPU that hold no group on this node
+go next (a job that yielded with nobody waiting, one that has not held yet: its bare
+context), moved as the planner moves a resident in the way: a snapshot, with the
+checkpoint of the rest where the job may be checkpointed; its status then says it is
+parked, and its next grant restores it.
+
 Trust: room is made only for a job that holds a group on this node, as etcd says
-(its grant, with the token the worker names); a parked job is moved only the way
-lockd would have it moved, and its next restore brings everything back. The answer
-says what was freed and who holds the device now: jobs and their bytes, and the
-processes no job registered (the device meter's other pids), so a job that cannot be
-given room is told why.
+(its grant, with the token the worker names); another job is moved only the way
+lockd would have it moved, never one that holds a group on this node, and its next
+restore brings everything back. The answer says what was freed and who holds the
+device now: jobs and their bytes, and the processes no job registered (the device
+meter's other pids), so a job that cannot be given room is told why.
 """
 from __future__ import annotations
 
@@ -71,10 +77,18 @@ class RoomMaker:
                 if got > 0:
                     freed += got
                     moved.append(job)
+            if not (freed >= need > 0):
+                for job, isolation in await self._idle_residents(device, info.job):
+                    if freed >= need > 0:
+                        break
+                    got = await self._move(job, isolation, resident=True)
+                    if got > 0:
+                        freed += got
+                        moved.append(job)
             if moved:
                 await self.refresh()
         holders = await self._holders(device, info.job)
-        note = "" if freed else ("nothing left to move: no parked job's residue is on this device"
+        note = "" if freed else ("nothing left to move: no parked job's residue, no idle job on this device"
                                  if not moved else "")
         log.info("room_made", job=info.job, pid=info.pid, device=device, need_bytes=need, freed_bytes=freed,
                  moved=moved, holders=holders)
@@ -114,28 +128,78 @@ class RoomMaker:
             out.append((st.job, st.residue_bytes))
         return sorted(out, key=lambda x: -x[1])
 
-    async def _move(self, job: str) -> int:
-        """Checkpoint what ``job``'s pause left on the device; the bytes it moved (0: nothing, or failed)."""
+    async def _idle_residents(self, device: str, asker: str) -> list[tuple[str, str]]:
+        """(job, isolation) of the jobs running on ``device`` that hold no group on this node, largest first:
+        a collective job's pause is not followed by the checkpoint of its rest."""
+        jobs = set(self.jobs.local()) | set(self.channel.cooperative_pids().values())
+        found = []
+        held: set[str] | None = None
+        for job in sorted(jobs - {asker}):
+            st = self.jobs.status(job)
+            if st is not None and st.state not in (R.RUNNING,):
+                continue                               # parked (the residue path), frozen, unknown, gone
+            registered, remembered = await self.processes.pids(job)
+            pic = await self.runner.picture(registered, remembered)
+            on = sum(n for d, n in pic.resident_devices.items() if not device or d == device)
+            if pic.state != R.RUNNING or on <= 0:
+                continue
+            if held is None:
+                held = await self._holders_here()
+            if job in held:
+                continue                               # it holds a group here: it is running, never parked
+            regs = await self.processes.registrations(job)
+            found.append((on, job, "" if any(w.collective for w in regs) else R.ISOLATION_FULL))
+        return [(j, iso) for _, j, iso in sorted(found, reverse=True)]
+
+    async def _holders_here(self) -> set[str]:
+        """The jobs that hold a group whose spec names this node (all of etcd's grants, read now)."""
+        r = await self.client.range(ops.range_req(self.keys.groups(), prefix=True))
+        grants, specs = {}, {}
+        for kv in r.kvs:
+            key = kv.key.decode(errors="replace")
+            group = key[len(self.keys.groups().decode()):].split("/", 1)[0]
+            try:
+                if key.endswith("/grant"):
+                    grants[group] = R.GrantValue.load(kv.value).job
+                elif key.endswith("/spec"):
+                    specs[group] = R.GroupSpec.load(kv.value).node_names()
+            except Exception:  # a value nobody can read grants nothing
+                continue
+        return {job for g, job in grants.items() if self.node in specs.get(g, ())}
+
+    async def _move(self, job: str, isolation: str = R.ISOLATION_FULL, resident: bool = False) -> int:
+        """Move ``job``'s memory off the device (its pause's residue; with ``resident``, the job itself);
+        the device bytes freed (0: nothing, or failed). Its status is corrected to say where it is."""
         async with self.runner.lock(job):
             skv = self.jobs.status_kv(job)
             old = load_status(skv.value) if skv is not None else None
             registered, remembered = await self.processes.pids(job)
             pic = await self.runner.picture(registered, remembered)
-            if old is None or old.state != R.SNAPSHOTTED or pic.state != R.SNAPSHOTTED or pic.residue_bytes <= 0:
-                return 0                               # moved meanwhile (an intent of lockd's did it)
-            rr = await self.runner.run(R.SNAPSHOT, job, pic.live_pids, "room", isolation=R.ISOLATION_FULL)
+            if resident:
+                before = sum(pic.resident_devices.values())
+                if pic.state != R.RUNNING or before <= 0 or (old is not None and old.state != R.RUNNING):
+                    return 0                           # parked or moved meanwhile
+            else:
+                before = pic.residue_bytes
+                if old is None or old.state != R.SNAPSHOTTED or pic.state != R.SNAPSHOTTED or before <= 0:
+                    return 0                           # moved meanwhile (an intent of lockd's did it)
+            rr = await self.runner.run(R.SNAPSHOT, job, pic.live_pids, "room", isolation=isolation)
             if rr.outcome != R.OK:
                 log.warning("room_move_failed", job=job, outcome=rr.outcome, error=rr.result.error)
                 return 0
-            new = I.corrected(old, rr.after)
+            new = I.corrected(old, rr.after) if old is not None else R.StatusValue(
+                state=rr.after.state, job=job, op=R.SNAPSHOT, outcome=R.OK, device_bytes=rr.after.device_bytes,
+                pids=rr.after.live_pids, updated_ms=R.now_ms(), gpu_bytes=rr.after.gpu_bytes,
+                residue_bytes=rr.after.residue_bytes)      # the agent's own report: no intent answered
             if new is not None:
-                new = R.StatusValue(**{**new.__dict__, "bytes": old.bytes + rr.bytes_moved})
-                assert skv is not None
-                await self.reporter.correct(job, new, skv.mod_revision)
-            moved = max(0, pic.residue_bytes - rr.after.residue_bytes)
-            log.info("room_residue_moved", job=job, bytes=rr.bytes_moved, residue_before=pic.residue_bytes,
-                     residue_after=rr.after.residue_bytes, elapsed_ms=round(rr.elapsed_ms, 1))
-            return moved
+                new = R.StatusValue(**{**new.__dict__, "bytes": (old.bytes if old else 0) + rr.bytes_moved})
+                # Guarded by the status as read (absent: 0): an intent's answer written meanwhile wins.
+                await self.reporter.correct(job, new, skv.mod_revision if skv is not None else 0)
+            after = sum(rr.after.resident_devices.values()) + rr.after.residue_bytes if resident \
+                else rr.after.residue_bytes
+            log.info("room_resident_moved" if resident else "room_residue_moved", job=job, bytes=rr.bytes_moved,
+                     before=before, after=after, isolation=isolation, elapsed_ms=round(rr.elapsed_ms, 1))
+            return max(0, before - after)
 
     async def _free(self, device: str) -> int:
         free = await asyncio.to_thread(self.backend.device_free) or {}

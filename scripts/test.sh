@@ -10,4 +10,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test,demo
 WORKERS="${TIMESLICE_TEST_WORKERS:-4}"
-exec .venv/bin/python -m pytest tests chaos_tests -q -p no:cacheprovider -n "$WORKERS" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest tests chaos_tests -q -p no:cacheprovider -n "$WORKERS" --dist loadgroup --no-loadscope-reorder "$@"

@@ -49,9 +49,56 @@ def _own_host_state() -> None:
     # worker's jobs never wait on another's.
     if worker and "TIMESLICE_PIN_LOCK" not in os.environ:
         os.environ["TIMESLICE_PIN_LOCK"] = os.path.join(state, "timeslice-pin.lock")
+    # PyTorch's CPU kernels (the real-framework jobs, in this process and the jobs it starts): one
+    # thread each beside the other workers; its OpenMP threads otherwise spin for CPUs they share.
+    if worker:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 _own_host_state()
+
+
+def pytest_addoption(parser):
+    parser.addini("timeslice_xdist_groups", type="linelist", default=[],
+                  help="'name: path ...' per line: under xdist, the tests under these paths run one after another")
+
+
+def xdist_group(config, nodeid: str) -> str:
+    """The group a test runs in under xdist: a named group whose paths hold it, else its module."""
+    path = nodeid.split("::", 1)[0]
+    for line in config.getini("timeslice_xdist_groups"):
+        name, _, paths = line.partition(":")
+        if any(path == p or path.startswith(p.rstrip("/") + "/") for p in paths.split()):
+            return name.strip()
+    return path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    # Our own grouping, by path: xdist's --dist loadgroup reads xdist_group marks through a change to
+    # the test's node id that pytest >= 9.2 no longer takes, and then spreads every module's tests
+    # over the workers without a word.
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(config, nodeid)
+
+    return ByGroup(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return                              # one process: the order as collected
+    named = {line.partition(":")[0].strip() for line in config.getini("timeslice_xdist_groups")}
+    long = {xdist_group(config, i.nodeid) for i in items if i.get_closest_marker("slow") or i.get_closest_marker("chaos")}
+
+    def rank(item) -> int:
+        g = xdist_group(config, item.nodeid)
+        return 0 if g in named else 1 if g in long else 2
+    items.sort(key=rank)                    # stable: each group's tests stay in their order
 
 
 @pytest.fixture(scope="session")

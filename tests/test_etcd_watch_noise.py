@@ -5,6 +5,8 @@ import asyncio
 import gc
 import logging
 
+import pytest
+
 from timeslice.common.server.etcd import EtcdClient, EtcdConfig, Reflector, Session, SessionTiming, Watch, ops
 
 
@@ -17,6 +19,7 @@ class Debris(logging.Handler):
         self.records.append(record.getMessage())
 
 
+@pytest.mark.slow
 async def test_reconnects_leave_no_pending_tasks_or_running_generators(etcd3, key_prefix):
     loop = asyncio.get_running_loop()
     seen_by_loop: list[str] = []

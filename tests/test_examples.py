@@ -31,6 +31,7 @@ def cluster(tmp_path):
     c.stop(quiet=True)
 
 
+@pytest.mark.slow
 def test_grpo_pair_time_slices_one_gpu(cluster):
     out = run(str(ROOT / "examples" / "grpo" / "run_pair.py"), "--target", cluster.target, "--node", cluster.node,
               "--sim-dir", cluster.sim_dir, "--iterations", "2", "--phase-s", "0.05")

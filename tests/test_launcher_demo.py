@@ -204,6 +204,7 @@ ROW = re.compile(r"^\s+(baseline|sliced-swap|sliced-coop|sliced-elide)\s+([\d.]+
                  r"\s+(\S+)\s+(-|[\d.]+ MB)\s+(\d+)\s*$", re.MULTILINE)
 
 
+@pytest.mark.slow
 def test_demo_short_run_on_the_running_cluster(cluster, tmp_path):
     out = tmp_path / "demo"
     r = timeslice("demo", "--iterations", "2", "--out", str(out), "--log-dir", str(cluster["logs"]),

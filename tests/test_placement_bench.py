@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from benchmarks import placement
 
 
+@pytest.mark.slow
 def test_quick_mode_runs_both_groupings_and_predicts_each(tmp_path):
     a = placement.parser().parse_args(["--quick", "--out", "", "--log-dir", str(tmp_path)])
     results, summary = placement.run(a)

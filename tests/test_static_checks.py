@@ -18,6 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("tool", ["ruff", "mypy"])
+@pytest.mark.slow
 def test_zero_findings(tool):
     assert importlib.util.find_spec(tool) is not None, (
         f"{tool} is not installed in {sys.executable}: it comes with the test extra "

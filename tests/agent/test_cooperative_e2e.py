@@ -119,6 +119,7 @@ async def test_cooperative_handover_offload_discard_and_parked_exit(keys, client
 
 
 
+@pytest.mark.slow
 async def test_a_parked_job_killed_and_restarted_under_its_id_swaps_cooperatively_again(keys, client, stack_of):
     """The job is killed while parked and started again at once under the same job id: a new
     session with a new secret. Its new worker must be let in by the agent (not refused with the

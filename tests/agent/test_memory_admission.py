@@ -148,3 +148,30 @@ async def test_a_pinned_backup_the_host_cannot_take_is_refused_before_it_is_made
             assert "pinned backup refused: needs" in r["error"], r
         finally:
             a.kill()
+
+
+async def test_a_job_left_resident_beside_the_holder_is_moved_when_the_holders_allocation_needs_its_room(
+        keys, client, lockd_node, sim_dir):
+    """C (26 MiB) yielded with nobody waiting: it stays resident. A declares 10 MiB, which fits beside it:
+    granted, C untouched. A's temporary of 30 MiB does not fit (28 MiB free): no parked residue to move,
+    so the agent moves C itself, as the planner would (C holds no group here), and A's allocation fits on
+    its retry. C's status says it is parked; its next grant restores it, bit-exact."""
+    async with lockd_node(CAP, context_bytes=DEVICE_CTX, slack=0.0) as n:
+        c = Job(n.lockd.replicas[0].target, "coop-c", sim_dir, n.agent.socket, weights(24))
+        a = Job(n.lockd.replicas[0].target, "coop-a", sim_dir, n.agent.socket, weights(8))
+        try:
+            ok(c(f"acquire g {24 * MiB}")), ok(c("write weights 0badcafe"))
+            assert ok(c("yield g"))["deferred"]
+            assert ok(a(f"acquire g {10 * MiB}"))["elided"]
+            assert await status(client, keys, NODE, "coop-c") is None              # never moved
+            assert a(f"scratch {30 * MiB}") == {"ok": True, "room_asks": 1}
+            st = await status(client, keys, NODE, "coop-c")
+            assert st is not None and st.state == R.SNAPSHOTTED and st.residue_bytes == 0, st
+            ok(a("yield g"))
+            back = ok(c(f"acquire g {24 * MiB}"))
+            assert back["restored"], back
+            assert ok(c("verify weights"))["match"]
+            ok(c("yield g"))
+        finally:
+            a.kill()
+            c.kill()

@@ -106,6 +106,7 @@ class Jobs:
                                                       group_id=group, token=grant.token))
 
 
+@pytest.mark.slow
 async def test_two_nodes_four_gpus_parallel_swaps_and_an_agent_killed_mid_swap(etcd, key_prefix, keys, client,
                                                                                cluster, tmp_path):
     for n in NODES:

@@ -123,6 +123,7 @@ async def test_a_frozen_job_that_closes_its_session_is_thawed_to_exit_and_leaves
         await _nothing_left(client, keys, dev, wa.pid, "A")
 
 
+@pytest.mark.slow
 async def test_a_frozen_job_that_dies_leaves_nothing(world, client, keys, etcd, sim_dir):
     dev = SimDevice(sim_dir)
     async with world(R.ISOLATION_STRICT) as (jobs, _lockd, _agent):

@@ -291,6 +291,7 @@ async def test_the_agent_killed_mid_resume_of_a_cooperative_worker(keys, client,
             c.kill()
 
 
+@pytest.mark.slow
 async def test_the_agent_killed_mid_snapshot_and_mid_restore_of_checkpoint_jobs(
         keys, client, lockd_node, workers):
     """The simulated checkpoint backend at 10 MB/s: 20 MiB take ~2 s each way to kill the agent in."""

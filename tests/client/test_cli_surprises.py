@@ -129,6 +129,7 @@ def test_watch_redraws_ages_while_nothing_changes(env, up):
     assert len(ages) == 3 and ages == sorted(ages) and ages[-1] > ages[0]
 
 
+@pytest.mark.slow
 def test_demo_json_is_one_object(env, up, tmp_path):
     r = ts(env, "--json", "demo", "--iterations", "1", "--regimes", "elide", "--generate-s", "0.1",
            "--rewards-s", "0.1", "--train-s", "0.1", "--out", str(tmp_path / "demo"), timeout=300)

@@ -30,6 +30,7 @@ def main(lockd, capsys, *args) -> tuple[int, str, str]:
     return rc, out, err
 
 
+@pytest.mark.slow
 def test_group_create_groups_status_jobs_delete(lockd, uid, clients, capsys):
     g = f"cli-{uid}"
     r = run(lockd, "group", "create", g, "--node", "n1:0,1", "--node", "n2")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from aetcd import rpc
 
 from timeslice import AsyncOrchestratorClient
@@ -29,11 +30,20 @@ FAST = ["--lease-ttl", "3", "--renew-deadline", "2", "--retry-period", "0.5", "-
 
 
 class Relay:
-    """A TCP relay to ``port`` on loopback that the test can cut (every connection dropped, new ones
-    refused at once) and restore."""
+    """A TCP relay to ``port`` on loopback that the test can cut and restore.
+
+    Cut, it drops every connection and holds new ones unanswered until restored, as a partition
+    would. It does not refuse them: a refused connection puts the client's channel into its
+    reconnect backoff (up to 2 s, ``grpc.max_reconnect_backoff_ms``), and the client's return
+    would be timed by that backoff, not by its reaction, eating the bound below. A connection
+    still being set up when the cut comes is dropped too, so nothing slips through the cut.
+    """
 
     def __init__(self, port: int):
-        self.port, self.cut_off = port, False
+        self.port = port
+        self._open = asyncio.Event()
+        self._open.set()
+        self._stopped = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._server: asyncio.base_events.Server | None = None
 
@@ -42,11 +52,22 @@ class Relay:
         return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
     async def _serve(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:
-        if self.cut_off:
+        self._writers.add(cw)
+        try:
+            await self._open.wait()                  # held, unanswered, while cut
+            if self._stopped:
+                raise ConnectionError("relay stopped")
+            ur, uw = await asyncio.open_connection("127.0.0.1", self.port)
+        except (ConnectionError, asyncio.CancelledError):
             cw.close()
+            self._writers.discard(cw)
             return
-        ur, uw = await asyncio.open_connection("127.0.0.1", self.port)
-        self._writers |= {cw, uw}
+        self._writers.add(uw)
+        if not self._open.is_set() or cw.is_closing():   # cut (or gone) while it connected
+            for w in (cw, uw):
+                w.close()
+                self._writers.discard(w)
+            return
 
         async def pipe(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             try:
@@ -62,15 +83,17 @@ class Relay:
         await asyncio.gather(pipe(cr, uw), pipe(ur, cw))
 
     def cut(self) -> None:
-        self.cut_off = True
+        self._open.clear()
         for w in list(self._writers):
             w.close()
 
     def restore(self) -> None:
-        self.cut_off = False
+        self._open.set()
 
     async def stop(self) -> None:
+        self._stopped = True
         self.cut()
+        self._open.set()                             # the held ones end
         if self._server is not None:
             self._server.close()
 
@@ -97,6 +120,7 @@ async def _ttl_left(etcd3, lease: int) -> int:
         await c.close()
 
 
+@pytest.mark.slow
 async def test_a_session_declared_lost_in_an_etcd_outage_is_ended_once_etcd_is_back(etcd3, key_prefix, tmp_path):
     cluster = LockdCluster(etcd3.endpoints_str, key_prefix, n=1, logdir=str(tmp_path), extra=FAST).start()
     target = cluster.replicas[0].target

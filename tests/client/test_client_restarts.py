@@ -22,6 +22,7 @@ def crash(c: OrchestratorClient) -> None:
     c._loop.call(stop(c._aio))
 
 
+@pytest.mark.slow
 def test_job_restarted_under_the_same_id_keeps_its_new_session(lockd, group, uid, clients):
     """Process A holds and dies; B (same job id) waits A's session out and is granted.
     B's session was opened a whole TTL after its OpenSession began: its keepalive
@@ -158,7 +159,9 @@ def test_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lockd_own,
     victim = next(r for r in cluster.replicas if r is not leader)
     survivors = [r.target for r in cluster.replicas if r is not victim]
     holder = OrchestratorClient(survivors, job_id=f"holder-{uid}")
-    waiter = OrchestratorClient([victim.target], job_id=f"gone-{uid}", session_ttl=10,
+    # A session that outlives the replica's restart on a loaded machine, and the 20 s wait below: the
+    # entry can then go only by the client's withdrawal, never by the lease running out.
+    waiter = OrchestratorClient([victim.target], job_id=f"gone-{uid}", session_ttl=30,
                                 retry=RetryPolicy(failover_window=1.0, attempt_timeout=1.0))
     try:
         g = f"wd-{uid}"
@@ -202,7 +205,8 @@ def test_async_acquire_that_failed_with_its_replica_gone_is_withdrawn(etcd, lock
     g = f"awd-{uid}"
 
     async def run():
-        waiter = AsyncOrchestratorClient([victim.target], job_id=f"agone-{uid}", session_ttl=10,
+        # As above: the session outlives the restart and the wait (withdrawn, not expired).
+        waiter = AsyncOrchestratorClient([victim.target], job_id=f"agone-{uid}", session_ttl=30,
                                          retry=RetryPolicy(failover_window=1.0, attempt_timeout=1.0))
         try:
             task = asyncio.ensure_future(waiter.acquire(g))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import pytest
 
 from tests.lockd.conftest import Job, admin
 from timeslice import AsyncOrchestratorClient
@@ -20,6 +21,7 @@ COPIES = 6
 FAST = ["--lease-ttl", "3", "--renew-deadline", "2", "--retry-period", "0.5", "--etcd-timeout", "3"]
 
 
+@pytest.mark.slow
 async def test_calls_during_an_etcd_majority_loss_are_unavailable_and_the_client_rides_it_out(
         etcd3, key_prefix, tmp_path):
     cluster = LockdCluster(etcd3.endpoints_str, key_prefix, n=1, logdir=str(tmp_path), extra=FAST).start()

@@ -332,6 +332,7 @@ async def test_yield_on_the_leader_hands_over_in_one_transaction(lockd3, etcd):
     await a.close(), await b.close(), await ch.close()
 
 
+@pytest.mark.slow
 async def test_leader_forgets_departed_jobs_intents_and_empty_statuses(lockd3, etcd):
     from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
     from timeslice.common.server.keys import Keys

@@ -338,18 +338,25 @@ def test_index_knows_which_groups_a_job_holds():
 
 
 def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
-    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY declares 35 GB (admitted on a first
-    # hold with its spare: 45 GB): evicting A is enough.
+    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY needs 40 GB: evicting A is enough (a
+    # first hold's spare, 51 GB in all, moves what may be moved: it never makes PY wait on the holder).
     jobs = {"PX": JobState(workers=worker_on("PX", 1)), "A": JobState(workers=worker_on("A", 2)),
             "PY": JobState(workers=worker_on("PY", 3))}
     ns = NodeState(agent=agent4([80 * GB, 10 * GB], {"PX": {"gpu1": 30 * GB}, "A": {"gpu1": 40 * GB}}))
     held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [1]}])]}
-    g = group_gpus([("PY", 9, 35 * GB)], [1])
+    g = group_gpus([("PY", 9, 40 * GB)], [1])
     assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == [
         P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
     # 60 GB is more than A's 40 GB and the 10 GB free: nothing is parked, PY waits for PX.
     g = group_gpus([("PY", 9, 60 * GB)], [1])
     assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == []
+    # A gone (parked elsewhere): 50 GB free beside the holder. PY's 40 GB fits, its spare does not:
+    # granted, not kept waiting on PX.
+    ns.agent = agent4([80 * GB, 50 * GB], {"PX": {"gpu1": 30 * GB}})
+    jobs.pop("A")
+    [grant] = P.plan_group(group_gpus([("PY", 9, 40 * GB)], [1]), {"n1": ns}, jobs, 0,
+                           holding=lambda j: held.get(j, []))
+    assert isinstance(grant, P.WriteGrant) and grant.job == "PY", grant
 
 
 def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
