@@ -595,14 +595,16 @@ def _bit_equal(r: dict) -> str:
 def mix_report(doc: dict) -> str:
     """--jobs N --mix: wall against one after the other and against nolock, NVML, the overlap of holds,
     exit codes and bit-identity; FAILED (no ratio) for a regime in which a job died."""
-    rows = []
+    rows, notes = [], []
     for name, r in doc["regimes"].items():
+        # Why a regime failed or was skipped goes below the table (a column that wide reads badly).
         if "error" in r:
-            rows.append([name, f"FAILED (exit codes {r.get('exit_codes')}): " + r["error"].splitlines()[0][:60]]
-                        + [""] * 11)
+            rows.append([name, "FAILED"] + [""] * 10 + [",".join(str(c) for c in r.get("exit_codes", []))] + [""])
+            notes.append(f"{name}: FAILED (exit codes {r.get('exit_codes')}): " + r["error"].splitlines()[0][:200])
             continue
         if "skipped" in r:
-            rows.append([name, "skipped: " + r["skipped"][:70]] + [""] * 11)
+            rows.append([name, "skipped"] + [""] * 11)
+            notes.append(f"{name}: skipped: {r['skipped']}")
             continue
         sh, ratio, nl = r.get("sharing") or {}, r.get("vs_standalone", {}), r.get("vs_no_lock") or {}
         rows.append([name, r["wall_s"], ratio.get("wall", 1.0) if name != "standalone" else 1.0,
@@ -617,7 +619,7 @@ def mix_report(doc: dict) -> str:
     note = ("SIMULATED device (CPU dry run): no NVML" if doc["simulated"]
             else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
     lines = [table(head, rows), f"{p['jobs']} jobs, --mix {','.join(p['mixes'])}; {note}; x seq: wall against one "
-             "after the other (standalone), x no-lock: against the jobs started together with no lock"]
+             "after the other (standalone), x no-lock: against the jobs started together with no lock", *notes]
     for t in doc.get("targets", []):
         verdict = "-" if t["ok"] is None else ("met" if t["ok"] else "MISSED")
         lines.append(f"target {t['mix']}: {t['what']} {t['value']} (wanted {t['target']}): {verdict}")

@@ -390,17 +390,19 @@ class World(ClientsView):
         return most
 
     def revision_order_violations(self) -> list[str]:
-        """The grants judged from etcd's own revision history (holders.py), both policies."""
+        """The grants judged from etcd's own revision history (holders.py), both policies: tokens, fit
+        holders within capacity, backfills that leave the head its room."""
         import asyncio
 
-        from chaos_tests.holders import check_grants_in_revision_order, etcd_history
+        from chaos_tests.holders import check_backfills_spare_the_head, check_grants_in_revision_order, etcd_history
         from timeslice.common.server.etcd import EtcdClient, EtcdConfig
         from timeslice.common.server.keys import Keys
 
         async def read():
             keys = Keys(self.prefix)
             async with EtcdClient(EtcdConfig.parse(self.etcd.endpoints_str, timeout=10)) as client:
-                return check_grants_in_revision_order(await etcd_history(client, keys), keys)
+                history = await etcd_history(client, keys)
+                return check_grants_in_revision_order(history, keys) + check_backfills_spare_the_head(history, keys)
         return asyncio.run(read())
 
     def settle(self) -> None:

@@ -70,7 +70,7 @@ def plan_fit(ctx: P.PlanContext, group: GroupState, live: dict[str, tuple[KV, R.
         if any(turns.token <= q.create_revision < tok for j, q in group.queue.items() if j != job and j not in live):
             # It overtakes the head (and whoever waits below it) by key: they re-key above it first.
             return [P.RaiseTurns(tok, turns.mod_revision, turns.raised(tok))]
-        return _stamp(acts, w, rev, True, turns)
+        return _stamp(acts, w, rev, True, turns, head)
     return []                                             # wait for holders to yield
 
 
@@ -127,11 +127,14 @@ def _later(group: GroupState, live: dict, head: str, turns: PR.Turns) -> list[tu
     return sorted(ws, key=lambda it: R.QueueValue.load(it[1].value).arrival(it[1].create_revision))
 
 
-def _stamp(acts: list[P.Action], w: W.Weight, rev: int, backfilled: bool, turns: PR.Turns) -> list[P.Action]:
-    """The grant of a fit group carries what it weighs and what it was planned on: the grants, and the
+def _stamp(acts: list[P.Action], w: W.Weight, rev: int, backfilled: bool, turns: PR.Turns,
+           head: tuple[str, KV] | None = None) -> list[P.Action]:
+    """The grant of a fit group carries what it weighs and what it was planned on: the grants, the
     turns key (a backfill's raise since, with the moves it starts, makes the plan stale; a priority
-    group's grant counts itself there already)."""
+    group's grant counts itself there already) and, for a backfill, the head it was judged against
+    (if that head has left or been moved since, the backfill is planned again against the new head)."""
+    past = {"ahead_of": head[0], "ahead_token": head[1].create_revision} if backfilled and head else {}
     return [dataclasses.replace(a, shared=True, exclusive=w.exclusive, backfilled=backfilled,
                                 footprint=w.footprint(), holders_rev=rev,
-                                turns_rev=a.turns_rev if a.turns_rev >= 0 else turns.mod_revision)
+                                turns_rev=a.turns_rev if a.turns_rev >= 0 else turns.mod_revision, **past)
             if isinstance(a, P.WriteGrant) else a for a in acts]

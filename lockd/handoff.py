@@ -63,6 +63,9 @@ def grant_or_drop(keys: Keys, lead: Leadership, group: str, old_key: bytes, old_
         # Nobody granted since the plan's read (holders may only have left), and not this job already.
         compare += [ops.create_rev(gkey, "==", 0), ops.mod_revs_below(keys.grants(group), a.holders_rev + 1)]
         success.insert(0, ops.delete(old_key))
+    if a.backfilled and a.ahead_of:
+        # The head the backfill was judged against, still waiting under that key (else: another head now).
+        compare.append(ops.create_rev(keys.queue_entry(group, a.ahead_of), "==", a.ahead_token))
     if a.turns_rev >= 0:
         # Over the turns key as planned (a raise since makes the plan stale); a priority group's grant
         # also counts itself there (lockd/priority.py).

@@ -89,6 +89,9 @@ class WriteGrant:
     shared: bool = False
     exclusive: bool = False               # weighs the whole device
     backfilled: bool = False              # granted before an earlier waiter that does not fit yet
+    # A backfill's head, as it was judged against (job, its entry's key): still queued there at the grant.
+    ahead_of: str = field(default="", compare=False)
+    ahead_token: int = field(default=0, compare=False)
     footprint: dict = field(default_factory=dict, compare=False)   # "<node>/<GPU>" -> admitted bytes
     holders_rev: int = field(default=0, compare=False)
 

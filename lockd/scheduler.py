@@ -163,6 +163,10 @@ class Scheduler:
                 # A fit group's holders as planned: nobody granted (or re-granted) since the grants we read
                 # (holders may only have left, which only frees room); lockd/weights.py.
                 cmp.append(ops.mod_revs_below(k.grants(group), a.holders_rev + 1))
+            if a.backfilled and a.ahead_of:
+                # The head this backfill was judged against still waits under the key it was judged on: one
+                # that left (or was moved) since leaves another head, which the rule must protect instead.
+                cmp.append(ops.create_rev(k.queue_entry(group, a.ahead_of), "==", a.ahead_token))
             put = [ops.put(gkey, grant_val.dump(), a.lease)]   # the grant dies with the holder's session
             if a.turns_rev >= 0:
                 # Only over the turns key as planned: a raise since (an earlier waiter overtaken) makes this

@@ -10,7 +10,7 @@ import time
 from agenthelpers import NODE, MiB, wait_agent
 
 from chaos_tests.checker import check
-from chaos_tests.holders import check_grants_in_revision_order, etcd_history
+from chaos_tests.holders import check_backfills_spare_the_head, check_grants_in_revision_order, etcd_history
 from timeslice.common.server import records as R
 from timeslice.lockd import footprints as FP
 from timeslice.common.server.etcd import ops
@@ -127,7 +127,35 @@ async def test_grants_overlap_exactly_where_the_footprints_fit(keys, client, wor
         assert report.ok, report.violations
         assert report.grants == 5
         # The same grants judged in etcd's own order: tokens increasing, holders within the capacity.
-        assert check_grants_in_revision_order(await etcd_history(client, keys), keys) == []
+        history = await etcd_history(client, keys)
+        assert check_grants_in_revision_order(history, keys) == [] and check_backfills_spare_the_head(history, keys) == []
+
+
+async def test_a_later_job_is_backfilled_past_a_head_that_does_not_fit_and_never_delays_it(keys, client, workers,
+                                                                                           lockd_node):
+    big, small = 5 * MiB, 3 * MiB          # by the footprint rule: two bigs do not fit, a big and a small do
+    weighs = [FP.admitted(FP.footprint({0}, hint=h, capacity={0: CAP}), 0) for h in (big, small)]
+    assert 2 * weighs[0] > CAP >= weighs[0] + weighs[1]
+    async with lockd_node(CAP, sharing="fit") as n:
+        js = Jobs(n.stub, client, keys, workers)
+        await js.open("A", "B", "C")
+        ga = await js.acquire("A", hint=big)
+        fb = js.acquire("B", hint=big)                        # the head: does not fit beside A
+        head = (await js.queued("B")).waiters[0].token
+        gc = await js.acquire("C", hint=small)                # fits beside A, and B fits beside it: backfilled
+        assert gc.backfilled and not fb.done()
+        st = await n.stub.GetGroupStatus(lpb.GroupRef(group_id="g"))
+        assert [h.job_id for h in st.holders] == ["A", "C"] and [w.job_id for w in st.waiters] == ["B"]
+        assert st.waiters[0].token > gc.token > head         # B moved above C's token, its place kept
+        js.ev("enqueued", "B", token=st.waiters[0].token)
+        await js.yield_("A", ga)                              # A leaves: B goes at once, beside C
+        gb = await fb
+        assert not gb.backfilled and gb.token > gc.token
+        await js.yield_("B", gb)
+        await js.yield_("C", gc)
+        assert check(js.events, fit={"g": {"capacity": {SLOT: CAP}, "margin": 0}}).ok
+        history = await etcd_history(client, keys)
+        assert check_grants_in_revision_order(history, keys) == [] and check_backfills_spare_the_head(history, keys) == []
 
 
 async def test_an_undeclared_footprint_is_never_granted_beside_another(keys, client, workers, lockd_node):

@@ -123,6 +123,7 @@ def test_backfill_raises_the_turns_token_rekeys_the_head_then_grants_and_the_hea
     # Now C is granted, flagged as backfilled; its token (11) is below B's new one (14).
     acts = plan(gs, nodes, js)
     assert acts == [P.WriteGrant("C", 11, 111, False, True, 0, shared=True, backfilled=True)]
+    assert (acts[0].ahead_of, acts[0].ahead_token) == ("B", 14)      # guarded by the head it was judged against
     gs.shared["C"] = kv("grants/C", acts[0].stored(7), create=15)
     # Nobody else is backfilled past B meanwhile: D (10) would fit now, not beside B and one holder.
     gs.queue["D"] = kv("q/D", R.QueueValue("D", 116, 10 * GB), create=16, lease=116)
