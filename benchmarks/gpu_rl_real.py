@@ -471,6 +471,22 @@ def main(argv=None) -> int:
         with open(os.path.join(a.out, f"{name}.json"), "w") as f:
             json.dump(doc, f, indent=1, default=str)
 
+    def conclude() -> str:
+        """Ratios against nolock and the targets over the regimes run so far, the document and the
+        table written: after every regime, so that a run cut short (``timeout``) keeps its figures."""
+        for key, r in doc["regimes"].items():
+            nolock = doc["regimes"].get(f"{r.get('mix')}/nolock") if r.get("mix") else doc["regimes"].get("nolock")
+            if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and key != "standalone":
+                r["vs_no_lock"] = F.vs(r, nolock)
+                r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
+        if a.mixes:
+            doc["targets"] = targets(doc, a.mixes)
+        text = report(doc)
+        with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
+            f.write(text + "\n")
+        save()
+        return text
+
     (workdir / "standalone").mkdir()
     argvs = [job_argv(a, i + 1, workdir / "standalone" / f"{job_id(i)}.json", "cooperative", True)
              for i in range(a.jobs)]
@@ -512,19 +528,12 @@ def main(argv=None) -> int:
                    "logs": keep_logs(workdir / where, Path(a.out) / f"{name}_{where}_logs.tar.gz")}
             failed.append(key)
         doc["regimes"][key] = res
-        save()
+        doc["partial"] = True                 # until every regime asked for has run
+        conclude()
     if dev.sampler is not None:
         dev.sampler.stop.set()
-    for key, r in doc["regimes"].items():
-        nolock = doc["regimes"].get(f"{r.get('mix')}/nolock") if r.get("mix") else doc["regimes"].get("nolock")
-        if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and key != "standalone":
-            r["vs_no_lock"] = F.vs(r, nolock)
-            r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
-    if a.mixes:
-        doc["targets"] = targets(doc, a.mixes)
-    print(report(doc))
-    with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
-        f.write(report(doc) + "\n")
+    doc.pop("partial", None)
+    print(conclude())
     ran = {k: r for k, r in doc["regimes"].items() if k != "standalone" and "skipped" not in r}
     ok = not failed and all(all(v["losses_identical"] and v["weights_identical"] for v in r["degradation"].values())
                             for r in ran.values())

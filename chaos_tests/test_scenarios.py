@@ -21,8 +21,10 @@ from chaos_tests.scenario import LEASE_TTL, SESSION_TTL, World, repeats, scenari
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 MIN_GRANTS = 20
-# The scenarios of plain clients run for both sharing policies: an exclusive group (the mutex) and a fit
-# group (holders side by side within the capacity of a simulated GPU; chaos_tests/fitrules.py).
+# The scenarios run for both sharing policies: an exclusive group (the mutex) and a fit group (holders side
+# by side within the capacity of a simulated GPU; chaos_tests/fitrules.py, holders.py's [fit] and [starve]).
+# The priority-class scenario runs on exclusive groups only: its rules (FIFO within a class, at most K
+# overtakes) are judged beside the mutex.
 SHARINGS = pytest.mark.parametrize("sharing", ["exclusive", "fit"])
 
 
@@ -45,11 +47,12 @@ def world(etcd3, key_prefix, tmp_path, proc_reaper):
         w.stop()
 
 
-def verdict(w: World, report) -> None:
+def verdict(w: World, report, shares: bool = True) -> None:
+    """``shares``: a fit world must have had two holders of a group at once (False: its device fits one)."""
     assert report.violations == [], "\n".join(report.violations[:20])
     assert w.crashes == [], f"client processes died on their own: {w.crashes}"
     assert report.grants > MIN_GRANTS, f"only {report.grants} grants: the scenario proved little"
-    if w.sharing == "fit":
+    if w.sharing == "fit" and shares:
         assert w.max_holders() >= 2, "no two holders of a fit group at once: the scenario shared nothing"
 
 
@@ -205,7 +208,8 @@ def test_lockd_replica_cut_off_from_etcd_by_relay(world, sharing, etcd3):
 MiB = 1 << 20
 
 
-def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
+@SHARINGS
+def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path, sharing):
     """SIGKILL the node agent while it copies a job's device memory out; restart it.
 
     Four jobs share one group on one node whose SIMULATED device holds one
@@ -215,6 +219,8 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     ``.partial`` host copy exists). Every client checks in each critical
     section that its device bytes are exactly what it left there
     (``data_check``); a grant made before the job's context is back fails it.
+    In a fit group (each job declares its 4 MiB) the same: nobody fits beside
+    another, so every grant is time-sliced with its swap, never granted beside.
     """
     from timeslice.common.sim.device import SimDevice
     from timeslice.testing.agent import AgentProcess
@@ -223,7 +229,8 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     job_bytes = 4 * MiB
     SimDevice(sim, host, capacity_bytes=6 * MiB)           # room for one job, not two
     env = {"TIMESLICE_SIM_HOST_DIR": str(host)}
-    w = world("agent-kill-mid-snapshot", seed=606, groups=1, clients=4, group_nodes=["node-a"],
+    w = world("agent-kill-mid-snapshot", seed=606, groups=1, clients=4, group_nodes=["node-a"], sharing=sharing,
+              fit_capacity={"node-a": 6 * MiB},
               lockd_flags=["--swap-timeout", "10"], client_env=env,
               client_args=["--sim-bytes", str(job_bytes), "--sim-dir", str(sim), "--node", "node-a",
                            "--cs-ms", "5,30", "--device-timeout", "5"])
@@ -250,11 +257,14 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     checks = [e for e in events if e["ev"] == "data_check" and e.get("token")]
     restored = [e for e in events if e["ev"] == "granted" and e.get("restored")]
     print(f"  device data checks in sections: {len(checks)}, grants with a restore: {len(restored)}")
-    verdict(w, report)
+    verdict(w, report, shares=False)
     assert len(checks) > 10 and len(restored) > 10, "the scenario must exercise real swaps"
+    if sharing == "fit":
+        assert w.max_holders() == 1, "two holders of a device that fits one"
 
 
-def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
+@SHARINGS
+def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3, sharing):
     """Partition one replica from etcd with iptables in its own network namespace: leader, then follower.
 
     Needs root, ``ip netns`` and iptables; skipped otherwise, with the reason.
@@ -274,7 +284,7 @@ def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
     bridges: list[Relay] = []
     try:
         bridges = [Relay(ep, listen_host=ns.host_ip) for ep in etcd3.endpoints]
-        w = world("lockd-partition-netns", seed=707)
+        w = world("lockd-partition-netns", seed=707, sharing=sharing)
         w.on_stop.append(ns.delete)
         base = w.lockd.replicas[2]
         cut = NetnsLockdProcess(ns, ",".join(b.endpoint for b in bridges), w.prefix, base.replica_id, w.log_dir,
