@@ -47,6 +47,8 @@ def print_figures(world, report: Report, events: list[dict]) -> None:
         "cooperative_pauses": sum(1 for e in events if e["ev"] == "coop_paused"),
         "cooperative_resumes": sum(1 for e in events if e["ev"] == "coop_resumed"),
         "grants_with_restore": sum(1 for e in events if e["ev"] == "granted" and e.get("restored")),
+        # fit groups: grants made before an earlier waiter (each judged by holders.py's [starve])
+        "grants_backfilled": sum(1 for e in events if e["ev"] == "granted" and e.get("backfilled")),
         "slowest_group_recovery_after_heal_s": (None if any(r is None for *_, r in report.recoveries) else
                                                 max((r for *_, r in report.recoveries), default=None)),
         "violations": len(report.violations),

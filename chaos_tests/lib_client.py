@@ -31,7 +31,7 @@ import time
 import grpc
 from aetcd import rpc
 
-from chaos_tests.history import FencedResource, HistoryRecorder
+from chaos_tests.history import FencedResource, HistoryRecorder, MiB, fence_path
 from chaos_tests.lib_device import LibCheckpointDevice, LibCoopDevice
 from timeslice import OrchestratorClient
 from timeslice.errors import SessionLostError, TimesliceClientError
@@ -56,7 +56,7 @@ class LibClient:
         self.rng = random.Random(a.seed)
         self.rec = HistoryRecorder(a.history, name=f"client-{a.job}", job=a.job)
         self.groups = a.groups.split(",")
-        self.fences = {g: FencedResource(os.path.join(a.fence_dir, f"fence-{g}.json")) for g in self.groups}
+        self.fences = {g: FencedResource(fence_path(a, g)) for g in self.groups}
         self.accepted = {g: self.fences[g].ops(g, a.job) for g in self.groups}
         self.stop = threading.Event()
         self.c = OrchestratorClient(a.targets.split(","), job_id=a.job, session_ttl=a.ttl, release_cache=False,
@@ -85,16 +85,20 @@ class LibClient:
 
     def turn(self) -> None:
         group = self.rng.choice(self.groups)
-        self.rec.acquire_req(group, replica=self.c.target)
+        hint = self.rng.randint(*(int(x * MiB) for x in self.a.hint_mib)) if self.a.hint_mib else 0
+        excl = bool(self.a.exclusive_p) and self.rng.random() < self.a.exclusive_p
+        self.rec.acquire_req(group, replica=self.c.target, **({"exclusive": True} if excl else {}))
         try:
-            g = self.c.acquire(group, timeout=self.a.acquire_timeout,
-                               device_bytes_hint=self.device.footprint if self.device else 0)
+            # A library job with a device declares at least what it holds (its footprint).
+            hint = max(hint, self.device.footprint if self.device else 0)
+            g = self.c.acquire(group, timeout=self.a.acquire_timeout, device_bytes_hint=hint, exclusive=excl)
         except TimesliceClientError as e:
             self.failed(group, e)
             self.stop.wait(self.a.error_pause)
             return
         self.rec.granted(group, g.token, epoch=g.leader_epoch, waited_ms=round(g.waited_ms, 1),
-                         restored=g.restored, replica=self.c.target)
+                         restored=g.restored, replica=self.c.target, footprint=dict(g.footprint_bytes),
+                         exclusive=g.exclusive, backfilled=g.backfilled)
         fence = self.fences[group]
         if not fence.apply(self.rec, group, g.token):
             self.rec.error(group, "fenced off before entering", kind="Fenced", token=g.token)

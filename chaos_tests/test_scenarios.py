@@ -21,6 +21,11 @@ from chaos_tests.scenario import LEASE_TTL, SESSION_TTL, World, repeats, scenari
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 MIN_GRANTS = 20
+# The scenarios run for both sharing policies: an exclusive group (the mutex) and a fit group (holders side
+# by side within the capacity of a simulated GPU; chaos_tests/fitrules.py, holders.py's [fit] and [starve]).
+# The priority-class scenario runs on exclusive groups only: its rules (FIFO within a class, at most K
+# overtakes) are judged beside the mutex.
+SHARINGS = pytest.mark.parametrize("sharing", ["exclusive", "fit"])
 
 
 @pytest.fixture
@@ -42,10 +47,13 @@ def world(etcd3, key_prefix, tmp_path, proc_reaper):
         w.stop()
 
 
-def verdict(w: World, report) -> None:
+def verdict(w: World, report, shares: bool = True) -> None:
+    """``shares``: a fit world must have had two holders of a group at once (False: its device fits one)."""
     assert report.violations == [], "\n".join(report.violations[:20])
     assert w.crashes == [], f"client processes died on their own: {w.crashes}"
     assert report.grants > MIN_GRANTS, f"only {report.grants} grants: the scenario proved little"
+    if w.sharing == "fit" and shares:
+        assert w.max_holders() >= 2, "no two holders of a fit group at once: the scenario shared nothing"
 
 
 def kill_leaders(w: World, times: int) -> None:
@@ -61,9 +69,10 @@ def kill_leaders(w: World, times: int) -> None:
         leader.start()                          # same port: clients find it again
 
 
-def test_lockd_leader_sigkill_repeatedly(world):
+@SHARINGS
+def test_lockd_leader_sigkill_repeatedly(world, sharing):
     """SIGKILL the lockd leader three times (twice by default; restarting it each time): no waiter is lost."""
-    w = world("lockd-leader-kill", seed=101).start(duration=24)
+    w = world("lockd-leader-kill", seed=101, sharing=sharing).start(duration=24)
     kill_leaders(w, repeats(3, 2))
     verdict(w, w.finish())
 
@@ -83,9 +92,10 @@ def test_priority_classes_through_leader_kills(world):
     assert sum(e["ev"] == "enqueued" for e in w.all_events) >= report.grants // 2, "too few entries observed"
 
 
-def test_lockd_leader_sigstop_past_its_lease(world):
+@SHARINGS
+def test_lockd_leader_sigstop_past_its_lease(world, sharing):
     """SIGSTOP the leader for longer than its lease, then SIGCONT: it must not grant on waking."""
-    w = world("lockd-leader-pause", seed=202).start(duration=26)
+    w = world("lockd-leader-pause", seed=202, sharing=sharing).start(duration=26)
     for _ in range(repeats(3, 2)):
         w.sleep(2, 4)
         leader, epoch = w.lockd_leader()
@@ -98,10 +108,11 @@ def test_lockd_leader_sigstop_past_its_lease(world):
     verdict(w, w.finish())
 
 
-def test_etcd_member_kill_and_raft_leader_kill(world, etcd3):
+@SHARINGS
+def test_etcd_member_kill_and_raft_leader_kill(world, sharing, etcd3):
     """Kill an etcd follower and bring it back; then kill the raft leader and bring it back (twice
     in the long mode)."""
-    w = world("etcd-member-kill", seed=303).start(duration=28)
+    w = world("etcd-member-kill", seed=303, sharing=sharing).start(duration=28)
     for role in ("follower", "raft leader", "raft leader")[:repeats(3, 2)]:
         w.sleep(2, 4)
         leader = etcd3.leader()
@@ -115,7 +126,8 @@ def test_etcd_member_kill_and_raft_leader_kill(world, etcd3):
     verdict(w, w.finish())
 
 
-def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
+@SHARINGS
+def test_client_sigkill_while_holding_and_pause_past_session_ttl(world, sharing):
     """SIGKILL clients inside their critical section; SIGSTOP others there past their session TTL.
 
     A killed holder's session lapses and the next waiter proceeds. A paused
@@ -124,7 +136,7 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
     fails with session lost (an ``error`` in the history), never a second
     holder.
     """
-    w = world("client-kill-pause", seed=404, client_args=["--cs-ms", "40,150"]).start(duration=32)
+    w = world("client-kill-pause", seed=404, client_args=["--cs-ms", "40,150"], sharing=sharing).start(duration=32)
     paused = []
     for i in range(repeats(4, 2)):           # a kill, a pause, ...
         w.sleep(2, 4)
@@ -136,21 +148,26 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
         else:
             pause = SESSION_TTL + w.rng.uniform(1.5, 3.0)
             w.pause_client(c)
+            stopped = time.monotonic()
             f = w.fault("SIGSTOP client holding a group", job=c.job, pause_s=round(pause, 2))
             time.sleep(pause)
             woke = time.monotonic()           # before SIGCONT: the client may act before healed() notes it
             w.resume_client(c)
             w.healed(f, f"SIGCONT {c.job}")
-            paused.append((c, woke))
+            paused.append((c, stopped, woke))
     report = w.finish()
     verdict(w, report)
-    for c, resumed in paused:
+    for c, stopped, resumed in paused:
+        before = [e for e in w.client_events(c) if e["t"] < stopped * 1e9 and e["ev"] in ("cs_start", "cs_end")]
+        if not before or before[-1]["ev"] != "cs_start":
+            continue          # its section had ended (its Yield on the way) before the signal landed
         after = [e for e in w.client_events(c) if e["t"] > resumed * 1e9 and e["ev"] in ("granted", "yield", "error")]
         assert after and after[0]["ev"] == "error" and after[0].get("kind") == "RawSessionLost", (
             f"{c.job} woke from a pause past its TTL; its next outcome was {after[:1]}")
 
 
-def test_lockd_replica_cut_off_from_etcd_by_relay(world, etcd3):
+@SHARINGS
+def test_lockd_replica_cut_off_from_etcd_by_relay(world, sharing, etcd3):
     """Partition one replica from etcd (relays that stop passing bytes): the leader, then a follower.
 
     Runs without root: each replica reaches etcd only through its own
@@ -162,7 +179,7 @@ def test_lockd_replica_cut_off_from_etcd_by_relay(world, etcd3):
     """
     from chaos_tests.netproxy import Relay
 
-    w = world("lockd-partition-relay", seed=505)
+    w = world("lockd-partition-relay", seed=505, sharing=sharing)
     relays = {r.replica_id: [Relay(ep) for ep in etcd3.endpoints] for r in w.lockd.replicas}
     try:
         for r in w.lockd.replicas:
@@ -191,7 +208,8 @@ def test_lockd_replica_cut_off_from_etcd_by_relay(world, etcd3):
 MiB = 1 << 20
 
 
-def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
+@SHARINGS
+def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path, sharing):
     """SIGKILL the node agent while it copies a job's device memory out; restart it.
 
     Four jobs share one group on one node whose SIMULATED device holds one
@@ -201,6 +219,8 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     ``.partial`` host copy exists). Every client checks in each critical
     section that its device bytes are exactly what it left there
     (``data_check``); a grant made before the job's context is back fails it.
+    In a fit group (each job declares its 4 MiB) the same: nobody fits beside
+    another, so every grant is time-sliced with its swap, never granted beside.
     """
     from timeslice.common.sim.device import SimDevice
     from timeslice.testing.agent import AgentProcess
@@ -209,7 +229,8 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     job_bytes = 4 * MiB
     SimDevice(sim, host, capacity_bytes=6 * MiB)           # room for one job, not two
     env = {"TIMESLICE_SIM_HOST_DIR": str(host)}
-    w = world("agent-kill-mid-snapshot", seed=606, groups=1, clients=4, group_nodes=["node-a"],
+    w = world("agent-kill-mid-snapshot", seed=606, groups=1, clients=4, group_nodes=["node-a"], sharing=sharing,
+              fit_capacity={"node-a": 6 * MiB},
               lockd_flags=["--swap-timeout", "10"], client_env=env,
               client_args=["--sim-bytes", str(job_bytes), "--sim-dir", str(sim), "--node", "node-a",
                            "--cs-ms", "5,30", "--device-timeout", "5"])
@@ -236,11 +257,14 @@ def test_node_agent_killed_mid_snapshot_and_restarted(world, etcd3, tmp_path):
     checks = [e for e in events if e["ev"] == "data_check" and e.get("token")]
     restored = [e for e in events if e["ev"] == "granted" and e.get("restored")]
     print(f"  device data checks in sections: {len(checks)}, grants with a restore: {len(restored)}")
-    verdict(w, report)
+    verdict(w, report, shares=False)
     assert len(checks) > 10 and len(restored) > 10, "the scenario must exercise real swaps"
+    if sharing == "fit":
+        assert w.max_holders() == 1, "two holders of a device that fits one"
 
 
-def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
+@SHARINGS
+def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3, sharing):
     """Partition one replica from etcd with iptables in its own network namespace: leader, then follower.
 
     Needs root, ``ip netns`` and iptables; skipped otherwise, with the reason.
@@ -260,7 +284,7 @@ def test_lockd_replica_cut_off_from_etcd_by_iptables_in_netns(world, etcd3):
     bridges: list[Relay] = []
     try:
         bridges = [Relay(ep, listen_host=ns.host_ip) for ep in etcd3.endpoints]
-        w = world("lockd-partition-netns", seed=707)
+        w = world("lockd-partition-netns", seed=707, sharing=sharing)
         w.on_stop.append(ns.delete)
         base = w.lockd.replicas[2]
         cut = NetnsLockdProcess(ns, ",".join(b.endpoint for b in bridges), w.prefix, base.replica_id, w.log_dir,

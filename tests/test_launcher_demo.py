@@ -78,12 +78,13 @@ def test_settings_from_local_env_and_flags(tmp_path):
     s, origin = L.load()
     assert origin.endswith("deploy/local.env")
     assert (s.etcd_members, s.lockd_replicas, s.prefix, s.backend) == (1, 3, "/timeslice/", "auto")
+    assert s.group_sharing == "fit"                     # the group `timeslice up` creates (deploy/local.env says why)
     env = tmp_path / "x.env"
     env.write_text("# comment\nETCD_MEMBERS=3\nLOCKD_REPLICAS=5\n")
     s, origin = L.load(env, {"LOCKD_REPLICAS": 2, "BACKEND": "sim", "PREFIX": None})
     assert (s.etcd_members, s.lockd_replicas, s.backend, s.prefix) == (3, 2, "sim", "/timeslice/")
     for bad in ({"ETCD_MEMBERS": 2}, {"LOCKD_PORT": 70000}, {"PREFIX": "nope"}, {"BACKEND": "gpu"},
-                {"SIM_DEVICES": 2}, {"LOCKD_REPLICAS": "x"}):
+                {"SIM_DEVICES": 2}, {"LOCKD_REPLICAS": "x"}, {"GROUP_SHARING": "shared"}):
         with pytest.raises(L.SettingsError):
             L.load(env, bad)
     env.write_text("NOT_A_KEY=1\n")
@@ -197,7 +198,7 @@ def test_up_endpoints_answer(cluster):
     assert sum(k.startswith("/timeslice/leader/") for k in keys) == 3
     from timeslice import OrchestratorClient
     with OrchestratorClient(doc["target"], job_id="test-launcher") as c:
-        assert "local" in [g.group_id for g in c.groups()]
+        assert {g.group_id: g.sharing for g in c.groups()}.get("local") == "fit"
 
 
 ROW = re.compile(r"^\s+(baseline|sliced-swap|sliced-coop|sliced-elide)\s+([\d.]+) s\s+([\d.]+) s\s+([\d.]+)%\s+(\S+)\s+(\S+)"

@@ -164,15 +164,16 @@ class AsyncOrchestratorClient(CoreState):
         self._withdrawals.clear()
 
     # == scopes ===========================================================================
-    def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0):
+    def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0, exclusive: bool = False):
         raise TypeError("AsyncOrchestratorClient.on_accelerators is an async context manager: "
                         "use `async with`, or the sync OrchestratorClient")
 
     def _scope_exit(self, group_id: str):
         raise TypeError("use `async with` with AsyncOrchestratorClient")
 
-    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
-        return await self._scopes.enter(group_id, timeout, hint, priority)
+    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0,
+                                 exclusive: bool = False) -> Grant:
+        return await self._scopes.enter(group_id, timeout, hint, priority, exclusive)
 
     async def _scope_exit_async(self, group_id: str) -> None:
         await self._scopes.exit(group_id)

@@ -193,7 +193,7 @@ class ClientCore:
             return next(self._seq)
 
     def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0,
-                    peak_bytes: int = 0, context_bytes: int = 0) -> pb.AcquireRequest:
+                    peak_bytes: int = 0, context_bytes: int = 0, exclusive: bool = False) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         if not isinstance(priority, int) or not 0 <= priority < 2**32:
             raise ValueError(f"priority must be a class >= 0 (lockd accepts 0..9), got {priority!r}")
@@ -201,7 +201,7 @@ class ClientCore:
                                  device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
                                  last_hold_ms=int(last_hold_ms), priority=priority,
                                  peak_bytes=min(int(peak_bytes), MAX_MEASURED_BYTES),
-                                 context_bytes=min(int(context_bytes), MAX_MEASURED_BYTES))
+                                 context_bytes=min(int(context_bytes), MAX_MEASURED_BYTES), exclusive=bool(exclusive))
 
     def open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""
@@ -321,7 +321,8 @@ class CoreState:
     check_held.__doc__ = ClientCore.check_held.__doc__
 
     def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
+                        device_bytes_hint: int = 0, priority: int = 0, exclusive: bool = False) -> AcceleratorScope:
         """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
-        ``priority``: the class its acquire asks for (groups with priority classes)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
+        ``priority``: the class its acquire asks for (groups with priority classes); ``exclusive``:
+        the phase wants the GPUs alone (a group with sharing "fit": nobody holds beside it)."""
+        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority, exclusive)
