@@ -171,7 +171,7 @@ class Device:
         if self.dry_run:
             from timeslice.common.sim.device import SimDevice
             from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
-            states = [d["state_bytes"] for d in alone]
+            states = [d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone]
             cap = 2 * ctx + max(states) + min(states) // 2    # both contexts and one job, never both jobs
             sim = self.workdir / "sim"
             SimDevice(sim, self.workdir / "host", capacity_bytes=cap)

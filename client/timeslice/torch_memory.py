@@ -153,6 +153,27 @@ class TorchMemory:
         if grown > 0:
             self._host_changed()                        # the agent learns the region's size now
 
+    @contextlib.contextmanager
+    def graph(self, tag: str, cuda_graph, stream=None) -> Iterator[None]:
+        """Capture ``cuda_graph`` (``torch.cuda.CUDAGraph``) with every buffer it allocates in discard
+        region ``tag``: the capture uses the region's own memory pool, so a pause releases the graph's
+        memory too, and a resume maps new pages at the same addresses, which keeps the graph's
+        pointers valid (``timeslice.integrations.dense`` says why that holds). Discard only: what a
+        graph's buffers hold is rewritten by its next replay. Allocate nothing else in ``tag`` after
+        a capture (a block the graph freed could be handed to it while the graph still writes it)."""
+        if self.tags.get(tag) != DISCARD:
+            raise ValueError(f"a graph's memory goes in a discard region; {tag!r} is {self.tags.get(tag)!r}")
+        from timeslice.torch_regions import tms_pool
+        torch = self._torch
+        with self.region(tag):
+            pool = tms_pool(self._tms, tag, self.device)
+            if pool is None:
+                raise BackupError(f"region {tag!r}: torch-memory-saver's memory pool was not found")
+            # thread_local: another thread of this process (the pinning of a backup, the channel) may
+            # make calls a global capture would refuse; the capture refuses only this thread's.
+            with torch.cuda.graph(cuda_graph, pool=pool.id, stream=stream, capture_error_mode="thread_local"):
+                yield
+
     def device_id(self) -> str:
         uuid = str(self._torch.cuda.get_device_properties(self.device).uuid)
         return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"

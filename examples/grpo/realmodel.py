@@ -62,10 +62,41 @@ def pick_device(choice: str) -> str:
     return device
 
 
+#: The cooperative regions of the examples' jobs: the model and the optimizer state (copied out at a
+#: swap), the dense generator's static KV cache and CUDA graphs (released without a copy: every
+#: generate rewrites what it reads; timeslice.integrations.dense says why the graphs stay valid).
+TAGS = {"weights": "offload", "optimizer": "offload", "graphs": "discard"}
+GENERATIONS = ("dense", "eager")
+
+
 def sim_memory():
     """The SIMULATED device's memory for a job without a GPU (SimTorchMemory, on $TIMESLICE_SIM_DIR)."""
     from timeslice.sim.torch_memory import SimTorchMemory
-    return SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+    return SimTorchMemory(TAGS, sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+
+
+def device_bytes(doc: dict) -> int:
+    """What a job document says it keeps in its regions: its state (weights, optimizer) and its dense
+    generator's cache and graph buffers (a standalone run has no regions, but counts them the same)."""
+    return doc["state_bytes"] + ((doc.get("dense") or {}).get("region_bytes") or 0)
+
+
+def dense_bytes(size: str, rows: int, length: int, dtype: str = "float32") -> int:
+    """The dense generator's static KV cache for ``rows`` sequences of ``length`` tokens (its graph's
+    buffers come on top: a decode step's activations, small beside the cache at these sizes)."""
+    import torch
+    hidden, layers, heads, kv, _inter, _vocab, _tied = SIZES[size]
+    return 2 * layers * rows * kv * length * (hidden // heads) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
+def dense(model, memory, announce, choice: str):
+    """``--generation dense`` (default): the model generates with a static KV cache and, on CUDA, a
+    CUDA-graph decode step (timeslice.integrations.dense), its memory in the ``graphs`` region;
+    ``eager``: transformers' own generate. Returns the generator (None for eager)."""
+    if choice == "eager":
+        return None
+    from timeslice.integrations.dense import DenseGenerator
+    return DenseGenerator(model, memory=memory, announce=announce if memory is not None else None).install()
 
 
 def rendezvous(timeout: float = 300.0) -> None:

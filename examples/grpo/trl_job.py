@@ -46,6 +46,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward-s", type=float, default=0.2, help="CPU seconds per reward call")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--hint-bytes", type=int, default=0, help="device peak (default: measured)")
+    ap.add_argument("--generation", choices=R.GENERATIONS, default="dense",
+                    help="dense: static KV cache and a CUDA-graph decode step (default); eager: transformers'")
     ap.add_argument("--stray", action="store_true",
                     help="negative control: the reward function runs the model outside the hold")
     ap.add_argument("--out", default="")
@@ -105,6 +107,7 @@ def main(argv=None) -> int:
             arena.alloc(R.footprint(a.size, a.dtype))
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                                         processing_class=tok, timeslice=ts)
+        gen = R.dense(trainer.model, ts.memory, ts.regions.adopt, a.generation)
     from transformers import PrinterCallback
     trainer.remove_callback(PrinterCallback)          # the job's one output is its JSON line
     trainer.train()
@@ -122,7 +125,8 @@ def main(argv=None) -> int:
            "region_bytes": regions,
            "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0, "peak_bytes": peak,
            "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
-           "swaps": getattr(ts.worker, "swaps", 0)}
+           "swaps": getattr(ts.worker, "swaps", 0), "generation": a.generation,
+           "dense": gen.stats.to_dict() if gen is not None else None}
     if client is not None:
         client.close()
     text = json.dumps(doc)

@@ -102,7 +102,9 @@ class TimeSlice:
                 raise RuntimeError("swap='cooperative' needs a memory to pause: no CUDA device here; give one "
                                    "(on the simulated device, SimTorchMemory) or use swap='none'")
             from timeslice.torch_memory import TorchMemory
-            self._memory = TorchMemory({"weights": "offload", "optimizer": "offload"})
+            # graphs: where a dense generator (timeslice.integrations.dense) keeps its static KV
+            # cache and CUDA graphs; released at a swap without a copy, empty unless one is used.
+            self._memory = TorchMemory({"weights": "offload", "optimizer": "offload", "graphs": "discard"})
         return self._memory
 
     @property
