@@ -88,6 +88,16 @@ def test_sampling_is_deterministic_and_ignores_what_the_cache_held(model):
     assert gen.stats.generates == 3 and gen.stats.captures == 0 and not gen.stats.graphs
 
 
+def test_a_new_shape_replaces_the_last_and_the_first_comes_back_the_same(model):
+    gen = DenseGenerator(model)
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=R.PAD)
+    a = gen.generate(prompts(b=4), max_new_tokens=6, **kw)
+    b = gen.generate(prompts(b=2, p=5), max_new_tokens=9, **kw)
+    assert len(gen._shapes) == 1 and b.shape == (2, 14)
+    assert torch.equal(gen.generate(prompts(b=4), max_new_tokens=6, **kw), a)
+    assert gen.stats.shapes == [[4, 12], [2, 14], [4, 12]]
+
+
 def test_installed_generate_is_what_the_model_answers(model):
     m = R.build_model("tiny", "cpu", seed=4)
     ids = prompts()

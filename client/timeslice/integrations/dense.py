@@ -27,9 +27,12 @@ intermediates are rewritten by every replay. Copying them out at every swap (off
 move bytes nobody reads; re-capturing after every resume would cost a capture per hold and
 leave the graph pool outside every region, as residue the next job could not use. The graph is
 captured into the region's own memory pool (``TorchMemory.graph``), so its intermediates are
-in the region too; nothing else is allocated in that pool after the capture (a block the graph
-freed could otherwise be handed to another tensor while the graph still writes it). A swap
-never interrupts a generate: the job holds the group for the whole of it.
+in the region too; nothing else is allocated in that pool while the graph lives (a block the
+graph freed could otherwise be handed to another tensor while the graph still writes it): one
+shape (batch, prompt length, new tokens) is live at a time, a new one frees the last first, and
+one generator uses a region. A swap never interrupts a generate: the job holds the group for the
+whole of it. Mixed precision works as accelerate does it (an autocast around each ``forward``);
+the autocast cache is off while generating, so each replay casts the weights as they are then.
 
 Determinism. The same job run alone and time-sliced runs the same kernels in the same order
 (the replay is the captured sequence; sampling draws from the default generator outside the
@@ -105,6 +108,21 @@ def _nondeterministic_ok(torch) -> Iterator[None]:
             torch.use_deterministic_algorithms(True, warn_only=warn)
 
 
+@contextlib.contextmanager
+def _uncached_autocast(torch) -> Iterator[None]:
+    """No autocast cache while generating. Mixed precision (accelerate's wrapper of ``forward``, TRL's
+    bf16) casts the float32 weights to bf16 inside each forward; with the cache on, a forward nested
+    in any enclosing autocast would reuse casts made before the capture (freed with that autocast,
+    stale after the next optimizer step) instead of capturing the casts. Off, every replay casts the
+    weights as they are then."""
+    was = torch.is_autocast_cache_enabled()
+    torch.set_autocast_cache_enabled(False)
+    try:
+        yield
+    finally:
+        torch.set_autocast_cache_enabled(was)
+
+
 @dataclass
 class _Shape:
     """Everything one (batch, prompt length, new tokens) shape needs, allocated once."""
@@ -159,7 +177,7 @@ class DenseGenerator:
                              f"generate), not {policy!r}")
         self.in_memory = policy is not None
         self.announce = announce or (getattr(memory, "adopt", None) if self.in_memory else None)
-        params = inspect.signature(model.forward).parameters
+        params = inspect.signature(type(model).forward).parameters      # the class's: accelerate may wrap the instance's
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._shapes: dict[tuple[int, int, int], _Shape] = {}
         self.stats = Stats(graphs=self.graphs, why_not="" if self.graphs else f"device {self.device.type}")
@@ -187,7 +205,7 @@ class DenseGenerator:
             input_ids = input_ids.repeat_interleave(gc["copies"], 0)
             attention_mask = attention_mask.repeat_interleave(gc["copies"], 0)
         b, p = input_ids.shape
-        with torch.no_grad():
+        with torch.no_grad(), _uncached_autocast(torch):
             st = self._start(b, p, n, input_ids, attention_mask)
             eos = torch.tensor(gc["eos"], device=self.device) if gc["eos"] else None
             pad = gc["pad"] if gc["pad"] is not None else (gc["eos"][0] if gc["eos"] else 0)
@@ -223,6 +241,7 @@ class DenseGenerator:
         st = self._shapes.get(key)
         fresh = st is None
         if st is None:
+            self._drop()
             st = self._shapes[key] = self._allocate(b, p + n)
         self._reset(st, attention_mask, p)
         self._prefill(st, input_ids, attention_mask, p)
@@ -231,6 +250,20 @@ class DenseGenerator:
             self._reset(st, attention_mask, p)
             self._prefill(st, input_ids, attention_mask, p)
         return st
+
+    def _drop(self) -> None:
+        """One shape at a time: a new one frees the last (graph and buffers) before it allocates. A
+        block a captured graph freed stays the graph's to write at every replay; were anything made in
+        the region's pool while that graph lives, it could be handed such a block."""
+        if not self._shapes:
+            return
+        for st in self._shapes.values():
+            if st.graph is not None:
+                st.graph.reset()
+        self._shapes.clear()
+        self.stats.region_bytes = 0
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
 
     @contextlib.contextmanager
     def _region(self) -> Iterator[None]:
