@@ -71,7 +71,8 @@ class SwapMemory(Protocol):
 
 # Optional, where a memory has them: host_pending_bytes() (a host reservation in progress),
 # backup_stats() (copies, clean skips, wrong clean claims), set_state_listener(fn) (called when the
-# agent should hear this worker's state again), prepin(), residue_bytes() (the device bytes held
+# agent should hear this worker's state again), prepin(background=False) (``background``: the
+# reservation on a thread, its pauses waiting for it), residue_bytes() (the device bytes held
 # outside the resident regions).
 
 
@@ -200,12 +201,17 @@ class CooperativeWorker:
         self._thread.start()
         return self
 
-    def prepin(self) -> None:
+    def prepin(self, background: bool = False) -> None:
         """Reserve the memory's host backup now, telling the agent when it starts and when it is done,
-        so that its host admission counts the reservation from the start (``timeslice.pinned``)."""
+        so that its host admission counts the reservation from the start (``timeslice.pinned``);
+        ``background``: returns at once, the reservation runs on (its end is told through the state
+        listener; a pause waits for it)."""
         prepin = getattr(self.memory, "prepin", None)
         if prepin is not None:
-            prepin()
+            if background:
+                prepin(background=True)
+            else:
+                prepin()
         self.announce()
 
     def announce(self, sync: bool = False, timeout: float = SYNC_TIMEOUT_S) -> bool:

@@ -270,19 +270,21 @@ class TorchMemory:
             raise ValueError(f"{tag!r} is not an offload region")
         self._declared[tag] = max(self._declared.get(tag, 0), int(nbytes))
 
-    def prepin(self, tags: Sequence[str] | None = None) -> None:
+    def prepin(self, tags: Sequence[str] | None = None, background: bool = False) -> None:
         """Reserve the retained host backups now, of the offload regions ``tags`` (default all).
 
         ``pool``: pins ``max(host_bytes or declared, live bytes)`` per offload region, no device work, so it
-        may run before the first hold (``cooperate`` calls it). ``tms``: one pause and resume of
-        every offload region (device work: call it while holding the group)."""
+        may run before the first hold (``cooperate`` calls it); ``background``: on a thread, so that it
+        overlaps the job's start-up (``BackupBook.reserve``; a pause waits for it). ``tms``: one pause
+        and resume of every offload region (device work: call it while holding the group; never in
+        the background)."""
         offload = [t for t, p in self.tags.items() if p == OFFLOAD and (tags is None or t in tags)]
         if self.book is not None:
             # Live bytes, not the region's segments: a pause copies only live blocks, and an optimizer's
             # first step leaves cached segments of its temporaries in the region (a 7B AdamW step:
             # 15.7 GB of them, pinned for nothing inside the first train hold on the H200).
             live = {t: sum(n for _, n in self.book.mover.spans(t)) for t in offload}
-            self.book.reserve({t: max(self._declared.get(t, 0), live[t]) for t in offload})
+            self.book.reserve({t: max(self._declared.get(t, 0), live[t]) for t in offload}, background=background)
             return
         offload = [t for t in offload if self._bytes[t]]
         if offload:

@@ -110,6 +110,16 @@ def main(argv=None) -> int:
     def grew(tag: str, seconds: float) -> None:       # a region grew; its backup was pinned then
         log.add("region", tag=tag, bytes=memory.region_bytes().get(tag, 0), pin_s=seconds)
     place = ModelRegions(memory, on_grow=grew) if memory is not None else None
+    if orchestrator is not None and memory is not None:
+        # Cooperate before the first hold, the regions' sizes expected from the config: the host
+        # backup is pinned on a thread of its own (weights first: the first pause needs them) while
+        # the job builds its model and generates; the first pause waits for it only if it is not done.
+        for tag, n in R.region_sizes(a.size, a.dtype).items():
+            place.expect(tag, n)
+        t = time.monotonic()
+        place.worker = orchestrator.cooperate(memory, node=os.environ.get("TIMESLICE_NODE_NAME"),
+                                              prepin="background")
+        log.add("registered", swap="cooperative", seconds=time.monotonic() - t, held=False)
     # lockd needs the peak before the job reaches it (AdamW makes its state at the first step):
     hint = a.hint_bytes or R.footprint(a.size, a.dtype) + getattr(memory, "context_bytes", 0)
     if a.generation == "dense" and not a.hint_bytes:         # the static cache of the dense generator
@@ -133,10 +143,6 @@ def main(argv=None) -> int:
         job.update(model=model, optimizer=place.optimizer(opt) if place else opt,
                    dense=R.dense(model, memory, place.adopt if place else None, a.generation))
         torch.manual_seed(a.seed)                     # the sampling stream, from here on
-        if orchestrator is not None and memory is not None:
-            t = time.monotonic()
-            place.worker = orchestrator.cooperate(memory, node=os.environ.get("TIMESLICE_NODE_NAME"))
-            log.add("registered", swap="cooperative", seconds=time.monotonic() - t)
 
     @on_accelerators(group_id=a.group)
     def generate_phase(prompts: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
            "swaps": getattr(place.worker, "swaps", 0) if place else 0, "events": log.events,
            "peak_bytes": peak, "host_bytes": memory.host_bytes() if memory is not None else 0,
            "residues": list(getattr(getattr(place, "worker", None), "residues", [])),
-           "warnings": sorted(set(nondeterministic)), "generation": a.generation,
+           "warnings": sorted(set(nondeterministic)), "generation": a.generation, "pin": R.pin_figures(memory),
            "dense": job["dense"].stats.to_dict() if job["dense"] is not None else None}
     if orchestrator is not None:
         orchestrator.close()

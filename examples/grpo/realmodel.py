@@ -156,9 +156,10 @@ def build_model(size: str, device: str, seed: int, dtype: str = "float32"):
     return model
 
 
-def footprint(size: str, dtype: str = "float32") -> int:
-    """The bytes a job of this size keeps on the device once AdamW has its state: weights and
-    buffers, two moments per parameter and a step counter per tensor (from a meta-device model)."""
+def region_sizes(size: str, dtype: str = "float32") -> dict[str, int]:
+    """The bytes each cooperative region of a job of this size will hold once AdamW has its state:
+    weights and buffers; two moments per parameter and a step counter per tensor (from a meta-device
+    model: known before the model is built, so its host backup can be pinned meanwhile)."""
     import torch
     from transformers import Qwen2ForCausalLM
     default = torch.get_default_dtype()
@@ -171,7 +172,29 @@ def footprint(size: str, dtype: str = "float32") -> int:
     params = {id(p): p for p in model.parameters()}.values()
     weights = sum(p.numel() * p.element_size() for p in params)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return 3 * weights + buffers + 4 * len(params)
+    return {"weights": weights + buffers, "optimizer": 2 * weights + 4 * len(params)}
+
+
+def footprint(size: str, dtype: str = "float32") -> int:
+    """The bytes a job of this size keeps on the device once AdamW has its state (``region_sizes``)."""
+    return sum(region_sizes(size, dtype).values())
+
+
+def pin_figures(memory) -> dict:
+    """How the job's host backup was pinned: seconds reserving, how, and how long pauses waited for it."""
+    pool, book = getattr(memory, "host_pool", None), getattr(memory, "book", None)
+    if pool is None or book is None:
+        return {}
+    return {"seconds": round(pool.seconds, 3), "bytes": pool.size(), "method": pool.method,
+            "faulted_by": getattr(pool, "faulted_by", ""), "waited_s": round(book.pin_waited_s, 3)}
+
+
+def register_early(ts, size: str, dtype: str) -> None:
+    """Cooperate before the first hold, the regions' sizes expected from the config: the host backup is
+    pinned on a thread of its own while the job builds its model and waits for its first grant."""
+    for tag, n in region_sizes(size, dtype).items():
+        ts.regions.expect(tag, n)
+    ts.register()
 
 
 def prompts(n: int, length: int, seed: int) -> list[str]:

@@ -57,12 +57,9 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse(argv)
     import torch
-    from datasets import Dataset
-    from trl import GRPOConfig
 
     from timeslice import OrchestratorClient
     from timeslice.integrations.slicing import TimeSlice
-    from timeslice.integrations.trl import TimeslicedGRPOTrainer
 
     nondeterministic = R.deterministic()
     device = R.pick_device(a.device)
@@ -73,6 +70,12 @@ def main(argv=None) -> int:
         memory = R.sim_memory()
     ts = TimeSlice(client, a.group, memory, swap=swap, device_bytes_hint=a.hint_bytes,
                    node=os.environ.get("TIMESLICE_NODE_NAME"), sync_phases=device == "cuda")
+    if client is not None and swap == "cooperative":
+        R.register_early(ts, a.size, a.dtype)        # the pin runs while TRL imports and the model is built
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from timeslice.integrations.trl import TimeslicedGRPOTrainer
     tok = R.tokenizer(R.SIZES[a.size][5])
     data = Dataset.from_dict({"prompt": R.prompts(a.steps * a.batch, a.prompt_len, a.seed)})
     stray = {"calls": 0, "nan": 0}
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
            "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0, "peak_bytes": peak,
            "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
            "swaps": getattr(ts.worker, "swaps", 0), "generation": a.generation,
-           "dense": gen.stats.to_dict() if gen is not None else None}
+           "dense": gen.stats.to_dict() if gen is not None else None, "pin": R.pin_figures(ts.memory)}
     if client is not None:
         client.close()
     text = json.dumps(doc)

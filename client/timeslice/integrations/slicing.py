@@ -208,18 +208,25 @@ class TimeSlice:
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
-        """Tell the node agent about this process (once), inside a hold, once its memory is placed."""
+        """Tell the node agent about this process (once).
+
+        Cooperative: best *before* the first hold, with the regions' sizes expected
+        (``regions.expect``): the host backup is then pinned on a thread of its own while the job
+        builds its model and waits for its first grant (``cooperate(prepin="background")``; its
+        first pause waits for it). Inside a hold the pin runs at once, inside the hold. Checkpoint:
+        inside a hold, once the memory is on the device (the agent is told how much)."""
         if self._registered:
             return
-        self._registered = True
         if self.client is None or self.swap == "none":
+            self._registered = True
             return
-        if not self.held:
+        if not self.held and self.swap != "cooperative":
             raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
+        self._registered = True
         t0 = time.monotonic()
         if self.swap == "cooperative":
             self.worker = self.client.cooperate(self.memory, node=self.node, socket_path=self.socket_path,
-                                                gpus=self.gpus)
+                                                gpus=self.gpus, prepin=True if self.held else "background")
             if self._regions is not None:
                 self._regions.worker = self.worker
         else:
@@ -227,7 +234,7 @@ class TimeSlice:
             if _cuda_ready():
                 used = sys.modules["torch"].cuda.memory_reserved()
             self.client.register_worker(node=self.node, device_bytes=used, gpus=self.gpus)
-        self.log.add("registered", swap=self.swap, seconds=time.monotonic() - t0,
+        self.log.add("registered", swap=self.swap, seconds=time.monotonic() - t0, held=self.held,
                      region_bytes=self.memory.region_bytes() if self.memory is not None else {},
                      host_bytes=self.memory.host_bytes() if self.memory is not None else 0)
         log.info("timeslice_registered", group=self.group_id, swap=self.swap,

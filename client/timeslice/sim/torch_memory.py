@@ -179,8 +179,9 @@ class SimTorchMemory:
                     else:
                         s.fill_(0)                                    # type: ignore[attr-defined]
 
-    def prepin(self, tags: Sequence[str] | None = None) -> None:
-        """Allocate the retained host backups now (the first pause would otherwise)."""
+    def prepin(self, tags: Sequence[str] | None = None, background: bool = False) -> None:
+        """Allocate the retained host backups now (the first pause would otherwise); ``background`` is
+        accepted and changes nothing (the clones take no time worth overlapping)."""
         with self._mu:
             for t in self.tags if tags is None else tags:
                 if self.tags[t] != "offload":
