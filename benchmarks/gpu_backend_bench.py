@@ -57,9 +57,12 @@ class Worker:
         self.proc.stdin.flush()
         return self.q.get(timeout=300) == f"VERIFY OK {self.checksum}"
 
-    def stop(self) -> None:
+    def stop(self) -> int | str:
+        """Stop the worker; its exit code if it had died before (a worker lost mid-run), else "alive"."""
+        died = self.proc.poll()
         self.proc.kill()
         self.proc.wait(60)
+        return "alive" if died is None else died
 
 
 def direct(drv: CudaDriver, pids: list[int]) -> tuple[float, float]:
@@ -97,6 +100,7 @@ def case(be: CudaDriverBackend, label: str, gib: float, nproc: int, reps: int) -
     pids = [w.pid for w in workers]
     held = sum(be.device_bytes(p) or 0 for p in pids)
     runs = []
+    exits: list = []
     try:
         for _ in range(reps):
             d_down, d_up = direct(be.driver, pids)
@@ -107,11 +111,12 @@ def case(be: CudaDriverBackend, label: str, gib: float, nproc: int, reps: int) -
                          "agent_restore_s": a_up, "agent_bytes": moved, "error": err,
                          "verified_after_direct": ok_d, "verified_after_agent": ok_a})
     finally:
-        for w in workers:
-            w.stop()
+        exits = [w.stop() for w in workers]
     best = {k: min(r[k] for r in runs) for k in ("direct_checkpoint_s", "direct_restore_s",
                                                  "agent_snapshot_s", "agent_restore_s")}
     return {"case": label, "processes": nproc, "gib_each": gib, "device_bytes": held, "runs": runs, "best": best,
+            "worker_exit_codes": exits, "failed": any(e != "alive" for e in exits) or not all(
+                x["verified_after_direct"] and x["verified_after_agent"] and not x["error"] for x in runs),
             "checkpoint_overhead_pct": 100 * (best["agent_snapshot_s"] / best["direct_checkpoint_s"] - 1),
             "restore_overhead_pct": 100 * (best["agent_restore_s"] / best["direct_restore_s"] - 1),
             "direct_checkpoint_gbps": held / best["direct_checkpoint_s"] / 1e9,
@@ -160,14 +165,18 @@ def main() -> int:
     print("-" * len(hdr))
     for r in results:
         b = r["best"]
-        ok = all(x["verified_after_direct"] and x["verified_after_agent"] and not x["error"] for x in r["runs"])
-        verdict = "yes" if ok else "NO: " + "; ".join(x["error"] for x in r["runs"])
+        if r["failed"]:
+            print(f"{r['case']:<38} FAILED: worker exit codes {r['worker_exit_codes']}; "
+                  + "; ".join(x["error"] or f"verified {x['verified_after_direct']}/{x['verified_after_agent']}"
+                              for x in r["runs"]))
+            continue
+        verdict = "yes"
         print(f"{r['case']:<38} {r['device_bytes'] / 1e9:>7.2f}G | {b['direct_checkpoint_s']:>10.2f}s "
               f"{b['agent_snapshot_s']:>6.2f}s {r['checkpoint_overhead_pct']:>+5.1f}% "
               f"{r['direct_checkpoint_gbps']:>5.2f} | {b['direct_restore_s']:>13.2f}s {b['agent_restore_s']:>6.2f}s "
               f"{r['restore_overhead_pct']:>+5.1f}% {r['direct_restore_gbps']:>5.2f} | {verdict}")
     print(f"wrote {out}")
-    return 0
+    return 1 if any(r["failed"] for r in results) else 0
 
 
 if __name__ == "__main__":

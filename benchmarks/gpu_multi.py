@@ -178,10 +178,18 @@ def run_standalone(a, sampler, workdir: str) -> dict:
     ev = os.path.join(workdir, "standalone.jsonl")
     sim_dir, env = sim_device(a, workdir, "standalone", 4 * int(a.mem_gb * unit(a)) + (1 << 20)) if a.sim \
         else ("", {})
+    rcs: list = []
     for job in ("job-a", "job-b"):
-        subprocess.run(job_cmd(a, job, "standalone", ev, sim_dir=sim_dir), check=False, cwd=ROOT,
-                       env={**os.environ, **env})
-    return analyse(load(ev), "standalone (one job after the other)", sampler)
+        try:
+            rcs.append(subprocess.run(job_cmd(a, job, "standalone", ev, sim_dir=sim_dir), check=False, cwd=ROOT,
+                                      env={**os.environ, **env}, timeout=a.job_timeout).returncode)
+        except subprocess.TimeoutExpired:
+            rcs.append("timeout")
+    res = analyse(load(ev), "standalone (one job after the other)", sampler)
+    res["job_exit_codes"] = rcs
+    if any(rcs):
+        res["violations"].append(f"job exit codes {rcs}")
+    return res
 
 
 def run_sliced(a, sampler, workdir: str, regime: str) -> dict:
@@ -253,6 +261,10 @@ def table(doc: dict) -> str:
     rows = [f"{'run':40} {'wall s':>7} {'duty':>6} {'restored':>8} {'elided':>6} {'GB moved':>8} "
             f"{'refused':>7} {'AR ok':>5} {'viol':>4}"]
     for r in doc["results"]:
+        if r["violations"]:                       # a job died or a rule broke: no figures, FAILED
+            rows.append(f"{r['label']:40} FAILED ({'; '.join(r['violations'][:3])}); exit codes "
+                        f"{r.get('job_exit_codes', '?')}")
+            continue
         rows.append(f"{r['label']:40} {r.get('wall_s', 0):7.1f} {r.get('duty_cycle', 0):6.0%} "
                     f"{r.get('restored_phases', 0):8d} {r.get('elided', 0):6d} {r.get('bytes_moved', 0) / GB:8.1f} "
                     f"{r.get('refused_restores', 0):7d} {not any('all-reduce' in v for v in r['violations'])!s:>5} "

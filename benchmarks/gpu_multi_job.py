@@ -320,16 +320,19 @@ def job_main(a) -> int:
     except Exception as e:
         rec(ev="error", error=f"{type(e).__name__}: {str(e)[:2000]}")
         rc = 1
-    rec(ev="done", wall=time.monotonic() - t_start)
+    rank_rcs: list = []
     for r in ranks:
         try:
             r.send("quit")
-            r.proc.wait(20)
+            rank_rcs.append(r.proc.wait(20))
         except (OSError, subprocess.TimeoutExpired):
             r.proc.kill()
+            rank_rcs.append(r.proc.poll() if r.proc.poll() is not None else "killed")
+    # Every rank's exit code is the job's record: a rank that died makes the job fail.
+    rec(ev="done", wall=time.monotonic() - t_start, rank_exit_codes=rank_rcs)
     if client is not None:
         client.close()
-    return rc
+    return rc or int(any(rank_rcs))
 
 
 class _Null:

@@ -226,6 +226,7 @@ def stall_other_process(gib: float, threads: int, chunk: int, methods: list[str]
         b = Buffer(method, size, threads, chunk)
         t_pin1 = time.time()
         time.sleep(1.0)
+        died = p.poll()                        # the other process must have lived through the pinning
         p.kill()
         p.wait()
         reader.join(2)
@@ -235,8 +236,9 @@ def stall_other_process(gib: float, threads: int, chunk: int, methods: list[str]
         row = {"method": method, "gib": gib, "pin_s": round(t_pin1 - t_pin0, 3),
                "other_step_before_ms": round(statistics.median(before) * 1e3, 3) if before else None,
                "other_step_during_ms": round(statistics.median(during) * 1e3, 3) if during else None,
-               "other_steps_during": len(during)}
-        if before and during:
+               "other_steps_during": len(during), "other_exit": "alive" if died is None else died,
+               "failed": died is not None}
+        if before and during and died is None:
             row["other_slowdown_x"] = round(statistics.median(during) / statistics.median(before), 3)
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -312,10 +314,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['method']:<24} {r['memory']:<6} {r['gib']:>4} {r['seconds']:>6} {r['gb_s']:>6} "
               f"{r['d2h_gb_s']:>4} {r['h2d_gb_s']:>4} {r.get('speedup_vs_torch_pin_cold', '')}")
     for r in other:
+        if r["failed"]:
+            print(f"other process while {r['method']} pins {r['gib']} GiB: FAILED (it exited {r['other_exit']})")
+            continue
         print(f"other process while {r['method']} pins {r['gib']} GiB: x{r.get('other_slowdown_x')}")
     for r in same:
         print(f"same process while {r['method']} pins {r['gib']} GiB: x{r.get('slowdown_x')}")
-    return 0
+    return 1 if any(r["failed"] for r in other) else 0
 
 
 if __name__ == "__main__":

@@ -73,13 +73,15 @@ def child(gib: float, trips: int) -> dict:
     row["first_pin_s"] = _timed(mem.prepin)
     t_b = time.time()
     time.sleep(0.5)
+    died = other.poll()                          # the other process must have lived through the pinning
     other.kill()
     other.wait()
     before = [b - a for a, b in steps if t_a - 1.5 <= a and b <= t_a]
     during = [b - a for a, b in steps if a >= t_a and b <= t_b]
     row.update(pin_method=mem.host_pool.method, pin_gb_s=round(size / row["first_pin_s"] / 1e9, 2),
-               host_bytes=mem.host_bytes(), other_steps_during=len(during))
-    if before and during:
+               host_bytes=mem.host_bytes(), other_steps_during=len(during),
+               other_exit="alive" if died is None else died)
+    if before and during and died is None:
         row["other_slowdown_x"] = round(statistics.median(during) / statistics.median(before), 3)
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -113,7 +115,8 @@ def child(gib: float, trips: int) -> dict:
     want = _wsum(torch, ws)
     row["wrong_claim"] = trip("wrong claim")
     row["stats"] = mem.backup_stats()
-    row["ok"] = (all(t["intact"] for t in [*row["dirty"], row["first_clean"], *row["clean"], row["wrong_claim"]])
+    row["ok"] = (died is None
+                 and all(t["intact"] for t in [*row["dirty"], row["first_clean"], *row["clean"], row["wrong_claim"]])
                  and row["stats"].get("clean_mismatches") == 1 and row["stats"].get("clean_skips") == trips)
     return row
 
@@ -134,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                             str(a.trips)], capture_output=True, text=True)
         got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         row = json.loads(got[-1][7:]) if got else {"gib": g, "ok": False, "error": p.stderr[-2000:]}
+        row["child_exit_code"] = p.returncode
+        if p.returncode != 0:
+            row["ok"] = False
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {"command": "python -m benchmarks.gpu_pool_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
@@ -144,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'GiB':>4} {'method':>6} {'pin s':>6} {'GB/s':>5} {'other x':>7} {'cksum s':>7} "
           f"{'dirty trip':>10} {'clean pause':>11} {'clean trip':>10} ok")
     for r in rows:
-        if "dirty" not in r:
-            print(f"{r['gib']:>4} failed: {r.get('error', '')[-300:]}")
+        if "dirty" not in r or not r.get("ok"):
+            print(f"{r['gib']:>4} FAILED (exit code {r.get('child_exit_code')}, other process {r.get('other_exit')}): "
+                  f"{r.get('error', '')[-300:]}")
             continue
         print(f"{r['gib']:>4} {r['pin_method']:>6} {r['first_pin_s']:>6} {r['pin_gb_s']:>5} "
               f"{r.get('other_slowdown_x', '?'):>7} {r['checksum_s']:>7} "

@@ -14,7 +14,10 @@ with ``--backup tms`` it cooperates inside its first hold, as torch-memory-saver
 own backup needs device work, and that pinning is recorded as not-GPU time of
 that phase (``gpu_spans``). ``--clean-weights`` promises the weights are not
 written after loading (a sampler between weight syncs): the pause after the
-first copies them out, later pauses do not.
+first copies them out, later pauses do not. A cooperative job's phase runs through
+``TorchMemory.with_room``: an allocation that does not fit inside its hold asks the node agent to
+move parked residue off the GPU and the phase's work runs again (``timeslice.room``). The ``done``
+event carries what the client measured of its holds (peak, context) and its residue after each pause.
 """
 from __future__ import annotations
 
@@ -82,6 +85,7 @@ def main() -> int:
         client = OrchestratorClient(target=a.target, job_id=a.job, release_cache=bool(a.release_cache))
 
     memory = None
+    worker = None
     n_chunks = max(1, int(a.mem_gb * 4))
     early = False                                    # cooperate before the first acquire (pool backup)
     if a.swap == "cooperative":
@@ -91,7 +95,7 @@ def main() -> int:
         early = memory.backup == "pool"
         if early and client is not None:
             t0 = time.monotonic()
-            client.cooperate(memory)                 # channel, registration, pinned pool: outside every hold
+            worker = client.cooperate(memory)        # channel, registration, pinned pool: outside every hold
             rec(ev="pinned", start=t0, end=time.monotonic(), host_bytes=memory.host_bytes(),
                 method=memory.host_pool.method, backup=memory.backup)
     pin_inside: list[float] = []                     # [start, end] of pinning inside a hold (tms backup)
@@ -101,7 +105,7 @@ def main() -> int:
         # (while holding the group). A job that cooperated already (pool backup)
         # tells the agent its region's size as the region grows; the others
         # register now that they own device memory, so the agent knows what to move.
-        nonlocal expected
+        nonlocal expected, worker
         gen = torch.Generator(device=dev).manual_seed(sum(map(ord, a.job)))
         if memory is not None:
             with memory.region("weights"):
@@ -114,7 +118,7 @@ def main() -> int:
         torch.cuda.synchronize()
         t0 = time.monotonic()
         if client is not None and memory is not None and not early:
-            client.cooperate(memory)            # channel + registration; tms pins its backup now (we hold)
+            worker = client.cooperate(memory)   # channel + registration; tms pins its backup now (we hold)
             pin_inside[:] = [t0, time.monotonic()]
         elif client is not None and memory is None:
             client.register_worker(device_bytes=torch.cuda.memory_reserved())
@@ -133,10 +137,13 @@ def main() -> int:
             if not weights:
                 load_weights()
             ok = checksum(weights) == expected
-            x = torch.randn(side, side, device=dev, dtype=torch.bfloat16)
-            w = torch.randn(side, side, device=dev, dtype=torch.bfloat16) / side ** 0.5
-            n = busy(seconds, x, w)
-            del x, w
+
+            def work() -> int:
+                x = torch.randn(side, side, device=dev, dtype=torch.bfloat16)
+                w = torch.randn(side, side, device=dev, dtype=torch.bfloat16) / side ** 0.5
+                return busy(seconds, x, w)
+            # An allocation that does not fit asks for room (parked residue moved off) and runs again.
+            n = memory.with_room(work) if memory is not None and client is not None else work()
             if last:
                 # The job's last look at its weights happens while it still holds the GPU: after
                 # its last yield it may be parked, and a parked process must not touch the device.
@@ -149,7 +156,8 @@ def main() -> int:
                 checksum_ok=ok,
                 token=getattr(grant, "token", 0), restored=getattr(grant, "restored", False),
                 elided=getattr(grant, "elided", False), bytes_moved=getattr(grant, "bytes_moved", 0),
-                waited_ms=getattr(grant, "waited_ms", 0.0), reserved=torch.cuda.memory_reserved())
+                waited_ms=getattr(grant, "waited_ms", 0.0), reserved=torch.cuda.memory_reserved(),
+                room_asks=getattr(memory, "room_asks", 0))
             if not ok:
                 raise SystemExit(f"{a.job}: weights corrupted after restore")
             if client is None and a.release_cache:
@@ -162,8 +170,11 @@ def main() -> int:
         time.sleep(a.reward_s)                        # rewards: CPU only, GPU untouched
         rec(ev="phase", phase="rewards", gpu=False, start=t0, end=time.monotonic())
         gpu_phase("train", a.train_s, last=i == a.iters - 1)
+    m = client.measured(a.group) if client is not None else None
     rec(ev="done", wall=time.monotonic() - t_start, checksum_ok=final.get("checksum_ok", False),
-        backup_stats=memory.backup_stats() if memory is not None else {})
+        backup_stats=memory.backup_stats() if memory is not None else {},
+        measured={"peak": m.peak_bytes, "context": m.context_bytes} if m is not None else {},
+        residues=list(worker.residues) if worker is not None else [])
     if client is not None:
         client.close()
     if memory is not None:

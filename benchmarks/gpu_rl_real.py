@@ -136,7 +136,7 @@ def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, to
         if procs[i].returncode != 0 or not out.exists():
             tail = (logdir / f"job-{i}.log").read_text(errors="replace")[-3000:]
             raise RuntimeError(f"job {i} ended {procs[i].returncode}:\n{tail}")
-        docs.append(json.loads(out.read_text()))
+        docs.append({**json.loads(out.read_text()), "exit_code": procs[i].returncode})
     return docs
 
 
@@ -232,7 +232,10 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
                 # Each job tells lockd its peak (measured standalone, same run), as a user would:
                 # its first step's optimizer state and activations are not on the device yet.
-                hints = [d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB)) for d in alone]
+                # --hint-factor below 1 declares a peak that is too low (0.8: 20% short): the lock's own
+                # measures (README, "Memory a grant admits") must keep every grant usable anyway.
+                hints = [int((d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB))) * a.hint_factor)
+                         for d in alone]
                 argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False, h)
                          for (s, j), h in zip(((1, "a"), (2, "b")), hints)]
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
@@ -283,6 +286,8 @@ def main(argv=None) -> int:
     p.add_argument("--job-timeout", type=float, default=300, help="per regime, s")
     p.add_argument("--ballast", type=int, default=1, help="1: hold the difference where the pair would fit")
     p.add_argument("--context-gib", type=float, default=0.75, help="CUDA context beside torch's peak (not counted)")
+    p.add_argument("--hint-factor", type=float, default=1.0,
+                   help="the jobs declare their measured peak times this (0.8: 20%% too low)")
     p.add_argument("--coop-residue-gib", type=float, default=1.5,
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_rl_real[_quick|_dryrun])")

@@ -277,12 +277,17 @@ def main(argv: list[str] | None = None) -> int:
                         "--trips", str(a.trips)], capture_output=True, text=True)
     got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
     row = json.loads(got[-1][7:]) if got else {"gib": a.gib, "error": (p.stdout + p.stderr)[-3000:]}
+    row["child_exit_code"] = p.returncode
+    if p.returncode != 0 and "error" not in row:
+        row["error"] = f"the measuring process exited {p.returncode}: {(p.stderr or '')[-1000:]}"
     doc = {"command": "python -m benchmarks.gpu_swap_parts " + " ".join(argv if argv is not None else sys.argv[1:]),
            "row": row}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_swap_parts.json"), "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(row, indent=1))
+    if "error" in row:
+        print(f"FAILED (exit code {p.returncode})")
     return 0 if "error" not in row else 1
 
 

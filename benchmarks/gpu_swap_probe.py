@@ -146,6 +146,7 @@ def main() -> int:
     t2 = time.monotonic()
     res["whole_process_checkpoint"] = {"out_s": t1 - t0, "in_s": t2 - t1, "bytes": moved,
                                        "checksum_ok": ask("check")["checksum_ok"]}
+    res["child_died_before_stray"] = child.poll()     # the worker must have lived through every round
     # Last (it may cost the worker): a stray call while parked with the freeze on.
     frz = CompositeBackend(base, lambda p: sw if p == pid else None, freeze=True)
     frz.prepare("snapshot", [pid])
@@ -181,6 +182,12 @@ def main() -> int:
     with open(os.path.join(a.out, "gpu_swap_probe.json"), "w") as f:
         json.dump(res, f, indent=1)
     s, w = res["steady"], res["whole_process_checkpoint"]
+    res["child_exit_code"] = child.returncode
+    if res.get("child_died_before_stray") is not None:
+        # The stray call may cost the worker (that is what it shows); dying before it, the worker leaves the
+        # round trips unproven: no ratio.
+        print(f"FAILED: the worker exited {res['child_died_before_stray']} before the stray call")
+        return 1
     print(f"{'path':44} {'out s':>7} {'in s':>7} {'round trip':>10}")
     print(f"{'cooperative, steady state (median)':44} {s['out_s_median']:7.3f} {s['in_s_median']:7.3f} "
           f"{s['round_trip_s_median']:10.3f}")

@@ -20,10 +20,17 @@ from launching the first job to the last one's exit). Beside them the phase-base
 duty (GPU phases over that wall; pinning inside a hold and waiting for a grant are
 not GPU time), swaps, elided swaps, bytes moved, round trips; checks the weights'
 checksum after every restore and the token history (no overlap, tokens increasing).
-Writes JSON and a timeline PNG.
+Writes JSON and a timeline PNG. Every job's exit code is recorded (standalone and time-sliced); a
+run in which a job died is FAILED: its ratios are not printed, and the command exits 1.
 
     python -m benchmarks.gpu_timeslice --out benchmarks/results
     python -m benchmarks.gpu_timeslice --profile 40g_long --clean-weights --out $OUT
+
+``--dry-run`` runs the same orchestration and analysis on the CPU: a SIMULATED GPU of
+``--dry-run-capacity-gb`` (read as MiB, default 140: the H200 scaled GiB to MiB) that charges each
+process an H200-like context and allocator slack, the node agent's simulated backend, a simulated
+ballast, and ``benchmarks/sim_rl_job.py`` in place of ``gpu_rl_job.py`` (every size in MiB where it
+says GiB). A dry run of the plumbing, not a measurement: its duty cycle is the phases', not NVML's.
 """
 from __future__ import annotations
 
@@ -46,6 +53,26 @@ from timeslice.testing.lockd import LockdCluster
 HERE = os.path.dirname(os.path.abspath(__file__))
 NODE = "gpu-node-0"
 GB = 1 << 30
+
+
+class SimSampler(threading.Thread):
+    """--dry-run: the SIMULATED device's free bytes; utilisation is not sampled (phases stand in)."""
+
+    def __init__(self, sim_dir: str):
+        super().__init__(daemon=True)
+        from timeslice.common.sim.device import SimDevice
+        self.dev = SimDevice(sim_dir)
+        self.samples: list[tuple[float, int, int]] = []
+        self.stop = threading.Event()
+
+    def run(self):
+        self.stop.wait()
+
+    def mean_util(self, t0: float, t1: float) -> float:
+        return 0.0
+
+    def free_bytes(self) -> int:
+        return self.dev.free_per_gpu()[0]
 
 
 class NvmlSampler(threading.Thread):
@@ -86,7 +113,11 @@ PROFILES = {
 
 def job_cmd(job, mode, out, a, target="", release_cache=1, hint=0, swap="checkpoint"):
     extra = ["--backup", a.backup] + (["--clean-weights"] if a.clean_weights and swap == "cooperative" else [])
-    return [sys.executable, os.path.join(HERE, "gpu_rl_job.py"), "--job", job, "--mode", mode, "--out", out,
+    script = "gpu_rl_job.py"
+    if a.dry_run:
+        script = "sim_rl_job.py"
+        extra += ["--sim-dir", a.sim_dir, "--residue-gb", str(a.dry_run_residue_gb)]
+    return [sys.executable, os.path.join(HERE, script), "--job", job, "--mode", mode, "--out", out,
             "--swap", swap, *extra,
             "--target", target, "--iters", str(a.iters), "--gen-s", str(a.gen_s), "--reward-s", str(a.reward_s),
             "--train-s", str(a.train_s), "--mem-gb", str(a.mem_gb), "--scratch-gb", str(a.scratch_gb),
@@ -179,11 +210,24 @@ def analyse(events, sampler, label):
 def run_standalone(a, sampler, workdir):
     out = os.path.join(workdir, "standalone.jsonl")
     t0 = time.monotonic()
+    rcs = []
     for job in ("job-a", "job-b"):
-        subprocess.run(job_cmd(job, "standalone", out, a), check=True)
+        try:
+            rcs.append(subprocess.run(job_cmd(job, "standalone", out, a), check=False,
+                                      timeout=a.job_timeout).returncode)
+        except subprocess.TimeoutExpired:
+            rcs.append("timeout")
     res = analyse(load(out), sampler, "standalone (one after the other)")
     res["e2e_wall_s"] = round(time.monotonic() - t0, 2)
+    res["job_exit_codes"] = rcs
+    if any(rcs):
+        res["violations"].append(f"job exit codes {rcs}")
     return res
+
+
+def failed(r: dict) -> bool:
+    """A run in which a job died, or that broke a rule: its figures are no result."""
+    return bool(r.get("violations")) or any(r.get("job_exit_codes") or [])
 
 
 def agent_ops(agent: AgentProcess):
@@ -219,12 +263,17 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
     os.makedirs(logdir, exist_ok=True)
     ballast = None
     # weights + activations (x, w, a@b, tanh: about twice --scratch-gb) + CUDA context
-    peak = int((a.mem_gb + 2 * a.scratch_gb + 1.0) * GB)
+    gb = unit(a)
+    peak = int((a.mem_gb + 2 * a.scratch_gb + 1.0) * gb)
     with EtcdCluster(1, workdir=logdir) as etcd:
         prefix = "/timeslice/"
         lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=logdir,
-                             extra=["--device-margin-bytes", str(256 << 20), "--swap-timeout", "60"]).start()
-        agent = AgentProcess(etcd.endpoints_str, prefix, NODE, logdir, backend="cuda-driver").start()
+                             extra=["--device-margin-bytes", str(gb // 4), "--swap-timeout", "60"]).start()
+        if a.dry_run:
+            agent = AgentProcess(etcd.endpoints_str, prefix, NODE, logdir, backend="sim", sim_dir=a.sim_dir,
+                                 env={"TIMESLICE_SIM_HOST_DIR": a.sim_host_dir}).start()
+        else:
+            agent = AgentProcess(etcd.endpoints_str, prefix, NODE, logdir, backend="cuda-driver").start()
         try:
             from timeslice import OrchestratorClient
             admin = OrchestratorClient(target=",".join(lockd.targets), job_id="admin")
@@ -233,16 +282,23 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
             if regime.startswith("nofit"):
                 # Room for one job at its peak plus 2 GB: not for the other's weights beside it.
                 _settle(sampler)
-                keep = peak + 2 * GB
+                keep = peak + 2 * gb
                 if "coop" in regime:
                     # A parked cooperative job keeps its CUDA context and allocator remnants on the
-                    # device (measured ~1.2 GB with PyTorch on an H200); full isolation would move them.
-                    keep += int(a.coop_residual_gb * GB)
+                    # device (measured 1.78 GiB with PyTorch on an H200); full isolation would move them.
+                    keep += int(a.coop_residual_gb * gb)
                 ballast_bytes = max(0, sampler.free_bytes() - keep)
-                ballast = subprocess.Popen([sys.executable, "-c", (
-                    "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
-                    "torch.cuda.synchronize(); print('ballast',flush=True); time.sleep(3600)"), str(ballast_bytes)],
-                    stdout=subprocess.PIPE)
+                code = (("from timeslice.sim.runtime import SimDeviceClient; import time,sys;"
+                         "d=SimDeviceClient.open(sys.argv[2]); d.alloc(max(1, int(sys.argv[1])));"
+                         "print('ballast',flush=True); time.sleep(3600)") if a.dry_run else
+                        ("import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
+                         "torch.cuda.synchronize(); print('ballast',flush=True); time.sleep(3600)"))
+                # A process outside timeslice: its memory is no job's (the simulated one's context counts too).
+                if a.dry_run:
+                    d = sampler.dev
+                    ballast_bytes = max(1, int((ballast_bytes - d.context_bytes) / (1 + d.slack)))
+                ballast = subprocess.Popen([sys.executable, "-c", code, str(ballast_bytes), a.sim_dir or ""],
+                                           stdout=subprocess.PIPE)
                 if not ballast.stdout.readline():
                     raise RuntimeError("the ballast process failed: the regime would not be a no-fit one")
             out = os.path.join(logdir, "jobs.jsonl")
@@ -261,7 +317,8 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
             ready = [e for e in events if e["ev"] == "ready"]
             res.update(agent_ops(agent), job_exit_codes=rcs, release_cache=bool(release_cache), e2e_wall_s=e2e,
                        peak_bytes_hint=peak, swap=swap,
-                       register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready})
+                       register_s={e["job"]: round(e.get("register_s", 0), 2) for e in ready},
+                       memory=memory_figures(events, agent))
             if any(rcs):
                 res["violations"].append(f"job exit codes {rcs}")
             return res
@@ -272,6 +329,31 @@ def run_sliced(a, sampler, workdir, regime, release_cache, rep=0):
             agent.stop()
             lockd.stop()
             _keep_logs(logdir, tag)
+
+
+def memory_figures(events, agent: AgentProcess) -> dict:
+    """What the lock measured of each job's memory (README, "Memory a grant admits"): the peak and the
+    context each job sent with its Acquires, the residue after each of its pauses, the room its
+    allocations asked for, and the residue checkpoints the agent ran (the planner's and the room's)."""
+    out: dict = {}
+    for e in events:
+        if e["ev"] == "done":
+            out.setdefault(e["job"], {}).update(measured=e.get("measured", {}), residues=e.get("residues", []))
+    for e in events:
+        if e["ev"] == "phase" and e.get("gpu"):
+            j = out.setdefault(e["job"], {})
+            j["room_asks"] = max(j.get("room_asks", 0), int(e.get("room_asks", 0)))
+    rooms = agent.events("room_residue_moved")
+    full = [e for e in agent.events("cooperative_paused") if e.get("isolation") == "full"]
+    out["agent"] = {"room_moves": len(rooms), "room_bytes": sum(int(e.get("bytes", 0)) for e in rooms),
+                    "residue_checkpoints": len(full),
+                    "residue_bytes": [e.get("residue_bytes") for e in agent.events("cooperative_paused")]}
+    return out
+
+
+def unit(a) -> int:
+    """What --mem-gb and the other sizes count: GiB on a GPU, MiB on the simulated device (--dry-run)."""
+    return (1 << 20) if a.dry_run else GB
 
 
 def _settle(sampler, tries: int = 50) -> None:
@@ -321,11 +403,16 @@ def plot(results, path):
 
 
 def compare(results) -> list[dict]:
-    """Each time-sliced run against the one-after-the-other run: the pair's wall time as a fraction."""
+    """Each time-sliced run against the one-after-the-other run: the pair's wall time as a fraction.
+    A run in which a job died (or the baseline, if one of its jobs died) has no ratio: it is FAILED."""
     base = next((r for r in results if r["label"].startswith("standalone") and r.get("wall_s")), None)
     out = []
     for r in results:
-        if base is None or r is base or not r.get("wall_s"):
+        if base is None or r is base:
+            continue
+        if failed(r) or failed(base) or not r.get("wall_s"):
+            out.append({"label": r["label"], "failed": True,
+                        "why": (r.get("violations") or base.get("violations") or ["no wall time"])[:3]})
             continue
         row = {"label": r["label"], "wall_vs_one_after_the_other": round(r["wall_s"] / base["wall_s"], 3),
                "nvml_duty": r["duty_cycle_nvml"], "nvml_duty_one_after_the_other": base["duty_cycle_nvml"]}
@@ -357,13 +444,31 @@ def main():
                    help="extra room left in the nofit-coop regime for the parked job's context")
     p.add_argument("--repeat", type=int, default=1, help="run the regimes this many times back to back")
     p.add_argument("--name", default="gpu_timeslice", help="file name stem of the results")
+    p.add_argument("--dry-run", action="store_true",
+                   help="on the CPU: a SIMULATED GPU, sizes in MiB where they say GiB (not a measurement)")
+    p.add_argument("--dry-run-capacity-gb", type=float, default=140.0,
+                   help="--dry-run: the simulated GPU's capacity (MiB; the H200's 140 GiB scaled)")
+    p.add_argument("--dry-run-residue-gb", type=float, default=1.2,
+                   help="--dry-run: what a parked job keeps beside the device's context (MiB; the H200 job: "
+                        "1.78 GiB in all, 0.6 of it its context)")
     a = p.parse_args()
     if a.profile:
         p.set_defaults(**PROFILES[a.profile])
         a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="gpu-ts-")
-    sampler = NvmlSampler()
+    a.sim_dir = a.sim_host_dir = ""
+    if a.dry_run:
+        from timeslice.common.sim.device import DEFAULT_SLACK, H200_CONTEXT_SHARE, SimDevice
+        a.sim_dir, a.sim_host_dir = os.path.join(workdir, "sim"), os.path.join(workdir, "sim-host")
+        cap = int(a.dry_run_capacity_gb * (1 << 20))
+        # Set explicitly: the H200's context share and allocator slack, whatever the environment says.
+        SimDevice(a.sim_dir, a.sim_host_dir, capacity_bytes=cap, context_bytes=int(cap * H200_CONTEXT_SHARE),
+                  slack=DEFAULT_SLACK)
+        os.environ["TIMESLICE_SIM_HOST_DIR"] = a.sim_host_dir
+        sampler: NvmlSampler | SimSampler = SimSampler(a.sim_dir)
+    else:
+        sampler = NvmlSampler()
     sampler.start()
     results = [] if a.no_standalone else [run_standalone(a, sampler, workdir)]
     ideal = min(1.0, 2 * (a.gen_s + a.train_s) / (a.gen_s + a.reward_s + a.train_s))
@@ -394,15 +499,26 @@ def main():
     for r in results:
         print(f"{r['label']:38} {r['duty_cycle_nvml']:6.0%} {r['wall_s']:7.1f} {r.get('e2e_wall_s', 0):7.1f} "
               f"{r['duty_cycle_phases']:6.0%} {r.get('duty_cycle_steady', 0):6.0%} "
-              f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / GB:8.1f} "
+              f"{r['swaps_restored']:8d} {r['elided']:6d} {r['bytes_moved'] / unit(a):8.1f} "
               f"{r.get('op_seconds', 0):6.1f} {r.get('round_trip_steady_median_s', 0):7.3f} "
-              f"{len(r['violations']):4d}")
+              f"{len(r['violations']):4d}  exit codes {r.get('job_exit_codes', '?')}")
     for c in doc.get("comparison", []):
+        if c.get("failed"):
+            print(f"{c['label']}: FAILED ({'; '.join(c['why'])})")
+            continue
         print(f"{c['label']}: wall x{c['wall_vs_one_after_the_other']} of one after the other"
               f" (end to end x{c.get('e2e_wall_vs_one_after_the_other', '?')}), NVML duty {c['nvml_duty']:.0%}"
               f" vs {c['nvml_duty_one_after_the_other']:.0%}")
-    print(f"ideal duty cycle {ideal:.0%}; timeline: {png}")
-    return 1 if any(r["violations"] for r in results) else 0
+    for r in results:
+        for job, m in sorted((r.get("memory") or {}).items()):
+            if job != "agent":
+                print(f"{r['label']}: {job} measured {m.get('measured', {})}, residue after each pause "
+                      f"{m.get('residues', [])}, room asked {m.get('room_asks', 0)}")
+        if r.get("memory", {}).get("agent"):
+            print(f"{r['label']}: agent {r['memory']['agent']}")
+    print(f"ideal duty cycle {ideal:.0%}; timeline: {png}" + ("  (DRY RUN on the simulated device: not a "
+                                                              "measurement)" if a.dry_run else ""))
+    return 1 if any(failed(r) for r in results) else 0
 
 
 if __name__ == "__main__":

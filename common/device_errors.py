@@ -70,6 +70,16 @@ class DeviceOutOfMemory(BackendError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class NoRoom(DeviceOutOfMemory):
+    """An allocation inside a hold did not fit and nothing more could be freed for it: the message
+    names what holds the device (jobs and their bytes, processes no job registered)."""
+
+    def __init__(self, message: str, *, need_bytes: int = 0, holders: list | None = None, **kw):
+        super().__init__(message, **kw)
+        self.need_bytes = need_bytes
+        self.holders = list(holders or [])
+
+
 class ContextLost(BackendError):
     """The process's device context cannot be brought back (state FAILED, or
     restore failing with OPERATING_SYSTEM after an earlier failed restore)."""

@@ -26,6 +26,9 @@ class ProfileFigures:
     gpu_bytes: dict[str, int] = field(default_factory=dict)   # "<node>/<device>" -> peak bytes
     device_bytes: int = 0
     host_bytes: int = 0
+    peak_bytes: int = 0                                       # the largest allocator peak it reported
+    context_bytes: int = 0                                    # the most it held outside its allocator
+    residue_bytes: int = 0                                    # the most a pause of it left on the devices
     grants: int = 0
     elided: int = 0
     restored: int = 0

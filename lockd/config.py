@@ -21,6 +21,7 @@ from timeslice.common.server.keys import Keys
 from timeslice.common.server.serving import add_etcd_flags, env_flag, etcd_config
 from timeslice.common.server.serving import parse_bool as _bool
 from timeslice.lockd import callers
+from timeslice.lockd import footprints as FP
 from timeslice.lockd.callers import CallerConfig
 from timeslice.lockd.plan import Policy
 from timeslice.lockd.sessions import MAX_SESSIONS, MAX_SESSIONS_PER_PEER, SessionLimits
@@ -87,6 +88,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     env_flag(p, "--session-ttl", type=int, default=10, help="default job session TTL, s")
     env_flag(p, "--swap-timeout", type=float, default=120.0, help="an agent op not reported by then fails, s")
     env_flag(p, "--device-margin-bytes", type=int, default=0, help="device memory kept free beside a job")
+    # What a grant admits (lockd/footprints.py; README, "Memory a grant admits"): defaults from the H200.
+    env_flag(p, "--footprint-margin", type=float, default=FP.DEFAULT_POLICY.margin_fraction,
+             help="share added to a job's footprint for the allocator's slack and the phase-to-phase spread")
+    env_flag(p, "--first-hold-spare", type=float, default=FP.DEFAULT_POLICY.first_hold_spare,
+             help="share more asked of a first hold (a declared peak, none observed yet)")
+    env_flag(p, "--unmeasured-context", type=float, default=FP.DEFAULT_POLICY.context_fraction,
+             help="share of a GPU counted for a job's context until it is measured (the H200's: 612 MiB)")
     env_flag(p, "--tls-cert", default=None, help="server certificate (turns on TLS)")
     env_flag(p, "--tls-key", default=None, help="server key")
     env_flag(p, "--admin-token-file", default=None,
@@ -111,6 +119,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
              help="newest phases per job and group that a profile shows (hold, gap, wait, swap samples)")
 
 
+def _footprint(a: argparse.Namespace) -> FP.FootprintPolicy:
+    try:
+        return FP.FootprintPolicy(context_fraction=float(a.unmeasured_context),
+                                  margin_fraction=float(a.footprint_margin), first_hold_spare=float(a.first_hold_spare))
+    except ValueError as e:
+        raise ConfigError(f"--unmeasured-context, --footprint-margin, --first-hold-spare: {e}") from None
+
+
 def from_args(a: argparse.Namespace) -> LockdConfig:
     etcd = etcd_config(a)
     kw = {}
@@ -123,7 +139,7 @@ def from_args(a: argparse.Namespace) -> LockdConfig:
         sessions=SessionLimits(default_ttl=int(a.session_ttl), min_ttl=min(3, int(a.session_ttl)),
                                max_sessions=int(a.max_sessions), max_per_peer=int(a.max_sessions_per_peer)),
         policy=Policy(swap_timeout_ms=int(float(a.swap_timeout) * 1000),
-                      device_margin_bytes=int(a.device_margin_bytes)),
+                      device_margin_bytes=int(a.device_margin_bytes), footprint=_footprint(a)),
         tls_cert=a.tls_cert, tls_key=a.tls_key, admin_token_file=a.admin_token_file or None,
         insecure_no_admin_auth=_bool(a.insecure_no_admin_auth), max_groups=int(a.max_groups),
         max_workers_per_job=int(a.max_workers_per_job), callers=callers.from_args(a),

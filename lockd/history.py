@@ -124,7 +124,7 @@ class HistoryBook:
         if len(answers) < MAX_SWAPS:
             answers.append({"node": node, "job": st.job, "op": st.op, "bytes": st.bytes,
                             "elapsed_ms": st.elapsed_ms, "gpu_bytes": dict(st.gpu_bytes),
-                            "done_ms": st.updated_ms})
+                            "done_ms": st.updated_ms, "residue_bytes": st.residue_bytes})
         while len(self.swaps) > MAX_TOKENS_WITH_SWAPS:
             self.swaps.popitem(last=False)            # answers for grants that never came (failed swaps)
 
@@ -135,7 +135,9 @@ class HistoryBook:
                                         granted_ms=g.granted_ms or now_ms, restored=g.restored,
                                         elided=g.elided, bytes_moved=g.bytes_moved,
                                         hint_bytes=entry.device_bytes_hint if entry else 0,
-                                        prev_busy_ms=entry.last_hold_ms if entry else 0)
+                                        prev_busy_ms=entry.last_hold_ms if entry else 0,
+                                        peak_bytes=entry.peak_bytes if entry else 0,
+                                        context_bytes=entry.context_bytes if entry else 0)
 
     def _close(self, group: str, released_ms: int, lookup) -> None:
         rec = self.open.pop(group, None)

@@ -59,6 +59,7 @@ from timeslice.lockd.plan import Policy
 from timeslice.lockd.waiters import Waiters
 
 MAX_HOLD_MS = 30 * 24 * 3600 * 1000   # a hold the job reports (profiles): a month at most
+MAX_MEASURED_BYTES = 1 << 50           # a peak or context a job reports (footprints): a petabyte at most
 
 #: Looks at the group's spec an Acquire makes while the group is deleted and created again under it.
 MAX_SPEC_TRIES = 3
@@ -112,19 +113,23 @@ class Locks:
         await self._spec_rev(group)
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
-                      seq: int = 0, last_hold_ms: int = 0, priority: int = 0) -> Granted:
+                      seq: int = 0, last_hold_ms: int = 0, priority: int = 0, peak_bytes: int = 0,
+                      context_bytes: int = 0) -> Granted:
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
             raise InvalidIdError("device_bytes_hint must be >= 0")
         if not 0 <= last_hold_ms <= MAX_HOLD_MS:
             raise InvalidIdError(f"last_hold_ms must be in [0, {MAX_HOLD_MS}]")
+        for name, n in (("peak_bytes", peak_bytes), ("context_bytes", context_bytes)):
+            if not 0 <= n <= MAX_MEASURED_BYTES:
+                raise InvalidIdError(f"{name} must be in [0, {MAX_MEASURED_BYTES}]")
         spec_rev, spec = await self._spec_of(group)
         PR.check_priority(spec, priority, group)           # before anything is written
         attempt = secrets.token_hex(8)
         # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
         entry = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
-                             last_hold_ms=last_hold_ms)
+                             last_hold_ms=last_hold_ms, peak_bytes=peak_bytes, context_bytes=context_bytes)
         if spec.priorities:
             entry = dataclasses.replace(entry, priority=priority, **self._arrival(group, job, lease))
         value = entry.dump()

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd.index import JobState
 
 
@@ -39,6 +40,7 @@ class NodeView:
     agent: R.AgentValue | None
     all_gpus: frozenset[int] = frozenset()
     free: dict[int, int] = field(default_factory=dict)
+    total: dict[int, int] = field(default_factory=dict)               # capacity per GPU, where the agent says
     _index: dict[str, int] = field(default_factory=dict)
     _regs: dict[int, list[R.WorkerValue]] = field(default_factory=dict)   # id(JobState) -> its workers here
 
@@ -52,9 +54,11 @@ class NodeView:
                 continue
             v._index[str(g.get("uuid", idx))] = idx
             v.free[idx] = int(g.get("free_bytes", 0))
+            v.total[idx] = int(g.get("total_bytes", 0) or 0)
         if agent is not None and not v.free:
             # An agent that lists no GPU: its node total stands for one device.
             v.free[0] = agent.device_free_bytes
+            v.total[0] = agent.device_total_bytes
         v.all_gpus = frozenset(v.free)
         return v
 
@@ -136,13 +140,7 @@ class NodeView:
         return free
 
 
-def spread(total: int, gpus: Iterable[int]) -> dict[int, int]:
-    """``total`` bytes spread evenly (rounded up) over ``gpus``."""
-    gpus = sorted(gpus)
-    if not gpus or total <= 0:
-        return {}
-    share = -(-total // len(gpus))
-    return {g: share for g in gpus}
+spread = FP.spread
 
 
 def overlaps(spec: R.GroupSpec, node: str, gpus: frozenset[int], view: NodeView) -> bool:
@@ -154,20 +152,39 @@ def overlaps(spec: R.GroupSpec, node: str, gpus: frozenset[int], view: NodeView)
 
 
 def need_per_gpu(view: NodeView, job: str, where: str, snap: R.StatusValue | None, gpus: frozenset[int],
-          hint: int) -> dict[int, int] | None:
-    """Bytes the head needs made free per GPU here; None when unknown (never ran, no hint)."""
-    peak = spread(hint, gpus)
+                 hint: int, peak: int = 0, context: int = 0,
+                 policy: FP.FootprintPolicy = FP.DEFAULT_POLICY) -> dict[int, int] | None:
+    """Bytes the head needs made free per GPU here: its admitted footprint (``lockd.footprints``:
+    max(declared, observed, seen) + context + margin, + the first hold's spare) less what it holds
+    on the device already; None when unknown (never ran, nothing declared or measured).
+
+    ``hint``, ``peak``, ``context``: the queue entry's per-node figures (declared, the largest
+    allocator peak it reported, its memory outside the allocator)."""
+    def fp(seen: dict[int, int], residue: dict[int, int] | None = None) -> FP.Footprint:
+        return FP.footprint(gpus | frozenset(seen), hint=hint, peak=peak, context=context, seen=seen,
+                            residue=residue, capacity=view.total)
     if where == "snapshotted":
-        # The restore needs its snapshot back on each process's own GPU; the phase then its peak.
+        # The restore needs its snapshot back on each process's own GPU; the phase then its footprint,
+        # less what its cooperative pause left on the device (its residue is there already).
         assert snap is not None     # residency() says "snapshotted" only from a status
         per = view.by_index(snap.gpu_bytes) if snap.gpu_bytes else None
         if per is None:      # no per-GPU record (an older agent): it must fit on every GPU it may use
             per = {g: snap.device_bytes for g in gpus}
-        return {g: max(per.get(g, 0), peak.get(g, 0)) for g in set(per) | set(peak)}
+        left = spread(snap.residue_bytes, frozenset(per) or gpus)
+        f = fp({g: per.get(g, 0) + left.get(g, 0) for g in set(per) | set(left)}, left)   # all it held
+        return {g: max(per.get(g, 0), FP.admitted(f, g, policy) - left.get(g, 0) if f.known(g) else 0)
+                for g in set(per) | gpus}
     if where == "running":
+        if hint <= 0 and peak <= 0:
+            return {}                  # nothing declared or measured: it has what it has
         have = view.seen(job) or {}
-        return {g: max(0, n - have.get(g, 0)) for g, n in peak.items()}
-    return peak or None
+        f = fp(have)
+        return {g: max(0, FP.admitted(f, g, policy) - have.get(g, 0)) for g in gpus | frozenset(have)
+                if f.known(g)}
+    if hint <= 0 and peak <= 0:
+        return None
+    f = fp({})
+    return {g: FP.admitted(f, g, policy) for g in gpus if f.known(g)} or None
 
 
 def is_protected(job: str, node: str, gpus: frozenset[int], view: NodeView,

@@ -35,12 +35,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd import priority as PR
 from timeslice.lockd import rekey as RK
 from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
 from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
+
+# What the agent keeps free beside a restore (nodeagent/hostmem.py's DEFAULT_DEVICE_HEADROOM_BYTES; lockd
+# imports nothing of the agent): a restore planned beside a residue's checkpoint must pass its admission.
+RESTORE_HEADROOM_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Policy:
     device_margin_bytes: int = 0          # kept free beside a restored/elided job
     evict_unknown: bool = True            # footprint unknown (never ran, no hint): make room
     refused_retry_ms: int = 2_000         # pause before re-trying a restore the agent refused for room
+    footprint: FP.FootprintPolicy = FP.DEFAULT_POLICY   # what a grant admits (lockd.footprints)
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             return [RaiseTurns(prio.raise_to, turns.mod_revision, turns.raised(prio.raise_to))]
     head_job, head_kv = head
     token, lease = head_kv.create_revision, head_kv.lease
-    hint = R.QueueValue.load(head_kv.value).device_bytes_hint
+    entry_value = R.QueueValue.load(head_kv.value)
+    hint = entry_value.device_bytes_hint
 
     actions: list[Action | None] = []                   # None: an intent already written as is
     # pending: some node still needs a snapshot or restore (even if its intent is
@@ -222,7 +229,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             b_where = "snapshotted"            # for itself: a snapshot to restore, like any other
         b_snap = status_of(ns, head_job) if b_where == "snapshotted" else None
         b_gpus = view.known_gpus(head_job, jobs.get(head_job), b_snap) or view.group_gpus(entry)
-        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint)
+        need = need_per_gpu(view, head_job, b_where, b_snap, b_gpus, hint, entry_value.peak_bytes,
+                            entry_value.context_bytes, policy.footprint)
         # GPUs where room must be made: all of B's (unknown need), or where B does not fit.
         free: dict[int, int] = {}
         if need is None:
@@ -246,18 +254,22 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
                     + sum((view.seen(j) or {}).get(g, 0) for j in evict) for g in short):
                 pending = True
                 continue
-        if not evict and (short and b_where != "snapshotted" if refused_restore is None
-                          else not _evicted_since(ns, token, refused_restore)):
+        if not evict and (short if refused_restore is None else not _evicted_since(ns, token, refused_restore)):
             # Nobody resident to pause, and still no room: what parked cooperative jobs left on the
             # device outside their regions (their residue: CUDA context, allocator blocks) is in the
             # way. It goes by the checkpoint full isolation uses, for this swap only, rather than
-            # the head being granted without room or its restore refused until the swap timeout.
-            # (A head to restore asks the agent first: it admits per GPU on exact figures, and our
-            # need counts the head's own residue, which is on the device already. After a refusal,
-            # the residents go first; a residue only when nothing was evicted since.)
+            # the head being granted without room for its footprint (lockd.footprints: the agent's
+            # restore admission sees only the snapshot, not the phase's peak) or its restore refused
+            # until the swap timeout. A head whose snapshot fits already is restored at once, beside
+            # the residue's checkpoint (two processes' ops run in parallel); the grant waits for both.
+            # After a refused restore, the residents go first; a residue only when nothing was
+            # evicted since.
             rest = residue_holders(view, ns, where, jobs, short or set(b_gpus), spec.isolation)
             if rest:
                 actions += [_intent(ns, node, j, R.SNAPSHOT, token, 0, R.ISOLATION_FULL) for j in rest]
+                if (b_where == "snapshotted" and refused_restore is None
+                        and _restore_fits(view, b_snap, b_gpus, free, policy.device_margin_bytes)):
+                    actions.append(_intent(ns, node, head_job, R.RESTORE, token))
                 pending = True
                 continue
         # How much each must free: a cooperative worker then releases only that much
@@ -330,6 +342,18 @@ def _after_refused_restore(ns: NodeState, node: str, head_job: str, head_kv, tok
         return [retry] if st is None or now_ms - st.updated_ms >= policy.refused_retry_ms else None
     return FailWaiter(head_job, token, head_kv.lease, node=node, reason=(
         f"restore of job {head_job} on node {node} refused: {st.error if st else 'no room'}"))
+
+
+def _restore_fits(view: NodeView, snap: R.StatusValue | None, gpus: frozenset[int], free: dict[int, int],
+                  margin: int) -> bool:
+    """The head's snapshot alone fits in what is free on each of its GPUs now (with the agent's
+    restore headroom): its restore need not wait for the residue's checkpoint."""
+    if snap is None:
+        return False
+    per = view.by_index(snap.gpu_bytes) if snap.gpu_bytes else None
+    if per is None:
+        per = {g: snap.device_bytes for g in gpus}
+    return all(n + RESTORE_HEADROOM_BYTES <= free.get(g, 0) - margin for g, n in per.items() if n > 0)
 
 
 def _evicted_since(ns: NodeState, token: int, refused) -> bool:

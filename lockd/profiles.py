@@ -16,7 +16,11 @@ where a new leader finds it and costs no write of its own:
   answered under the grant of the job that needed the room);
 * **footprint**: the largest bytes per ``<node>/<device>`` seen at a release
   (the agents' reports then), in those answers and in the agents' live reports
-  (``AgentValue.job_gpus``); the queue hint else.
+  (``AgentValue.job_gpus``); the queue hint else;
+* **measured memory** (lockd/footprints.py): the largest allocator peak and
+  context the job reported with its Acquires (``peak_bytes``, ``context_bytes``:
+  the record of a hold carries what its Acquire said of the earlier ones), and
+  the largest residue a cooperative pause of it left (the agents' answers).
 
 Only the newest ``phases`` samples of each list are kept. ``build`` and ``fractions``
 are sans-IO. ``ProfileService`` answers GetProfiles (what ``timeslice profile`` shows and
@@ -88,6 +92,8 @@ def build(records: Iterable[R.HoldRecord], agents: Mapping[str, R.AgentValue] | 
             p.elided += int(r.elided)
             p.restored += int(r.restored)
             p.device_bytes = max(p.device_bytes, r.hint_bytes)
+            p.peak_bytes = max(p.peak_bytes, r.peak_bytes)
+            p.context_bytes = max(p.context_bytes, r.context_bytes)
             per_node: dict[str, dict] = {}
             for k, b in r.gpu_bytes.items():
                 node, _, dev = str(k).partition("/")
@@ -106,6 +112,7 @@ def build(records: Iterable[R.HoldRecord], agents: Mapping[str, R.AgentValue] | 
             moved.swap_bytes.append(nbytes)
             if op == R.SNAPSHOT:
                 moved.host_bytes = max(moved.host_bytes, nbytes)
+                moved.residue_bytes = max(moved.residue_bytes, int(a.get("residue_bytes") or 0))
             _peaks(moved, str(a.get("node", "")), a.get("gpu_bytes") or {})
     for (group, job), prof in out.items():
         for node in (nodes_of or {}).get(group, []):
@@ -169,7 +176,8 @@ class ProfileService:
                 snapshot_ms=p.snapshot_ms, restore_ms=p.restore_ms, swap_bytes=p.swap_bytes, busy_ms=p.busy_ms,
                 gpu_bytes=p.gpu_bytes, device_bytes=p.device_bytes, host_bytes=p.host_bytes, grants=p.grants,
                 elided=p.elided, restored=p.restored, first_unix_ms=p.first_ms, updated_unix_ms=p.updated_ms,
-                live=self._live(p.job)))
+                live=self._live(p.job), peak_bytes=p.peak_bytes, context_bytes=p.context_bytes,
+                residue_bytes=p.residue_bytes))
         out.groups.extend(self.groups.list())
         for node, ns in sorted(self.index.nodes.items()):
             a = _agent(ns.agent)

@@ -65,7 +65,8 @@ class LockdServicer(pbg.LockdServicer):
             with traces.acquire_span(context, req, self.r.config.replica_id) as span:   # no-op unless tracing
                 got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
                                                  seq=req.attempt_seq, last_hold_ms=req.last_hold_ms,
-                                                 priority=req.priority)
+                                                 priority=req.priority, peak_bytes=req.peak_bytes,
+                                                 context_bytes=req.context_bytes)
                 traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import structlog
 
+from timeslice.common import frames as F
 from timeslice.common.channel import default_socket_path
 from timeslice.common.errors import ConfigError
 from timeslice.common.server.etcd.client import EtcdClient
@@ -46,6 +47,7 @@ from timeslice.nodeagent.nodelock import NodeLock
 from timeslice.nodeagent.processes import JobProcesses
 from timeslice.nodeagent.reconnects import Reconnects
 from timeslice.nodeagent.reporter import Reporter
+from timeslice.nodeagent.room import RoomMaker
 from timeslice.nodeagent.runner import Runner
 from timeslice.nodeagent.swap_routes import SwapRoutes
 from timeslice.nodeagent.tokens import TokenBook
@@ -84,7 +86,7 @@ class Agent:
         self.channel = ChannelServer(cfg.channel_socket or default_socket_path(cfg.node), cfg.node,
                                      lambda job, secret: self.auth.authorize(job, secret),
                                      self._worker_left, self._worker_back, on_attested=self._worker_attested,
-                                     on_state=self._worker_grew)
+                                     on_state=self._worker_grew, on_ask=self._worker_asks)
         self.reconnects = Reconnects(self.channel, cfg.reconnect_grace_s)
         # Each worker is moved the way it registered: checkpoint, cooperative or app endpoint.
         self.backend = CompositeBackend(backend or make_backend(cfg), lambda pid: self.swappers.resolve(pid),
@@ -119,6 +121,9 @@ class Agent:
                              self.reporter, self.exclusion, self.lease.live, self.lease.renew, self._busy,
                              lambda job: self.driver.pending(job) is not None)
         # The intent loop: one driver per job (nodeagent/driver.py).
+        # Room for a holder's allocation that did not fit: parked residue moved off its GPU (nodeagent/room.py).
+        self.room = RoomMaker(self.node, self.keys, self.client, self.jobs, self.channel, self.processes,
+                              self.runner, self.reporter, self.backend, self.upkeep.refresh)
         self.driver = IntentDriver(self.node, self.keys, self.client, self.backend.name, self.jobs, self.node_mirror,
                                    self.processes, self.swappers, self.reconnects, self.tokens, self.runner,
                                    self.upkeep, self.reporter, self.metrics, lambda: self.stopping)
@@ -181,6 +186,23 @@ class Agent:
     async def _worker_grew(self, info) -> None:
         """A cooperative worker's memory changed inside its hold and it waits until we report it."""
         await self.upkeep.refresh_after()
+
+    async def _worker_asks(self, info, msg: dict) -> dict:
+        """A worker's request: room inside its hold (nodeagent/room.py), or the admission of a pinned host
+        backup before it is made: counted as promised from now (its state frames then say how it goes)."""
+        if msg["type"] == F.ROOM:
+            return await self.room.answer(info, msg)
+        # On the loop, with no await between the check and the count: two workers asking at once never
+        # both take the same free memory.
+        ok, free, why = self.host.admit_pool(msg["bytes"], info.host_reserving)
+        if ok:
+            info.host_reserving = msg["bytes"]
+            log.info("host_backup_admitted", pid=info.pid, job=info.job, bytes=msg["bytes"], free_bytes=free)
+            log.info("host_reservation_started", pid=info.pid, job=info.job, reserving=info.host_reserving,
+                     host_bytes=info.host_bytes)
+        else:
+            log.warning("host_backup_refused", pid=info.pid, job=info.job, bytes=msg["bytes"], free_bytes=free)
+        return F.hosted(msg["id"], ok, free, why)
 
     async def _worker_left(self, info) -> None:
         """A cooperative worker closed its channel (exiting, most likely): lift the freeze.

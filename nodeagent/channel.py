@@ -169,11 +169,13 @@ class ChannelServer:
                  on_disconnect: Callable[[WorkerInfo], Awaitable[None]] | None = None,
                  on_connect: Callable[[WorkerInfo], None] | None = None, lobby: Lobby | None = None,
                  on_attested: Callable[[WorkerInfo], Awaitable[None]] | None = None,
-                 on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None):
+                 on_state: Callable[[WorkerInfo], Awaitable[None]] | None = None,
+                 on_ask: Callable[[WorkerInfo, dict], Awaitable[dict]] | None = None):
         self.path, self.node, self.authorize = Path(path), node, authorize
         self.on_disconnect, self.on_connect = on_disconnect, on_connect
         self.on_state = on_state                     # awaited before a ``synced`` answer (the fresh report)
         self.on_attested = on_attested               # awaited before the welcome (nodeagent/attestations.py)
+        self.on_ask = on_ask                         # a worker's room / host request -> the answer frame
         self._conns: dict[int, WorkerConn] = {}
         self._infos: dict[int, WorkerInfo] = {}
         self._lost: dict[int, float] = {}            # pid -> when its channel went (monotonic)
@@ -330,7 +332,7 @@ class ChannelServer:
         if self.on_attested is not None:
             await self.on_attested(info)        # lockd must know before the job registers the pid
         try:
-            writer.write(C.encode(F.welcome(pid, self.node)))
+            writer.write(C.encode(F.welcome(pid, self.node, F.ASKS if self.on_ask is not None else ())))
             await writer.drain()
         except (ConnectionError, OSError):
             pass                                # the read in _serve sees it closed; the disconnect path runs
@@ -356,6 +358,23 @@ class ChannelServer:
         conn.writer.write(C.encode(F.synced(sync)))
         await conn.writer.drain()
 
+    async def _ask(self, conn: WorkerConn, msg: dict) -> None:
+        """A worker's request (room inside its hold, a host backup's admission), answered by its id. One
+        connection's frames are read one at a time: a worker has one request in flight at most."""
+        if self.on_ask is None:
+            reply = (F.roomed(msg["id"], 0, -1, [], "this agent makes no room") if msg["type"] == F.ROOM
+                     else F.hosted(msg["id"], True, -1, "this agent does not admit host backups"))
+        else:
+            try:
+                reply = await self.on_ask(conn.info, msg)
+            except Exception as e:  # the worker is told; its channel stays up
+                log.exception("channel_ask_failed", pid=conn.info.pid, job=conn.info.job, ask=msg["type"])
+                why = f"the node agent failed: {type(e).__name__}: {str(e)[:200]}"
+                reply = (F.roomed(msg["id"], 0, -1, [], why) if msg["type"] == F.ROOM
+                         else F.hosted(msg["id"], False, -1, why))
+        conn.writer.write(C.encode(reply))
+        await conn.writer.drain()
+
     async def _serve(self, conn: WorkerConn) -> None:
         """A welcomed worker's frames until it leaves; the disconnect handling runs however it ends."""
         info, why = conn.info, "closed"
@@ -374,6 +393,8 @@ class ChannelServer:
                                  host_bytes=info.host_bytes)
                     if msg.get("sync") is not None:
                         await self._sync(conn, msg["sync"])
+                elif msg["type"] in F.ASKS:
+                    await self._ask(conn, msg)
         except asyncio.IncompleteReadError:
             pass
         except C.ChannelError as e:             # out of protocol: say why, then cut it off

@@ -18,11 +18,20 @@ point it at a fixture meminfo. ``pending`` (the agent passes the channel's
 ``pending_host_bytes``) is host memory that cooperative workers are reserving
 right now for their pinned backups: promised, not yet visible in MemAvailable,
 so it is taken off from the moment a reservation starts.
+
+A cooperative worker asks before it pins a backup (``admit_pool``, the channel's
+``host`` request): admitted, the bytes count as promised until the worker's own
+state says the reservation ended; refused, the job is told why before anything is
+mapped. Snapshots in flight (``promised``) count too, for their admitted need, so
+two admissions never both take the same free memory: the kernel's OOM killer must
+never be the one who decides.
 """
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from timeslice.common.device_errors import DeviceMemoryRefused, HostMemoryRefused
@@ -69,6 +78,8 @@ class HostMemory:
         self.proc_root = proc_root
         self.reserve_bytes = reserve_bytes
         self.pending = pending
+        self._inflight = 0                 # host bytes admitted snapshots are taking now
+        self._mu = threading.Lock()
 
     def available_bytes(self) -> int:
         """Bytes a snapshot may take now (never negative)."""
@@ -78,7 +89,30 @@ class HostMemory:
         return max(0, avail - self.reserve_bytes - self.pending_bytes())
 
     def pending_bytes(self) -> int:
-        return max(0, int(self.pending())) if self.pending is not None else 0
+        workers = max(0, int(self.pending())) if self.pending is not None else 0
+        with self._mu:
+            return workers + self._inflight
+
+    @contextlib.contextmanager
+    def promised(self, nbytes: int) -> Iterator[None]:
+        """Count ``nbytes`` (an admitted snapshot's need) as taken while the body runs."""
+        with self._mu:
+            self._inflight += max(0, nbytes)
+        try:
+            yield
+        finally:
+            with self._mu:
+                self._inflight -= max(0, nbytes)
+
+    def admit_pool(self, need_bytes: int, own_pending: int = 0) -> tuple[bool, int, str]:
+        """May a worker pin ``need_bytes`` of backup now? (ok, free bytes, why not). ``own_pending``: what
+        this worker promised already (replaced by this request, so not counted twice)."""
+        free = self.available_bytes() + max(0, own_pending)
+        if need_bytes > free:
+            return False, free, (f"pinned backup refused: needs {need_bytes} bytes of host memory, {free} free "
+                                 f"(MemAvailable minus a {self.reserve_bytes}-byte reserve, snapshots in flight "
+                                 "and other workers' reservations)")
+        return True, free, ""
 
     def admit_snapshot(self, need_bytes: int) -> None:
         """Raise ``HostMemoryRefused`` unless ``need_bytes`` fit in free host memory."""

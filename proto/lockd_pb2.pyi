@@ -51,7 +51,7 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ..., revoked_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms", "priority")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms", "priority", "peak_bytes", "context_bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -59,6 +59,8 @@ class AcquireRequest(_message.Message):
     ATTEMPT_SEQ_FIELD_NUMBER: _ClassVar[int]
     LAST_HOLD_MS_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
@@ -66,7 +68,9 @@ class AcquireRequest(_message.Message):
     attempt_seq: int
     last_hold_ms: int
     priority: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
+    peak_bytes: int
+    context_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ..., priority: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., context_bytes: _Optional[int] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
     __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
@@ -349,7 +353,7 @@ class ProfilesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ...) -> None: ...
 
 class Profile(_message.Message):
-    __slots__ = ("job_id", "group_id", "hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms", "gpu_bytes", "device_bytes", "host_bytes", "grants", "elided", "restored", "first_unix_ms", "updated_unix_ms", "live")
+    __slots__ = ("job_id", "group_id", "hold_ms", "gap_ms", "wait_ms", "snapshot_ms", "restore_ms", "swap_bytes", "busy_ms", "gpu_bytes", "device_bytes", "host_bytes", "grants", "elided", "restored", "first_unix_ms", "updated_unix_ms", "live", "peak_bytes", "context_bytes", "residue_bytes")
     class GpuBytesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +379,9 @@ class Profile(_message.Message):
     FIRST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CONTEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESIDUE_BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     group_id: str
     hold_ms: _containers.RepeatedScalarFieldContainer[int]
@@ -393,7 +400,10 @@ class Profile(_message.Message):
     first_unix_ms: int
     updated_unix_ms: int
     live: bool
-    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., hold_ms: _Optional[_Iterable[int]] = ..., gap_ms: _Optional[_Iterable[int]] = ..., wait_ms: _Optional[_Iterable[int]] = ..., snapshot_ms: _Optional[_Iterable[int]] = ..., restore_ms: _Optional[_Iterable[int]] = ..., swap_bytes: _Optional[_Iterable[int]] = ..., busy_ms: _Optional[_Iterable[int]] = ..., gpu_bytes: _Optional[_Mapping[str, int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., grants: _Optional[int] = ..., elided: _Optional[int] = ..., restored: _Optional[int] = ..., first_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., live: _Optional[bool] = ...) -> None: ...
+    peak_bytes: int
+    context_bytes: int
+    residue_bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., group_id: _Optional[str] = ..., hold_ms: _Optional[_Iterable[int]] = ..., gap_ms: _Optional[_Iterable[int]] = ..., wait_ms: _Optional[_Iterable[int]] = ..., snapshot_ms: _Optional[_Iterable[int]] = ..., restore_ms: _Optional[_Iterable[int]] = ..., swap_bytes: _Optional[_Iterable[int]] = ..., busy_ms: _Optional[_Iterable[int]] = ..., gpu_bytes: _Optional[_Mapping[str, int]] = ..., device_bytes: _Optional[int] = ..., host_bytes: _Optional[int] = ..., grants: _Optional[int] = ..., elided: _Optional[int] = ..., restored: _Optional[int] = ..., first_unix_ms: _Optional[int] = ..., updated_unix_ms: _Optional[int] = ..., live: _Optional[bool] = ..., peak_bytes: _Optional[int] = ..., context_bytes: _Optional[int] = ..., residue_bytes: _Optional[int] = ...) -> None: ...
 
 class DeviceCapacity(_message.Message):
     __slots__ = ("id", "index", "total_bytes")

@@ -48,3 +48,20 @@ def test_the_pair_is_compared_with_one_after_the_other():
 def test_the_named_profile_of_the_40_gib_long_regime():
     p = gts.PROFILES["40g_long"]
     assert (p["mem_gb"], p["gen_s"], p["train_s"], p["iters"], p["regimes"]) == (40.0, 6.0, 6.0, 3, "nofit-coop")
+
+
+def test_a_run_in_which_a_job_died_is_failed_and_has_no_ratio():
+    """The issue's H200 run: job-a died at its first generate (exit code 1) and the run printed a
+    'wall x0.50' that meant nothing. A job that died, in the pair or in the baseline, fails the run."""
+    base = {"label": "standalone (one after the other)", "wall_s": 100.0, "duty_cycle_nvml": 0.5,
+            "violations": [], "job_exit_codes": [0, 0]}
+    died = {"label": "time-sliced, nofit-coop", "wall_s": 50.0, "duty_cycle_nvml": 0.8,
+            "violations": ["job exit codes [1, 0]"], "job_exit_codes": [1, 0]}
+    [row] = gts.compare([base, died])
+    assert row["failed"] and "wall_vs_one_after_the_other" not in row and row["why"] == ["job exit codes [1, 0]"]
+    ok = {**died, "violations": [], "job_exit_codes": [0, 0]}
+    [row] = gts.compare([{**base, "violations": ["job exit codes [0, 'timeout']"]}, ok])
+    assert row["failed"]                                          # nor against a baseline whose job died
+    [row] = gts.compare([base, ok])
+    assert row["wall_vs_one_after_the_other"] == 0.5 and not row.get("failed")
+    assert gts.failed({"violations": [], "job_exit_codes": ["timeout", 0]})

@@ -186,6 +186,21 @@ class AsyncOrchestratorClient:
     def after_acquire(self, hook: Callable[[Grant], Any] | None) -> None:
         self._core.after_acquire = hook
 
+    @property
+    def memory_stats(self):
+        """Where the job's device-memory figures come from (``timeslice.memstats.DeviceStats``): measured
+        at each yield and sent with the next Acquire, for the footprint a grant admits. Default: the
+        cooperating memory's, else torch's allocator once the job has CUDA up; settable (a JAX memory)."""
+        return self._core.memory_stats
+
+    @memory_stats.setter
+    def memory_stats(self, stats) -> None:
+        self._core.memory_stats = stats
+
+    def measured(self, group_id: str):
+        """The measures this client sends with its next Acquire of ``group_id`` (``memstats.Measure``)."""
+        return self._holds.measured(group_id)
+
     check_held = _sync_in("_core", ClientCore.check_held)
 
     # == calls ============================================================================

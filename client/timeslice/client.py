@@ -156,6 +156,21 @@ class OrchestratorClient:
     def after_acquire(self, hook: Callable[[Grant], Any] | None) -> None:
         self._aio.after_acquire = hook
 
+    @property
+    def memory_stats(self):
+        return self._aio.memory_stats
+
+    @memory_stats.setter
+    def memory_stats(self, stats) -> None:
+        self._aio.memory_stats = stats
+
+    memory_stats.__doc__ = AsyncOrchestratorClient.memory_stats.__doc__
+
+    def measured(self, group_id: str):
+        return self._aio.measured(group_id)
+
+    measured.__doc__ = AsyncOrchestratorClient.measured.__doc__
+
     def check_held(self, group_id: str) -> Grant:
         return self._aio.check_held(group_id)
 

@@ -31,11 +31,18 @@ process still holds outside its resident regions (its CUDA context, the
 allocator's cache, workspaces, tensors made outside any region), where the
 memory can say (``residue_bytes()``) — and reports it with the pause's answer
 (``residue_bytes``), so the agent can show it and plan with it.
+
+The worker also asks the agent two things, answered by id on the same channel:
+room for an allocation that did not fit inside a hold (``make_room``: parked
+residue moved off the GPU; ``timeslice.room``), and admission of a pinned host
+backup before it is made (``admit_host``: the node's host memory counts every
+pool, so the kernel's OOM killer never decides).
 """
 from __future__ import annotations
 
 import collections
 import itertools
+import os
 import random
 import socket
 import threading
@@ -54,6 +61,18 @@ log = structlog.get_logger(__name__)
 OFFLOAD, DISCARD = "offload", "discard"
 POLICIES = (OFFLOAD, DISCARD)
 SYNC_TIMEOUT_S = 5.0     # how long announce(sync=True) waits for the agent's report (one refresh: ms)
+ROOM_TIMEOUT_S = 120.0   # how long a room request waits (the agent checkpoints residue: ~1.8 GB/s on an H200)
+HOST_TIMEOUT_S = 10.0    # how long a host admission waits for the agent's answer
+ENV_HOST_WAIT = "TIMESLICE_HOST_WAIT_S"    # how long a backup the host cannot take yet waits for room (0: told at once)
+
+
+class HostAdmissionRefused(Exception):
+    """The node agent did not admit a pinned host backup: the node's host memory cannot take it now.
+    Raised to the job before anything is pinned (the kernel's OOM killer must never be the one who decides)."""
+
+    def __init__(self, message: str, need_bytes: int, free_bytes: int):
+        super().__init__(message)
+        self.need_bytes, self.free_bytes = need_bytes, free_bytes
 
 
 class SwapMemory(Protocol):
@@ -144,7 +163,9 @@ class CooperativeWorker:
     """The channel to the node agent and the thread that answers its requests."""
 
     def __init__(self, job_id: str, secret: str | Callable[[], str], memory: SwapMemory, node: str,
-                 socket_path: str | None = None, connect_timeout: float = 10.0):
+                 socket_path: str | None = None, connect_timeout: float = 10.0,
+                 held: Callable[[], Sequence[tuple[str, int]]] | None = None):
+        """``held()``: the (group, token) grants the job holds now, named in a room request."""
         for tag, policy in memory.tags.items():
             if policy not in POLICIES:
                 raise ValueError(f"tag {tag!r}: policy must be one of {POLICIES}, got {policy!r}")
@@ -163,6 +184,9 @@ class CooperativeWorker:
         self._send_mu = threading.Lock()               # frames from two threads never interleave
         self._syncs = itertools.count(1)
         self._synced: dict[int, threading.Event] = {}  # sync id -> set when the agent answered it
+        self._answers: dict[int, dict] = {}             # id -> the agent's answer to a room/host request
+        self.agent_answers: frozenset[str] = frozenset()  # what the agent said it answers (its welcome)
+        self.held = held or (lambda: [])
 
     # -- connection ------------------------------------------------------------------
     def _hello(self) -> dict:
@@ -187,6 +211,8 @@ class CooperativeWorker:
                                  f"{str(reply.get('message', ''))[:300]}")
         s.settimeout(None)
         self._sock, self.pid = s, int(reply["pid"])
+        answers = reply.get("answers")
+        self.agent_answers = frozenset(str(x) for x in answers) if isinstance(answers, list) else frozenset()
         log.info("cooperative_connected", job=self.job_id, pid=self.pid, socket=self.path, paused=self.paused)
         return self.pid
 
@@ -197,6 +223,10 @@ class CooperativeWorker:
         listen = getattr(self.memory, "set_state_listener", None)
         if listen is not None:
             listen(self.announce)                      # a reservation, a region that grew: the agent hears it
+        for name, fn in (("set_room_maker", self.make_room), ("set_host_admission", self.admit_host)):
+            hook = getattr(self.memory, name, None)
+            if hook is not None:
+                hook(fn)
         self._thread = threading.Thread(target=self._serve, name="timeslice-cooperative", daemon=True)
         self._thread.start()
         return self
@@ -244,6 +274,66 @@ class CooperativeWorker:
         finally:
             self._synced.pop(rid, None)
 
+    # -- what the worker asks the agent ----------------------------------------------------
+    def _ask(self, frame: Callable[[int], dict], timeout: float) -> dict | None:
+        """Send a request to the agent and wait for its answer; None: no channel, an agent that does not
+        answer this request (its welcome did not name it: an older agent), or no answer in time. Never
+        from the serving thread: it reads the answer."""
+        s = self._sock
+        if s is None or threading.current_thread() is self._thread:
+            return None
+        rid, done = next(self._syncs), threading.Event()
+        if frame(rid).get("type") not in self.agent_answers:
+            return None
+        self._synced[rid] = done
+        try:
+            with self._send_mu:
+                C.send(s, frame(rid))
+            if not done.wait(timeout):
+                return None
+            return self._answers.pop(rid, None)
+        except (OSError, C.ChannelError):
+            return None
+        finally:
+            self._synced.pop(rid, None)
+            self._answers.pop(rid, None)
+
+    def make_room(self, device: str, nbytes: int):
+        """Ask the agent to move parked jobs' residue off ``device`` so that ``nbytes`` more fit (inside
+        a hold); returns ``timeslice.room.RoomAnswer`` (freed 0 and why, when it could not)."""
+        from timeslice.room import RoomAnswer
+        held = [(str(g), int(t)) for g, t in self.held()]
+        got = self._ask(lambda rid: F.room(rid, device or self.memory.device_id(), nbytes, held), ROOM_TIMEOUT_S)
+        if got is None:
+            return RoomAnswer(message="the node agent did not answer the room request (no channel, or an "
+                                      "older agent)")
+        return RoomAnswer.from_frame(got)
+
+    def admit_host(self, nbytes: int) -> None:
+        """Have the agent admit ``nbytes`` of pinned host backup before it is made; HostAdmissionRefused
+        if the node's host memory cannot take it (after waiting up to $TIMESLICE_HOST_WAIT_S for room).
+        An agent that does not answer (older) leaves the pool's own free-memory check to decide."""
+        if nbytes <= 0 or threading.current_thread() is self._thread:
+            return                     # a pause's first pinning: the agent admitted the snapshot's host need
+        try:
+            wait = float(os.environ.get(ENV_HOST_WAIT, "") or 0)
+        except ValueError:
+            wait = 0.0
+        deadline = time.monotonic() + max(0.0, wait)
+        delay = 0.5
+        while True:
+            got = self._ask(lambda rid: F.host(rid, nbytes), HOST_TIMEOUT_S)
+            if got is None or got.get("ok"):
+                return
+            free = int(got.get("free_bytes") or 0)
+            if time.monotonic() + delay > deadline:
+                raise HostAdmissionRefused(
+                    f"the node's host memory cannot take a {nbytes}-byte pinned backup now ({free} bytes free "
+                    f"as the node agent counts it): {str(got.get('message', ''))[:300]}", nbytes, free)
+            log.info("host_admission_waiting", job=self.job_id, need_bytes=nbytes, free_bytes=free)
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 5.0)
+
     def close(self) -> None:
         self._closed.set()
         s, self._sock = self._sock, None
@@ -267,10 +357,12 @@ class CooperativeWorker:
                     delay = 0.1
                     continue
                 msg = C.recv(s)
-                if msg.get("type") == F.SYNCED:          # the answer to announce(sync=True), not a request
+                if msg.get("type") in F.ANSWERS:         # an answer to something we asked, not a request
                     rid = msg.get("id")
                     ev = self._synced.get(rid) if type(rid) is int else None
-                    if ev is not None:
+                    if ev is not None and type(rid) is int:
+                        if msg.get("type") != F.SYNCED:
+                            self._answers[rid] = msg
                         ev.set()
                     continue
                 reply = self.handle(msg)

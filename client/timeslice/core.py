@@ -34,6 +34,8 @@ log = get_logger(__name__)
 
 #: Returned by an attempt when the error proved an earlier attempt was applied.
 ALREADY_APPLIED = object()
+#: The most a measured peak or context may say (lockd refuses more: AcquireRequest).
+MAX_MEASURED_BYTES = 1 << 50
 #: Calls made on behalf of the job's session (they carry its secret).
 SESSION_CALLS = frozenset({Call.KEEPALIVE, Call.ACQUIRE, Call.YIELD, Call.REGISTER_WORKER,
                            Call.UNREGISTER_WORKER})
@@ -63,6 +65,9 @@ class ClientCore:
                  on_grant_revoked: Callable[[E.GroupRevokedError], Any] | None):
         self.config = config
         self.release_cache = release_cache
+        # Where the job's device-memory figures come from (timeslice.memstats): set by the user, or by
+        # cooperate() from a memory that says them; None: torch's allocator, where the job has CUDA up.
+        self.memory_stats: Any = None
         self.before_yield, self.after_acquire = before_yield, after_acquire
         self.on_session_lost = on_session_lost
         self.on_grant_revoked = on_grant_revoked
@@ -176,13 +181,16 @@ class ClientCore:
         with self.mu:
             return next(self._seq)
 
-    def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0) -> pb.AcquireRequest:
+    def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0,
+                    peak_bytes: int = 0, context_bytes: int = 0) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         if not isinstance(priority, int) or not 0 <= priority < 2**32:
             raise ValueError(f"priority must be a class >= 0 (lockd accepts 0..9), got {priority!r}")
         return pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret(), group_id=group_id,
                                  device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
-                                 last_hold_ms=int(last_hold_ms), priority=priority)
+                                 last_hold_ms=int(last_hold_ms), priority=priority,
+                                 peak_bytes=min(int(peak_bytes), MAX_MEASURED_BYTES),
+                                 context_bytes=min(int(context_bytes), MAX_MEASURED_BYTES))
 
     def open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""

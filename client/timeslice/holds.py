@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from timeslice import errors as E
+from timeslice import memstats
 from timeslice import withdraw as W
 from timeslice.common import tracing
 from timeslice.core import ALREADY_APPLIED, ClientCore
@@ -114,6 +115,9 @@ class Holds:
         # (Acquire returned -> Yield called); sent with the next Acquire for lockd's profiles.
         self._granted_at: dict[str, tuple[int, float]] = {}
         self._last_hold_ms: dict[str, int] = {}
+        # Per group: the largest allocator peak of a hold and of the memory outside the allocator, as
+        # measured at each yield (timeslice.memstats); sent with every later Acquire (lockd/footprints.py).
+        self._measured: dict[str, memstats.Measure] = {}
 
     # == acquire ======================================================================
     async def acquire(self, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0, *,
@@ -154,9 +158,11 @@ class Holds:
             return self._acquire_attempt(stub, idx, req, t, left)
 
         last_hold = self._last_hold_ms.get(group_id, 0)
+        m = self._measured.get(group_id, memstats.Measure())
         try:
             reply = await self.transport.invoke(
-                Call.ACQUIRE, lambda: core.acquire_req(group_id, device_bytes_hint, last_hold, priority),
+                Call.ACQUIRE, lambda: core.acquire_req(group_id, device_bytes_hint, last_hold, priority,
+                                                       m.peak_bytes, m.context_bytes),
                 deadline=deadline, cap=0, attempt=attempt, st=st)
         except E.TimesliceClientError as e:
             if W.needs_withdraw(e.code, e.details) and not core.lost and not core.closing:
@@ -170,6 +176,9 @@ class Holds:
         self._last_hold_ms.pop(group_id, None)
         if self._granted_at.get(group_id, (0, 0.0))[0] != grant.token:     # a re-acquire keeps its start
             self._granted_at[group_id] = (grant.token, time.monotonic())
+            stats = await self._stats()
+            if stats is not None:
+                await self.user.blocking(memstats.reset, stats)            # this hold's peak counts from here
         log.info("acquired", job=core.job_id, group=group_id, token=grant.token, epoch=grant.leader_epoch,
                  waited_ms=round(grant.waited_ms, 3), restored=grant.restored)
         if core.after_acquire is not None:
@@ -241,6 +250,13 @@ class Holds:
         tok, held = core.grants.token_for(group_id, token)
         if held is not None and core.before_yield is not None:
             await self.user.run(core.before_yield, held, name="before_yield")
+        stats = await self._stats() if held is not None else None
+        if stats is not None:
+            # Before the cache is released: what the hold reserved, and what the process holds beside it.
+            got = await self.user.blocking(memstats.measure, stats)
+            old = self._measured.get(group_id, memstats.Measure())
+            self._measured[group_id] = memstats.Measure(max(old.peak_bytes, got.peak_bytes),
+                                                        max(old.context_bytes, got.context_bytes))
         if core.release_cache:
             await self.user.blocking(release_framework_cache)
         if self.report_first is not None:
@@ -259,6 +275,17 @@ class Holds:
             out = Released(group_id, tok, reply.released, reply.deferred_snapshot)
         log.info("yielded", job=core.job_id, group=group_id, token=tok, deferred=out.deferred_snapshot)
         return out
+
+    async def _stats(self):
+        """The job's ``DeviceStats``: the one set (or the cooperating memory's), else torch's allocator
+        where the job has CUDA up (made once, on the job's thread: its current device; never imports torch)."""
+        if self.core.memory_stats is None:
+            self.core.memory_stats = await self.user.blocking(memstats.default_stats)
+        return self.core.memory_stats
+
+    def measured(self, group_id: str) -> memstats.Measure:
+        """What this client will send with its next Acquire of ``group_id`` (its holds' measures)."""
+        return self._measured.get(group_id, memstats.Measure())
 
     async def release_quietly(self, group_id: str, token: int) -> None:
         """Yield ``group_id``'s ``token``; a failure is logged, not raised."""

@@ -33,7 +33,10 @@ the pinning. Faulting is bound by the host's memory bandwidth, so two at once
 each take about twice as long; one after the other, the first job is ready
 (and can start its first hold) in half the time, the second no later.
 
-Host accounting: ``pending_bytes()`` is what a reservation in progress has
+Host accounting: before anything is mapped, ``admit(nbytes)`` (set by the
+cooperative worker: its node agent's host admission, which counts every pool
+and snapshot on the node) may refuse the reservation, so the kernel's OOM
+killer never decides; ``pending_bytes()`` is what a reservation in progress has
 promised and not finished; ``on_change`` is called when it starts and ends
 (the cooperative worker tells its node agent, whose host admission subtracts
 promised bytes from free memory from the moment a reservation starts).
@@ -193,6 +196,7 @@ class PinnedPool:
         self.threads = threads or min(16, os.cpu_count() or 4)
         self._register, self._unregister = register or cuda_register, unregister or cuda_unregister
         self.on_change = on_change
+        self.admit: Callable[[int], None] | None = None   # the node's host admission (raises to refuse)
         self.check_free = check_free
         self.max_slab = max(HUGE, min(max_slab, MAX_SLAB) // HUGE * HUGE)
         self.lock_path = default_lock_path() if lock_path is None else lock_path
@@ -225,6 +229,8 @@ class PinnedPool:
             free = mem_available()
             if nbytes > free:
                 raise PinnedPoolError(f"the host has {free} bytes available, the backup pool needs {nbytes}")
+        if self.admit is not None:
+            self.admit(nbytes)            # the node agent counts it from now, or says why not: nothing mapped
         self._pending = nbytes
         self._changed()
         t0 = t1 = time.monotonic()

@@ -40,6 +40,14 @@ outside a region) is its *residue*: ``residue_bytes()`` measures it, from
 NVML's per-process figure where the driver shows this process, else from the
 allocator's own count (which cannot see the context).
 
+Its ``DeviceStats`` (``timeslice.memstats``: torch's allocator peak and reservation on
+its device, NVML's figure for the process) are what the client measures at each yield
+for the footprint its grants admit. ``with_room(fn)`` runs a step that may allocate
+past the hold's room: on torch's out-of-memory error it asks the node agent to move
+parked jobs' residue off the GPU and runs the step again (``timeslice.room``: torch's
+allocator has no hook that retries an allocation itself). A pinned pool is admitted by
+the node agent before it is made (``set_host_admission``, which the worker sets).
+
 PyTorch and torch-memory-saver are imported here only: the lock never needs them.
 """
 from __future__ import annotations
@@ -98,6 +106,9 @@ class TorchMemory:
             self.book = BackupBook(self.host_pool, TorchMover(torch, self._pools, self.device, self.host_pool),
                                    checksum=checksum)
         self._listener: Callable[[], None] | None = None
+        self._room: Callable | None = None               # ask(device, bytes) -> RoomAnswer (the worker's)
+        self.room_asks = 0                               # room requests made (benchmarks count them)
+        self._admit: Callable[[int], None] | None = None  # the node agent's host admission
 
     def _choose(self, backup: str) -> str:
         if backup == "tms":
@@ -288,6 +299,9 @@ class TorchMemory:
             return
         offload = [t for t in offload if self._bytes[t]]
         if offload:
+            if self._admit is not None:
+                # torch-memory-saver pins its own backup in the pause: the node admits it first.
+                self._admit(sum(self._bytes[t] for t in offload) - self.host_bytes())
             self.pause(offload)
             self.resume(offload)
 
@@ -301,6 +315,50 @@ class TorchMemory:
         # The allocator counts a region's segments as reserved even while torch-memory-saver
         # has unmapped them, so every region comes off; the CUDA context is not counted at all.
         return max(0, self._torch.cuda.memory_reserved(self.device) - sum(self._bytes.values()))
+
+    # -- DeviceStats (timeslice.memstats) -------------------------------------------------
+    def reset_peak(self) -> None:
+        self._torch.cuda.reset_peak_memory_stats(self.device)
+
+    def allocator_peak_bytes(self) -> int:
+        return int(self._torch.cuda.max_memory_reserved(self.device))
+
+    def allocator_bytes(self) -> int:
+        return int(self._torch.cuda.memory_reserved(self.device))
+
+    def device_used_bytes(self) -> int | None:
+        return self._process_bytes()
+
+    # -- room and host admission (the cooperative worker sets the hooks) -------------------
+    def set_room_maker(self, ask: Callable) -> None:
+        self._room = ask
+
+    def set_host_admission(self, admit: Callable[[int], None]) -> None:
+        self._admit = admit
+        if self.backup == "pool":
+            self.host_pool.admit = admit
+
+    def with_room(self, fn: Callable, *args, attempts: int | None = None, **kwargs):
+        """``fn(*args, **kwargs)``; on torch's out-of-memory error, room is asked of the node agent (parked
+        jobs' residue moved off this GPU) and ``fn`` runs again, at most ``attempts`` times in all. Only
+        for a step that may be redone (a generation, a forward pass). Raises torch's OutOfMemoryError,
+        naming what holds the device, once nothing more can be freed."""
+        from timeslice.room import MAX_ATTEMPTS, with_room
+        torch = self._torch
+
+        def raise_as(msg: str, err: BaseException, answer) -> BaseException:
+            return torch.OutOfMemoryError(msg)
+
+        room = self._room
+
+        def ask(device: str, need: int):
+            self.room_asks += 1
+            assert room is not None
+            return room(device, need)
+        return with_room(lambda: fn(*args, **kwargs), need_bytes=0, device=self.device_id(),
+                         ask=ask if room is not None else None,
+                         is_oom=lambda e: isinstance(e, torch.OutOfMemoryError), attempts=attempts or MAX_ATTEMPTS,
+                         before_retry=lambda: torch.cuda.empty_cache(), raise_as=raise_as)
 
     def peak_bytes(self) -> int:
         """The most this job has needed on the device (allocator peak plus what torch cannot see)."""

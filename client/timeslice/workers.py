@@ -133,7 +133,8 @@ class Workers:
         await self.sessions.ensure()
         node = node or node_name()
         await self.user.blocking(self._close_attestation)   # one channel per process: the cooperative one attests too
-        w = CooperativeWorker(self.core.job_id, self.core.secret, memory, node, socket_path)
+        w = CooperativeWorker(self.core.job_id, self.core.secret, memory, node, socket_path,
+                              held=lambda: [(g, grant.token) for g, grant in self.core.grants.snapshot().items()])
         pid = await self.user.blocking(w.connect)
         try:
             await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
@@ -149,6 +150,9 @@ class Workers:
             raise
         with self.core.mu:
             self._cooperative.append(w)
+        from timeslice.memstats import DeviceStats
+        if isinstance(memory, DeviceStats):
+            self.core.memory_stats = memory      # its figures measure the holds' footprints (timeslice.memstats)
         return w
 
     def channels(self) -> list:

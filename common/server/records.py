@@ -147,7 +147,11 @@ class QueueValue(Record):
     priority: int = 0                 # the class asked for: 0 (default, lowest) .. MAX_PRIORITY
     since: int = 0                    # create revision of the job's first entry (0: this entry's): arrival
     since_grants: int = 0             # the group's grant count when the job joined (aging)
-    _omit_default = frozenset({"priority", "since", "since_grants"})
+    # The job's own measures of its earlier holds of the group, per node (lockd/footprints.py); left
+    # out of the stored JSON while 0 (a client that does not measure):
+    peak_bytes: int = 0               # the largest allocator peak of a hold (torch: max_memory_reserved)
+    context_bytes: int = 0            # its memory outside the allocator (NVML's figure less the reservation)
+    _omit_default = frozenset({"priority", "since", "since_grants", "peak_bytes", "context_bytes"})
 
     def arrival(self, create_revision: int) -> int:
         """The job's place in arrival order: kept when its entry is written again under a fresh key."""
@@ -309,7 +313,9 @@ class HoldRecord(Record):
     bytes_moved: int = 0
     hint_bytes: int = 0           # the queue entry's device_bytes_hint
     prev_busy_ms: int = 0         # the job's own measure of its previous hold of the group (last_hold_ms)
+    peak_bytes: int = 0           # the queue entry's peak_bytes: the largest allocator peak of its earlier holds
+    context_bytes: int = 0        # the queue entry's context_bytes: its memory outside the allocator
     gpu_bytes: dict = field(default_factory=dict)   # "<node>/<device id>" -> the job's bytes there at release
     # The agents' answers to this grant's swap intents:
-    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms"}]
+    # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms", "residue_bytes"}]
     swaps: list[dict] = field(default_factory=list)

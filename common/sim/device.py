@@ -21,7 +21,17 @@ and under the host dir (``TIMESLICE_SIM_HOST_DIR``, default ``<sim dir>/host``):
 
 State and host copies are files, not agent memory, so an agent restart never
 forgets a snapshotted process (as the real driver keeps its host copy in the
-process itself). Capacity *per GPU* comes from ``TIMESLICE_SIM_CAPACITY_BYTES``
+process itself).
+
+The device charges each process what a GPU does beyond what its program asked
+for (``SimDeviceClient``, the worker's runtime, applies it): a *context* once it
+holds anything (``TIMESLICE_SIM_CONTEXT_BYTES``; default the H200's 612 MiB per
+process, scaled to the simulated capacity: 612 MiB of 143,771 MiB) and the
+*allocator's slack* on every allocation (``TIMESLICE_SIM_ALLOCATOR_SLACK``, a
+fraction; default 0.02: the H200 process with 44.0 GiB allocated held 45.16
+GiB, 0.6 of it its context). The meter (the agent's NVML) sees the whole
+holding, the allocator's figures only its own part, as on a GPU. Set in the
+ledger by whoever creates it, like the capacity. Capacity *per GPU* comes from ``TIMESLICE_SIM_CAPACITY_BYTES``
 (default ``DEFAULT_CAPACITY``) and the number of GPUs from ``TIMESLICE_SIM_GPUS``
 (default 1) when the ledger is first created, or from whoever passes them
 explicitly (the agent, a test harness). GPU ``k`` is named ``sim<k>`` (its
@@ -44,6 +54,10 @@ ENV_SIM_HOST_DIR = "TIMESLICE_SIM_HOST_DIR"
 ENV_SIM_CAPACITY = "TIMESLICE_SIM_CAPACITY_BYTES"
 ENV_SIM_GPUS = "TIMESLICE_SIM_GPUS"
 ENV_SIM_GPU = "TIMESLICE_SIM_GPU"          # worker side: the GPU this process binds to
+ENV_SIM_CONTEXT = "TIMESLICE_SIM_CONTEXT_BYTES"      # the context each process is charged
+ENV_SIM_SLACK = "TIMESLICE_SIM_ALLOCATOR_SLACK"      # the allocator's slack, a fraction of each allocation
+H200_CONTEXT_SHARE = 612 / 143_771         # an H200 process's context (NVML, nothing allocated) of its GPU
+DEFAULT_SLACK = 0.02
 DEFAULT_CAPACITY = 4 << 30
 MAX_GPUS = 64
 DEVICE_ID = "sim0"
@@ -69,7 +83,8 @@ class SimDevice:
     """Paths, ledger and per-pid state files of one simulated device."""
 
     def __init__(self, root: str | os.PathLike | None = None, host_dir: str | os.PathLike | None = None,
-                 capacity_bytes: int | None = None, proc_root: str = procfs.PROC_ROOT, gpus: int | None = None):
+                 capacity_bytes: int | None = None, proc_root: str = procfs.PROC_ROOT, gpus: int | None = None,
+                 context_bytes: int | None = None, slack: float | None = None):
         self.root = Path(root) if root else default_sim_dir()
         env_host = os.environ.get(ENV_SIM_HOST_DIR)
         self.host_dir = Path(host_dir) if host_dir else (Path(env_host) if env_host else self.root / "host")
@@ -84,6 +99,13 @@ class SimDevice:
                 raise ValueError(f"simulated GPU count must be 1..{MAX_GPUS}, got {n}")
         self.capacity, self.gpus = self.ledger.ensure(capacity_bytes, int(env_cap) if env_cap else DEFAULT_CAPACITY,
                                                       gpus, default_gpus)
+        if (context_bytes is not None and context_bytes < 0) or (slack is not None and not 0 <= slack <= 1):
+            raise ValueError("simulated context must be >= 0 bytes and the slack in [0, 1]")
+        self.context_bytes, self.slack = self.ledger.ensure_model(context_bytes, slack, _model_defaults)
+
+    def allocator_bytes(self, nbytes: int) -> int:
+        """What the simulated allocator reserves for ``nbytes`` asked: the bytes plus its slack."""
+        return nbytes + int(nbytes * self.slack + 0.999999) if nbytes > 0 else 0
 
     # -- paths ---------------------------------------------------------------
     def arena(self, pid: int) -> Path:
@@ -163,3 +185,16 @@ class SimDevice:
     def free(self) -> int:
         """Free bytes over all GPUs."""
         return sum(self.free_per_gpu())
+
+
+def _model_defaults(capacity: int) -> tuple[int, float]:
+    """(context bytes, slack) where neither the creator nor the environment says: the H200's."""
+    raw_ctx, raw_slack = os.environ.get(ENV_SIM_CONTEXT, "").strip(), os.environ.get(ENV_SIM_SLACK, "").strip()
+    try:
+        ctx = int(raw_ctx) if raw_ctx else int(capacity * H200_CONTEXT_SHARE)
+        slack = float(raw_slack) if raw_slack else DEFAULT_SLACK
+    except ValueError:
+        raise ValueError(f"{ENV_SIM_CONTEXT}={raw_ctx!r} / {ENV_SIM_SLACK}={raw_slack!r}: not a number") from None
+    if ctx < 0 or not 0 <= slack <= 1:
+        raise ValueError(f"{ENV_SIM_CONTEXT} must be >= 0 and {ENV_SIM_SLACK} in [0, 1]")
+    return ctx, slack

@@ -60,6 +60,22 @@ class Ledger:
                 doc["gpus"] = int(default_gpus)
             return doc["capacity"], doc["gpus"]
 
+    def ensure_model(self, context_bytes: int | None, slack: float | None,
+                     defaults: Callable[[int], tuple[int, float]]) -> tuple[int, float]:
+        """The device's charges per process (SIMULATED: a context, the allocator's slack), set if
+        given, else kept, else ``defaults(capacity)``. Returns (context bytes, slack fraction)."""
+        with self._locked() as doc:
+            d_ctx, d_slack = defaults(int(doc["capacity"]))
+            if context_bytes is not None:
+                doc["context_bytes"] = int(context_bytes)
+            elif "context_bytes" not in doc:
+                doc["context_bytes"] = int(d_ctx)
+            if slack is not None:
+                doc["slack"] = float(slack)
+            elif "slack" not in doc:
+                doc["slack"] = float(d_slack)
+            return int(doc["context_bytes"]), float(doc["slack"])
+
     def reserve(self, pid: int, nbytes: int, is_dead: Callable[[int], bool], gpu: int = 0) -> None:
         """Set ``pid``'s holding on GPU ``gpu`` to ``nbytes``, or raise DeviceOutOfMemory.
 

@@ -141,6 +141,11 @@ class NvmlMeter:
         n = self._get()
         return None if n is None else n.free_by_uuid()
 
+    def processes(self) -> dict[int, dict[str, int]] | None:
+        """Every pid holding device memory -> its bytes per GPU UUID; None without NVML."""
+        n = self._get()
+        return None if n is None else n.compute_pids()
+
     def close(self) -> None:
         with self._mu:
             if self._nvml is not None:

@@ -194,7 +194,10 @@ def snapshot_processes(backend: Backend, pids: Sequence[int], *, lock_timeout_ms
         return PidResult(pid, Outcome.DONE, before, ProcState.CHECKPOINTED, bytes=nbytes,
                          elapsed_ms=(time.monotonic() - t) * 1000)
 
-    result = JobResult("snapshot", _parallel(one, pids), (time.monotonic() - t0) * 1000)
+    # While the copies run, what was admitted counts as taken: a pool admitted meanwhile must not count
+    # the same free memory (nodeagent/hostmem.py).
+    with host.promised(need):
+        result = JobResult("snapshot", _parallel(one, pids), (time.monotonic() - t0) * 1000)
     log.info("snapshot_done", pids=pids, ok=result.ok, bytes=result.bytes, elapsed_ms=round(result.elapsed_ms, 1),
              per_pid=_per_pid(result),
              backend=backend.name)

@@ -18,5 +18,10 @@ class SimMeter:
             return {}
         return {device_id(int(doc.get("gpu", 0))): self.dev.held(pid)}
 
+    def processes(self) -> dict[int, dict[str, int]]:
+        """Every live process holding simulated device memory -> its bytes per GPU."""
+        _, _, alloc = self.dev.ledger.layout()
+        return {p: {device_id(g): n} for p, (g, n) in alloc.items() if n > 0 and not self.dev.is_dead(p)}
+
     def free(self) -> dict[str, int] | None:
         return {device_id(g): n for g, n in enumerate(self.dev.free_per_gpu())}

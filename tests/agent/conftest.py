@@ -85,13 +85,15 @@ class NodeStack:
 
 @pytest.fixture
 def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
-    """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=()) -> async context
-    of a NodeStack: the test's SIMULATED device resized to ``capacity`` bytes, this node's agent,
-    one lockd replica (their extra flags), and ``group`` over the node. The replica is stopped on
-    the way out."""
+    """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=(), context_bytes=None,
+    slack=None) -> async context of a NodeStack: the test's SIMULATED device resized to ``capacity``
+    bytes (charging each process ``context_bytes`` and the allocator's ``slack`` where given), this
+    node's agent, one lockd replica (their extra flags), and ``group`` over the node. The replica is
+    stopped on the way out."""
     @asynccontextmanager
-    async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=()):
-        dev = SimDevice(sim_dir, capacity_bytes=capacity)
+    async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=(),
+                   context_bytes: int | None = None, slack: float | None = None):
+        dev = SimDevice(sim_dir, capacity_bytes=capacity, context_bytes=context_bytes, slack=slack)
         lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
                              extra=list(lockd_extra)).start()
         agent = agents(extra=list(agent_extra))

@@ -1,8 +1,8 @@
 """The cooperative backup pool through the whole system, on the SIMULATED device: real etcd, lockd, agent and
 job processes; the pool is the simulator's CPU stand-in (timeslice.sim.hostpool: real bytes, every copy counted).
 
-* a reservation counts against the agent's host admission from the moment it starts (and stops counting
-  when it fails);
+* a pool is admitted against the node's host memory before it is made (refused with the reason when it
+  cannot be taken), and counts from its admission (and stops counting when it fails);
 * a job that cooperates before its first acquire has its pool pinned before its first grant, while the
   other job keeps working on the device;
 * a clean region's pause moves no bytes; a wrong "clean" claim is caught by the checksum and copied after all.
@@ -13,7 +13,7 @@ import asyncio
 import subprocess
 import sys
 
-from agenthelpers import NODE, MiB, answered, intent, register, status
+from agenthelpers import NODE, MiB, status, wait_agent
 from test_cooperative_channel import SECRET, session
 from test_cooperative_e2e import FOOTPRINT, WEIGHTS, stack_of  # noqa: F401 - stack_of: the e2e tests' fixture
 
@@ -48,35 +48,55 @@ def _said(p: subprocess.Popen) -> str:
     raise AssertionError(f"the pinning process exited ({p.poll()})")
 
 
-async def test_a_reservation_counts_against_host_admission_from_the_moment_it_starts(client, keys, agents, workers,
-                                                                                    sim_dir, tmp_path):
+def _pinning(job: str, agent, sim_dir, gate, nbytes: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RESERVING, job, SECRET, NODE, agent.socket, str(sim_dir),
+                             str(gate), str(nbytes)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+async def test_a_reservation_counts_against_host_admission_from_the_moment_it_is_admitted(client, keys, agents,
+                                                                                        sim_dir, tmp_path):
+    """The agent admits a pinned pool before it is made (the channel's host request): a pool more than
+    the host has is refused with the reason, nothing made; an admitted one counts as taken from then
+    on, while it is still being reserved, so a second one that would not fit beside it is refused too;
+    once the first reservation fails, its promise is withdrawn and the second one is admitted."""
     agent = agents()
-    await session(client, keys, "pin-a")
-    gate = tmp_path / "gate"
-    other = workers(4 * MiB)                       # a checkpointed job, not a child of the one that pins
-    await register(client, keys, "ckpt-b", NODE, other.pid)
-    # 1 TiB declared, not yet on the device: more than any host running this test has.
-    pinning = subprocess.Popen([sys.executable, "-c", RESERVING, "pin-a", SECRET, NODE, agent.socket, str(sim_dir),
-                                str(gate), str(TiB)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    for job in ("pin-a", "pin-b", "pin-c"):
+        await session(client, keys, job)
+    free = (await wait_agent(client, keys, NODE, lambda a: a.host_free_bytes > 0)).host_free_bytes
+    gate_a, gate_c = tmp_path / "gate-a", tmp_path / "gate-c"
+    procs = []
     try:
-        assert _said(pinning).startswith("READY")
-        ev = await asyncio.to_thread(agent.wait_event, "host_reservation_started", 20, pid=pinning.pid)
-        assert ev["reserving"] == TiB
-        rev = await intent(client, keys, NODE, "ckpt-b", R.SNAPSHOT, token=2)
-        st = await answered(client, keys, NODE, "ckpt-b", rev)
-        assert (st.outcome, st.state, st.bytes) == (R.REFUSED, R.RUNNING, 0), st
-        assert "being reserved" in st.error
-        gate.write_text("abort")                    # the reservation fails: its promise is withdrawn
-        assert (await asyncio.to_thread(_said, pinning)).startswith("FAILED BackupError")
-        await asyncio.to_thread(agent.wait_event, "host_reservation_done", 20, pid=pinning.pid)
-        rev = await intent(client, keys, NODE, "ckpt-b", R.SNAPSHOT, token=3)
-        st = await answered(client, keys, NODE, "ckpt-b", rev)
-        assert (st.outcome, st.state) == (R.OK, R.SNAPSHOTTED), st
+        big = _pinning("pin-b", agent, sim_dir, tmp_path / "gate-b", TiB)    # more than any host running this
+        procs.append(big)
+        assert _said(big).startswith("READY")
+        said = await asyncio.to_thread(_said, big)
+        assert said.startswith(f"FAILED HostAdmissionRefused the node's host memory cannot take a {TiB}-byte"), said
+        assert "pinned backup refused: needs" in said, said
+        a = _pinning("pin-a", agent, sim_dir, gate_a, free // 2)             # waits at its gate once admitted
+        procs.append(a)
+        assert _said(a).startswith("READY")
+        ev = await asyncio.to_thread(agent.wait_event, "host_reservation_started", 20, pid=a.pid)
+        assert ev["reserving"] == free // 2
+        c = _pinning("pin-c", agent, sim_dir, gate_c, free * 6 // 10)        # beside A's half: no
+        procs.append(c)
+        assert _said(c).startswith("READY")
+        said = await asyncio.to_thread(_said, c)
+        assert said.startswith("FAILED HostAdmissionRefused") and "other workers' reservations" in said, said
+        gate_a.write_text("abort")                    # A's reservation fails: its promise is withdrawn
+        assert (await asyncio.to_thread(_said, a)).startswith("FAILED BackupError")
+        await asyncio.to_thread(agent.wait_event, "host_reservation_done", 20, pid=a.pid)
+        c2 = _pinning("pin-c", agent, sim_dir, gate_c, free * 6 // 10)
+        procs.append(c2)
+        assert _said(c2).startswith("READY")
+        ev = await asyncio.to_thread(agent.wait_event, "host_reservation_started", 20, pid=c2.pid)
+        assert ev["reserving"] == free * 6 // 10
     finally:
-        if not gate.exists():
-            gate.write_text("abort")                # never leave the reservation waiting
-        pinning.kill()
-        pinning.wait(10)
+        for gate in (gate_a, gate_c):
+            if not gate.exists():
+                gate.write_text("abort")              # never leave a reservation waiting (or allocating)
+        for p in procs:
+            p.kill()
+            p.wait(10)
 
 
 async def test_the_pool_is_pinned_before_the_first_grant_while_the_other_job_works(client, keys, stack_of, tmp_path):

@@ -2,6 +2,7 @@
 from aetcd import rpc
 
 from timeslice.common.server import records as R
+from timeslice.lockd import footprints as FP
 from timeslice.lockd import plan as P
 from timeslice.lockd.index import GroupState, JobState, NodeState
 
@@ -178,7 +179,8 @@ def test_free_memory_counts_registered_bytes_the_agent_has_not_seen_yet():
     # The report says 40 GB free, but A registered 28 GB more than it counted: 12 GB really free.
     acts = P.plan_group(group([("B", 9, 20 * GB)]), nodes, jobs, 0)
     assert acts == [P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
-    acts = P.plan_group(group([("B", 9, 10 * GB)]), nodes, jobs, 0)
+    # 8 GB declared: admitted with its context, margin and a first hold's spare, 10.7 GB, fits in 12.
+    acts = P.plan_group(group([("B", 9, 8 * GB)]), nodes, jobs, 0)
     assert acts == [P.WriteGrant("B", 9, 109, restored=False, elided=True, bytes_moved=0)]
 
 
@@ -336,12 +338,13 @@ def test_index_knows_which_groups_a_job_holds():
 
 
 def test_others_are_evicted_beside_a_holder_when_that_alone_makes_room():
-    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY needs 40 GB: evicting A is enough.
+    # GPU 1: PX (holds gA there) 30 GB, A 40 GB, 10 GB free. PY declares 35 GB (admitted on a first
+    # hold with its spare: 45 GB): evicting A is enough.
     jobs = {"PX": JobState(workers=worker_on("PX", 1)), "A": JobState(workers=worker_on("A", 2)),
             "PY": JobState(workers=worker_on("PY", 3))}
     ns = NodeState(agent=agent4([80 * GB, 10 * GB], {"PX": {"gpu1": 30 * GB}, "A": {"gpu1": 40 * GB}}))
     held = {"PX": [R.GroupSpec([{"node": "n1", "gpus": [1]}])]}
-    g = group_gpus([("PY", 9, 40 * GB)], [1])
+    g = group_gpus([("PY", 9, 35 * GB)], [1])
     assert P.plan_group(g, {"n1": ns}, jobs, 0, holding=lambda j: held.get(j, [])) == [
         P.WriteIntent("n1", "A", R.SNAPSHOT, 9, 0)]
     # 60 GB is more than A's 40 GB and the 10 GB free: nothing is parked, PY waits for PX.
@@ -377,12 +380,15 @@ def test_a_released_grant_wakes_the_blocked_groups_on_its_nodes():
 
 
 def test_a_snapshot_intent_says_how_much_room_is_needed():
-    """B needs 30 GB, 5 GB are free (less the margin): A is asked to free 25 GB, so a
-    cooperative A releases only that much (discard regions first). Unknown need: everything."""
+    """B needs its 30 GB snapshot and the footprint's margin (lockd.footprints), 5 GB are free: A is
+    asked to free the difference, so a cooperative A releases only that much (discard regions
+    first). Unknown need: everything."""
     jobs = workers("A", "B")
     ns = NodeState(agent=agent(free=5 * GB), statuses={"B": status("B", R.SNAPSHOTTED, device_bytes=30 * GB)})
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
-    assert (a.job, a.op, a.need_bytes) == ("A", R.SNAPSHOT, 25 * GB)
+    admitted = FP.admitted(FP.footprint([0], seen={0: 30 * GB}, capacity={0: 80 * GB}), 0)
+    assert 30 * GB < admitted < 31 * GB
+    assert (a.job, a.op, a.need_bytes) == ("A", R.SNAPSHOT, admitted - 5 * GB)
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": NodeState(agent=agent(free=70 * GB))}, workers("A"), 0)
     assert a.need_bytes == 0
 
@@ -421,7 +427,8 @@ def test_a_partially_paused_job_is_a_resident_and_is_asked_for_the_rest():
                    statuses={"A": snap("A", {"gpu0": 20 * GB}), "C": snap("C", {"gpu0": 7 * GB}),
                              "E": snap("E", {"gpu0": 18 * GB})})
     [a] = P.plan_group(group([("A", 9, 0)]), {"n1": ns}, jobs, 0)
-    assert (a.job, a.op, a.token, a.need_bytes) == ("C", R.SNAPSHOT, 9, 1 * GB), a
+    admitted = FP.admitted(FP.footprint([0], seen={0: 20 * GB}, capacity={0: 32 * GB}), 0)   # snapshot + margin
+    assert (a.job, a.op, a.token, a.need_bytes) == ("C", R.SNAPSHOT, 9, admitted - 19 * GB), a
     # C is fully paused now (nothing of it listed on the device): A's restore comes.
     ns.intents["C"] = intent("C", R.SNAPSHOT, 9, mod=30)
     ns.statuses["C"] = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=9,
@@ -513,22 +520,33 @@ def test_a_parked_jobs_residue_in_the_way_is_checkpointed_not_ignored():
                    for a in P.plan_group(group([("B", 9, 31 * GB)]), {"n1": ns}, collective, 0))
 
 
-def test_a_head_to_restore_asks_the_agent_before_a_residue_is_checkpointed():
-    """B is parked itself: its restore is written first (the agent admits it on exact figures, and
-    lockd's need counts B's own context, on the device already); only a refusal for room sends
-    C's residue away, then the restore is asked again."""
+def test_a_head_to_restore_that_is_short_sends_the_residue_first_and_its_restore_beside_it():
+    """B is parked itself (29 GB snapshot); its footprint is its snapshot and the margin, less
+    nothing of its own left on the device. 28 GB are free beside C's 2 GB residue: C's residue goes
+    first, and B's restore waits (its snapshot alone does not fit). With 30 GB free the snapshot
+    fits but not the footprint: B's restore goes beside C's residue checkpoint, the grant waits for
+    both. Where lockd's figures say it fits and the agent (fresher figures) refuses, the residue goes
+    after the refusal, then the restore is asked again."""
+    from timeslice.nodeagent.hostmem import DEFAULT_DEVICE_HEADROOM_BYTES
+    assert P.RESTORE_HEADROOM_BYTES == DEFAULT_DEVICE_HEADROOM_BYTES       # lockd's copy of the agent's
     jobs = workers("B", "C")
     paused = kv("st/C", R.StatusValue(R.SNAPSHOTTED, "C", outcome=R.OK, intent_revision=30, token=5,
                                       bytes=10 * GB, device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
                                       residue_bytes=2 * GB), mod=31)
     ns = NodeState(agent=agent_seen(28 * GB), statuses={"C": paused, "B": snap("B", {"gpu0": 29 * GB})})
+    full_c = P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [full_c]
+    ns.agent = agent_seen(29 * GB + GB // 2)
+    assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [full_c, P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
+    # A smaller B fits by lockd's figures: its restore goes to the agent, nothing else.
+    ns.statuses["B"] = snap("B", {"gpu0": 20 * GB})
     assert P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0) == [P.WriteIntent("n1", "B", R.RESTORE, 9, 0)]
     ns.intents["B"] = intent("B", R.RESTORE, 9, mod=40)
     ns.statuses["B"] = kv("st/B", R.StatusValue(R.SNAPSHOTTED, "B", outcome=R.REFUSED, intent_revision=40, token=9,
-                                                device_bytes=29 * GB, gpu_bytes={"gpu0": 29 * GB},
+                                                device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
                                                 error="no room"), mod=41)
     [a] = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, jobs, 0)
-    assert a == P.WriteIntent("n1", "C", R.SNAPSHOT, 9, 0, isolation=R.ISOLATION_FULL), a
+    assert a == full_c, a
 
 
 def test_a_selective_pause_that_left_too_little_is_asked_for_the_rest_not_waited_on_forever():
@@ -580,3 +598,52 @@ def test_a_head_still_short_after_all_was_taken_from_the_others_fails_with_the_r
     assert P.plan_group(g, {"n1": ns}, jobs, 0) == []
     [f] = P.plan_group(g, {"n1": ns}, jobs, 10 ** 9)
     assert isinstance(f, P.FailWaiter) and f.job == "B" and "no room" in f.reason, f
+
+
+# --- a grant is a promise the GPU is usable: the footprint rule (lockd/footprints.py) --------------
+
+def queued(job, tok, hint, peak=0, context=0):
+    """A group whose queue holds ``job`` with the figures its Acquire sent."""
+    gs = group([])
+    gs.queue[job] = kv(f"q/{job}", R.QueueValue(job, 100 + tok, hint, peak_bytes=peak, context_bytes=context),
+                       create=tok, lease=100 + tok)
+    return gs
+
+
+def parked_with_residue(job="C", residue=2 * GB, collective=False):
+    """C parked cooperatively (its pause of an earlier swap answered), 2 GB left on the 32 GB GPU."""
+    st = kv(f"st/{job}", R.StatusValue(R.SNAPSHOTTED, job, op=R.SNAPSHOT, outcome=R.OK, intent_revision=30, token=5,
+                                       bytes=10 * GB, device_bytes=20 * GB, gpu_bytes={"gpu0": 20 * GB},
+                                       residue_bytes=residue), mod=31)
+    w = R.WorkerValue(1001, "n1", swap=R.SWAP_COOPERATIVE, collective=collective)
+    return st, JobState(session=kv("s", b"{}"), workers={("n1", 1001): kv("w", w)})
+
+
+def test_first_hold_is_granted_only_with_room_to_spare_else_the_parked_residue_goes_first():
+    """B declares 24 GB and has no observed peak (its first hold): admitted with its context, the
+    margin and a first hold's spare, 31 GB, more than the 30 GB free beside C's 2 GB residue. C's
+    residue goes first. Before, B was granted on its declaration with 6 GB to spare by that figure."""
+    st, cjs = parked_with_residue()
+    jobs = {**workers("B"), "C": cjs}
+    ns = NodeState(agent=agent_seen(30 * GB), statuses={"C": st}, intents={"C": intent("C", R.SNAPSHOT, 5, mod=30)})
+    [a] = P.plan_group(queued("B", 9, 24 * GB), {"n1": ns}, jobs, 0)
+    assert (a.job, a.op, a.isolation) == ("C", R.SNAPSHOT, R.ISOLATION_FULL), a
+    # The same job with an observed peak of 24 GB (a later hold): no spare, it fits; nothing moves.
+    [g] = P.plan_group(queued("B", 9, 24 * GB, peak=24 * GB, context=GB // 2), {"n1": ns}, jobs, 0)
+    assert isinstance(g, P.WriteGrant) and g.job == "B", g
+    # A collective job's residue is never taken (a driver restore of its context loses it): granted as before.
+    st, cjs = parked_with_residue(collective=True)
+    [g] = P.plan_group(queued("B", 9, 24 * GB), {"n1": ns}, {**workers("B"), "C": cjs}, 0)
+    assert isinstance(g, P.WriteGrant), g
+
+
+def test_a_phase_that_grew_past_its_declaration_is_granted_on_the_observed_peak():
+    """B declared 20 GB; its second phase peaked at 29 GB (reported with its next Acquire). Its next
+    grant is planned on the 29 GB: C's residue must leave first. On the declaration alone it fit."""
+    st, cjs = parked_with_residue()
+    jobs = {**workers("B"), "C": cjs}
+    ns = NodeState(agent=agent_seen(30 * GB), statuses={"C": st}, intents={"C": intent("C", R.SNAPSHOT, 5, mod=30)})
+    [g] = P.plan_group(queued("B", 9, 20 * GB), {"n1": ns}, jobs, 0)
+    assert isinstance(g, P.WriteGrant), g
+    [a] = P.plan_group(queued("B", 9, 20 * GB, peak=29 * GB, context=GB // 2), {"n1": ns}, jobs, 0)
+    assert (a.job, a.op, a.isolation) == ("C", R.SNAPSHOT, R.ISOLATION_FULL), a

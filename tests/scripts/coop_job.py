@@ -13,6 +13,9 @@ Then one command per line on stdin, one JSON line per answer on stdout:
                                 registration and the pinned pool (the regions go on the device at the
                                 first grant); blocks while $TIMESLICE_SIM_PIN_GATE is closed
     clean <tag> / dirty <tag> -> {"ok"}          mark_clean / mark_dirty
+    scratch <bytes> [n]      -> {"ok", "room_asks"}  a temporary of that size on the device, inside a hold
+                                (n times); one that does not fit asks the agent for room and retries
+    measured <group>         -> {"ok", "peak", "context"}  what the next Acquire will say of the holds
     channel hold [seconds]   -> {"ok"}  the worker does not reconnect to its agent for that long
                                         (default: until "channel release"); an open channel stays open
     channel release          -> {"ok"}  it reconnects again (within its backoff, at most ~3 s)
@@ -20,7 +23,8 @@ Then one command per line on stdin, one JSON line per answer on stdout:
     quit                     -> {"ok"} and exit 0
 It prints {"ready": pid} at start. Without ``cooperate``, like a job whose sizes are known only once
 its model is loaded, it puts its memory on the device inside its first hold and registers then.
-The regions' copies run at $TIMESLICE_SIM_COOP_GBPS (unset: unthrottled).
+The regions' copies run at $TIMESLICE_SIM_COOP_GBPS (unset: unthrottled); $COOP_JOB_CONTEXT_BYTES sizes
+the memory's own context arena (default SimCooperativeMemory's).
 """
 import json
 import os
@@ -46,6 +50,7 @@ def main(target, job, node, sim_dir, sock, regions):
     mem = worker = None
     held_until = [0.0]                       # "channel hold": no reconnect before this (monotonic)
     gbps = float(os.environ["TIMESLICE_SIM_COOP_GBPS"]) if os.environ.get("TIMESLICE_SIM_COOP_GBPS") else 0
+    ctx = {"context_bytes": int(os.environ["COOP_JOB_CONTEXT_BYTES"])} if os.environ.get("COOP_JOB_CONTEXT_BYTES") else {}
 
     def held_connect(connect):
         def attempt():
@@ -60,7 +65,7 @@ def main(target, job, node, sim_dir, sock, regions):
             if cmd == "acquire":
                 g = client.acquire(args[0], timeout=60, device_bytes_hint=int(args[1]) if len(args) > 1 else 0)
                 if mem is None:
-                    mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=gbps)
+                    mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=gbps, **ctx)
                     worker = client.cooperate(mem, node=node, socket_path=sock)
                     worker.connect = held_connect(worker.connect)
                 elif not mem.allocated():
@@ -68,11 +73,19 @@ def main(target, job, node, sim_dir, sock, regions):
                 say(ok=True, token=g.token, restored=g.restored, bytes_moved=g.bytes_moved, elided=g.elided,
                     at=time.monotonic())
             elif cmd == "cooperate":
-                mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=gbps, resident=False)
+                mem = SimCooperativeMemory(spec, sim_dir, seed=sum(map(ord, job)), gbps=gbps, resident=False, **ctx)
                 worker = client.cooperate(mem, node=node, socket_path=sock)
                 worker.connect = held_connect(worker.connect)
                 say(ok=True, host_bytes=mem.host_bytes(), reservations=mem.host_pool.reservations,
                     at=time.monotonic())
+            elif cmd == "scratch":
+                for _ in range(int(args[1]) if len(args) > 1 else 1):
+                    with mem.scratch(int(args[0])) as buf:
+                        buf[:8] = b"scratch!"             # real bytes, written inside the hold
+                say(ok=True, room_asks=mem.room_asks)
+            elif cmd == "measured":
+                m = client.measured(args[0])
+                say(ok=True, peak=m.peak_bytes, context=m.context_bytes)
             elif cmd == "clean":
                 mem.mark_clean(args[0])
                 say(ok=True)

@@ -90,7 +90,8 @@ class JobProfile(ProfileFigures):
                    wait_ms=list(p.wait_ms), snapshot_ms=list(p.snapshot_ms), restore_ms=list(p.restore_ms),
                    swap_bytes=list(p.swap_bytes), busy_ms=list(p.busy_ms), gpu_bytes=dict(p.gpu_bytes), device_bytes=p.device_bytes,
                    host_bytes=p.host_bytes, grants=p.grants, elided=p.elided, restored=p.restored,
-                   updated_ms=p.updated_unix_ms, live=p.live)
+                   updated_ms=p.updated_unix_ms, live=p.live, peak_bytes=p.peak_bytes,
+                   context_bytes=p.context_bytes, residue_bytes=p.residue_bytes)
 
     @classmethod
     def from_dict(cls, d: dict) -> JobProfile:
@@ -106,7 +107,8 @@ class JobProfile(ProfileFigures):
         if not isinstance(gb, dict) or not all(isinstance(v, int | float) for v in gb.values()):
             raise ProfileFormatError(f"{d['job']}: gpu_bytes must map device to bytes")
         kw["gpu_bytes"] = {str(k): int(v) for k, v in gb.items()}
-        for name in ("device_bytes", "host_bytes", "grants", "elided", "restored", "updated_ms"):
+        for name in ("device_bytes", "host_bytes", "grants", "elided", "restored", "updated_ms",
+                     "peak_bytes", "context_bytes", "residue_bytes"):
             v = d.get(name, 0)
             if not isinstance(v, int | float) or v < 0:
                 raise ProfileFormatError(f"{d['job']}: {name} must be a non-negative number")

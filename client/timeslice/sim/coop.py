@@ -20,7 +20,15 @@ are kept:
   the region is released — as a released torch-memory-saver page faults; a
   pause (copying device memory out) is device work too and waits likewise;
 * copies are paced to ``TIMESLICE_SIM_COOP_GBPS`` (default 50 GB/s, the
-  pinned PCIe figure measured on an H200: 16 GiB out in 0.34 s; 0 = unthrottled).
+  pinned PCIe figure measured on an H200: 16 GiB out in 0.34 s; 0 = unthrottled);
+* the device charges what a GPU does (``timeslice.common.sim.device``): a context
+  for the process and the allocator's slack on its regions and temporaries. Its
+  ``DeviceStats`` (``timeslice.memstats``) are the allocator's figures (regions and
+  temporaries with their slack) and the meter's (all it holds);
+* ``scratch(nbytes)``: a temporary inside a hold (activations, a growing KV cache),
+  real bytes; one that does not fit raises ``DeviceOutOfMemory`` as CUDA's
+  out-of-memory does, after the make-room path (``timeslice.room``) asked the node
+  agent to move parked residue off the device and retried.
 """
 from __future__ import annotations
 
@@ -63,6 +71,11 @@ class SimCooperativeMemory:
         self.mover = SimMover(self._dev, self.host_pool, self._pace)
         self.book = BackupBook(self.host_pool, self.mover, checksum=checksum)
         self._seed, self._allocated = seed, False
+        self._scratch: dict[int, bytearray] = {}            # temporaries of the hold, by id
+        self._peak = 0                                      # the allocator's largest holding since reset_peak
+        self._scratch_ids = 0
+        self._room = None                                   # ask(device, bytes) -> RoomAnswer (the worker's)
+        self.room_asks = 0
         self._dev.update(dict.fromkeys(self._size))
         if resident:
             self.allocate()
@@ -109,9 +122,72 @@ class SimCooperativeMemory:
             self._listener()
 
     def _account(self) -> None:
-        """Set this process's holding on the device: context + resident regions (raises if it does not fit)."""
-        total = self.context_bytes + sum(self._size[t] for t, b in self._dev.items() if b is not None)
-        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead, self.dev.gpu)
+        """Set this process's holding on the device: the context arena, then the allocator's regions
+        and temporaries with their slack (DeviceOutOfMemory if it does not fit; nothing changes then)."""
+        n = self._allocator()
+        self.dev.hold(n)
+        self._peak = max(self._peak, n)
+
+    def _allocator(self) -> int:
+        resident = sum(self._size[t] for t, b in self._dev.items() if b is not None)
+        return self.dev.dev.allocator_bytes(resident + sum(len(b) for b in self._scratch.values()))
+
+    # -- DeviceStats (timeslice.memstats) ---------------------------------------------------
+    def reset_peak(self) -> None:
+        self._peak = self._allocator()
+
+    def allocator_peak_bytes(self) -> int:
+        return max(self._peak, self._allocator())
+
+    def allocator_bytes(self) -> int:
+        return self._allocator()
+
+    def device_used_bytes(self) -> int | None:
+        return self.dev.device_bytes
+
+    # -- the hooks the cooperative worker sets ----------------------------------------------
+    def set_room_maker(self, ask) -> None:
+        self._room = ask
+
+    def set_host_admission(self, admit) -> None:
+        self.host_pool.admit = admit
+
+    @contextlib.contextmanager
+    def scratch(self, nbytes: int, attempts: int | None = None) -> Iterator[memoryview]:
+        """A temporary of ``nbytes`` real bytes on the device for the body (inside a hold). One that does
+        not fit asks the node agent for room and retries (``timeslice.room.with_room``); NoRoom (a
+        DeviceOutOfMemory) names who holds the device when nothing more can be freed."""
+        from timeslice.common.device_errors import DeviceOutOfMemory
+        from timeslice.room import MAX_ATTEMPTS, with_room
+        if nbytes <= 0:
+            raise ValueError("nbytes must be positive")
+        self._scratch_ids += 1
+        key = self._scratch_ids
+
+        def alloc() -> bytearray:
+            buf = bytearray(nbytes)
+            self._scratch[key] = buf
+            try:
+                with self.dev._device(None):
+                    self._account()
+            except BaseException:
+                del self._scratch[key]
+                raise
+            return buf
+
+        def ask(device: str, need: int):
+            self.room_asks += 1
+            assert self._room is not None
+            return self._room(device, need)
+        buf = with_room(alloc, need_bytes=nbytes, device=self.device_id(), ask=ask if self._room else None,
+                        is_oom=lambda e: isinstance(e, DeviceOutOfMemory), attempts=attempts or MAX_ATTEMPTS)
+        view = memoryview(buf)
+        try:
+            yield view
+        finally:
+            view.release()
+            self._scratch.pop(key, None)
+            self._account()                                 # freed: the allocator gives it back
 
     def _pace(self, nbytes: int, t0: float) -> None:
         if self.bps > 0:
@@ -141,8 +217,8 @@ class SimCooperativeMemory:
     def resume(self, tags: Sequence[str]) -> int:
         moved = 0
         for t in tags:
-            if self._dev.get(t) is not None:
-                continue
+            if self._dev.get(t) is not None or not self._allocated:
+                continue                                    # resident, or never put on the device: nothing to bring back
             n = self._size[t]
             self._dev[t] = bytearray(n)                     # provisional: reserve the room first
             try:

@@ -39,6 +39,7 @@ class SimHostPool:
         self.slab_bytes, self.pin_bps = slab_bytes, pin_gbps * 1e9
         self.gate = gate if gate is not None else os.environ.get(ENV_PIN_GATE) or None
         self.on_change = on_change
+        self.admit: Callable[[int], None] | None = None   # the node's host admission, before anything is made
         self.slabs: list[bytearray] = []
         self._starts: list[int] = []
         self._pending = 0
@@ -58,6 +59,8 @@ class SimHostPool:
         at = self.size()
         if nbytes <= 0:
             return at
+        if self.admit is not None:
+            self.admit(nbytes)                 # raises if the node cannot take it: nothing allocated
         t0 = time.monotonic()
         self._pending = nbytes
         self._changed()

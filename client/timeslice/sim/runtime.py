@@ -13,6 +13,14 @@ agent has the process locked or checkpointed, and resumes once it is restored
 and unlocked. Device memory must only be touched inside ``compute()``: outside
 it the agent may have released the arena (touching it then faults, much as a
 stale device pointer would).
+
+As a GPU does, the device charges the process more than it asked for
+(``timeslice.common.sim.device``): a context and the allocator's slack, real
+bytes of the arena (a checkpoint moves them). The allocator's own figures
+(``allocator_bytes``: what torch's ``memory_reserved`` would say) leave the
+context out; ``device_bytes`` (the agent's meter, NVML) counts it. A holding
+that does not fit raises ``DeviceOutOfMemory`` with a CUDA-like message.
+``DeviceStats`` (``timeslice.memstats``) is implemented from these figures.
 """
 from __future__ import annotations
 
@@ -45,7 +53,10 @@ class SimDeviceClient:
         self.pid = pid
         self.gpu = gpu
         self._mm: mmap.mmap | None = None
-        self._nbytes = 0
+        self._nbytes = 0                 # bytes the program asked for in its arena
+        self._arena = 0                  # the arena's size: the context, those bytes and their slack
+        self._extra = 0                  # allocator bytes held beside the arena (a memory's regions)
+        self._peak = 0                   # the allocator's largest reservation since reset_peak
 
     @classmethod
     def open(cls, sim_dir: str | os.PathLike | None = None, gpu: int | None = None) -> SimDeviceClient:
@@ -61,7 +72,36 @@ class SimDeviceClient:
 
     @property
     def device_bytes(self) -> int:
+        """What the device's meter shows for this process (NVML): context, slack and all."""
         return self.dev.held(self.pid)
+
+    @property
+    def arena_bytes(self) -> int:
+        return self._arena
+
+    # -- DeviceStats (timeslice.memstats): the simulated allocator's own figures ---------------
+    def allocator_bytes(self) -> int:
+        """What the allocator holds now (its slack included, the context not)."""
+        return self.dev.allocator_bytes(self._nbytes) + self._extra
+
+    def allocator_peak_bytes(self) -> int:
+        return max(self._peak, self.allocator_bytes())
+
+    def reset_peak(self) -> None:
+        self._peak = self.allocator_bytes()
+
+    def device_used_bytes(self) -> int | None:
+        return self.device_bytes
+
+    def hold(self, extra: int) -> None:
+        """Set the allocator bytes this process holds beside its arena (a memory's regions, with their
+        slack): DeviceOutOfMemory if the whole holding does not fit, and then nothing changes."""
+        self._reserve(self._arena, extra)
+        self._extra = extra
+
+    def _reserve(self, arena: int, extra: int) -> None:
+        self.dev.ledger.reserve(self.pid, arena + extra, self.dev.is_dead, self.gpu)
+        self._peak = max(self._peak, self.dev.allocator_bytes(self._nbytes) + extra)
 
     @contextlib.contextmanager
     def _device(self, timeout_s: float | None) -> Iterator[None]:
@@ -97,15 +137,19 @@ class SimDeviceClient:
             raise IllegalState("this simulated device client already holds an arena", pid=self.pid)
         if nbytes <= 0:
             raise ValueError("nbytes must be positive")
+        # The arena holds the context the device charges this process and the allocator's slack too:
+        # real bytes, so a checkpoint moves them as the driver moves a context.
+        arena = self.dev.context_bytes + self.dev.allocator_bytes(nbytes)
         with self._device(timeout_s):
-            self.dev.ledger.reserve(self.pid, nbytes, self.dev.is_dead, self.gpu)
+            self._reserve(arena, self._extra)
             fd = os.open(self.dev.arena(self.pid), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                os.ftruncate(fd, nbytes)
-                self._mm = mmap.mmap(fd, nbytes)
+                os.ftruncate(fd, arena)
+                self._mm = mmap.mmap(fd, arena)
             finally:
                 os.close(fd)
-            self._nbytes = nbytes
+            self._nbytes, self._arena = nbytes, arena
+        self._peak = max(self._peak, self.allocator_bytes())
         return SimBuffer(self.pid, nbytes)
 
     @contextlib.contextmanager
@@ -114,11 +158,14 @@ class SimDeviceClient:
         if self._mm is None:
             raise IllegalState("no arena allocated", pid=self.pid)
         with self._device(timeout_s):
-            view = memoryview(self._mm)
+            whole = memoryview(self._mm)
+            ctx = self.dev.context_bytes
+            view = whole[ctx:ctx + self._nbytes]           # what the program allocated (not the context)
             try:
                 yield view
             finally:
                 view.release()
+                whole.release()
 
     def checksum(self, timeout_s: float | None = None) -> str:
         with self.compute(timeout_s) as mem:
@@ -135,6 +182,7 @@ class SimDeviceClient:
             except FileNotFoundError:
                 pass
             self.dev.ledger.release(self.pid)
+            self._nbytes = self._arena = self._extra = 0
 
     def close(self) -> None:
         """Free the arena and unregister (the process stays alive, without a device)."""

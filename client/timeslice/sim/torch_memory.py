@@ -24,7 +24,10 @@ is a simulator and says so; what it keeps of the real thing:
   does not fit), copies the backup back and checks its checksum;
 * ``residue_bytes()`` is what the process still holds on the simulated device
   outside its regions: the context, a small arena of real bytes, which the
-  agent's checkpoint takes where a strict group asks for full isolation.
+  agent's checkpoint takes where a strict group asks for full isolation;
+* its ``DeviceStats`` (``timeslice.memstats``) are the allocator's figures (the
+  resident regions, with the device's allocator slack) and the meter's; the
+  host backups ``prepin`` allocates are admitted by the node agent first.
 
 Storages, not tensors, are the unit (tied weights and views share one), and
 the poisoning writes the storage directly, so autograd's version counters are
@@ -72,6 +75,8 @@ class SimTorchMemory:
         self._closed = False
         self._mu = threading.Lock()            # adopt (job thread) against pause/resume (channel thread)
         self.pauses = 0
+        self._peak = 0
+        self._admit = None                     # the node agent's host admission (the worker sets it)
         self._account()
 
     # -- what the job does -------------------------------------------------------------
@@ -127,11 +132,31 @@ class SimTorchMemory:
         """The footprint with every region resident: what the job needs on the device to run."""
         return self.context_bytes + sum(self.region_bytes().values())
 
+    def _allocator(self) -> int:
+        sizes = self.region_bytes()
+        return self.dev.dev.allocator_bytes(sum(n for t, n in sizes.items() if t not in self._released))
+
     def _account(self) -> None:
         """This process's holding on the device: context + resident regions (raises if it does not fit)."""
-        sizes = self.region_bytes()
-        total = self.context_bytes + sum(n for t, n in sizes.items() if t not in self._released)
-        self.dev.dev.ledger.reserve(self.dev.pid, total, self.dev.dev.is_dead, self.dev.gpu)
+        n = self._allocator()
+        self.dev.hold(n)
+        self._peak = max(self._peak, n)
+
+    # -- DeviceStats (timeslice.memstats) ---------------------------------------------------
+    def reset_peak(self) -> None:
+        self._peak = self._allocator()
+
+    def allocator_peak_bytes(self) -> int:
+        return max(self._peak, self._allocator())
+
+    def allocator_bytes(self) -> int:
+        return self._allocator()
+
+    def device_used_bytes(self) -> int | None:
+        return self.dev.device_bytes
+
+    def set_host_admission(self, admit) -> None:
+        self._admit = admit
 
     def pause(self, tags: Sequence[str]) -> None:
         with self._mu:
@@ -183,12 +208,12 @@ class SimTorchMemory:
         """Allocate the retained host backups now (the first pause would otherwise); ``background`` is
         accepted and changes nothing (the clones take no time worth overlapping)."""
         with self._mu:
-            for t in self.tags if tags is None else tags:
-                if self.tags[t] != "offload":
-                    continue
-                for key, s in self._storages[t].items():
-                    if key not in self._host[t]:
-                        self._host[t][key] = s.clone()                # type: ignore[attr-defined]
+            todo = [(t, key, s) for t in (self.tags if tags is None else tags) if self.tags[t] == "offload"
+                    for key, s in self._storages[t].items() if key not in self._host[t]]
+            if todo and self._admit is not None:
+                self._admit(sum(s.nbytes() for _, _, s in todo))
+            for t, key, s in todo:
+                self._host[t][key] = s.clone()                            # type: ignore[attr-defined]
 
     def close(self) -> None:
         """Give the device memory back (the job is done with it: call it inside its last hold)."""
