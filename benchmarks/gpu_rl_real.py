@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 
 from benchmarks import rl_real_figures as F
+from benchmarks import rl_real_timeline as T
 from benchmarks.common import machine_facts, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,6 +250,9 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
     res = F.regime_figures(docs)
     res.update(regime=regime, fit=fit, swap=F.swap_figures(ops, docs), degradation=F.degradation(docs, alone),
                agent_ops=ops)
+    res["timeline"] = T.timeline(docs, alone)      # the order the jobs ran in, their waits, what ran beside
+    res["pins"] = {d["job"]: d.get("pin") for d in docs}
+    res["dense"] = {d["job"]: d.get("dense") for d in docs}
     return res
 
 
@@ -327,7 +331,7 @@ def main(argv=None) -> int:
     argvs = [job_argv(a, s, workdir / "standalone" / f"{j}.json", "cooperative", True) for s, j in ((1, "a"), (2, "b"))]
     alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * 2, together=False, cpus=a.cpus)
     base = F.regime_figures(alone, sequential=True)
-    base.update(regime="standalone", sequential=True)
+    base.update(regime="standalone", sequential=True, dense={d["job"] + f"-{i}": d.get("dense") for i, d in enumerate(alone)})
     add_nvml(base, dev)
     doc["regimes"]["standalone"] = base
     save()
@@ -382,7 +386,9 @@ def report(doc: dict) -> str:
             "residue GiB", "pin s", "bit-equal"]
     note = ("SIMULATED device (CPU dry run): no NVML; swaps are the simulator's" if doc["simulated"]
             else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
-    return table(head, rows) + f"\n{note}; ratios (x) against standalone, same run"
+    lines = [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
+    return table(head, rows) + f"\n{note}; ratios (x) against standalone, same run" + "".join(
+        "\n" + x for x in lines)
 
 
 if __name__ == "__main__":

@@ -177,6 +177,8 @@ class CooperativeWorker:
         self.swaps = 0
         self.residue_bytes: int | None = None          # measured after the last pause (None: not measurable)
         self.residues: collections.deque[int] = collections.deque(maxlen=256)   # after each pause, for benchmarks
+        # (request, monotonic start, end, bytes moved) of each pause and resume served, for benchmarks
+        self.ops: collections.deque[tuple[str, float, float, int]] = collections.deque(maxlen=1024)
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -405,6 +407,7 @@ class CooperativeWorker:
         ms = (time.monotonic() - t0) * 1000
         if kind != F.PING:
             self.swaps += 1
+            self.ops.append((str(kind), t0, t0 + ms / 1000, int(moved or 0)))
             log.info(f"cooperative_{kind}d", job=self.job_id, tags=acted, bytes_moved=moved,
                      device_bytes=released, elapsed_ms=round(ms, 2),
                      **({"residue_bytes": self.residue_bytes} if kind == F.PAUSE else {}))

@@ -205,6 +205,7 @@ class PinnedPool:
         self._pending = 0
         self.seconds = 0.0                # time spent reserving, all reservations
         self.faulted_by = ""              # how the last mapped slab was faulted in: populate | memset
+        self.windows: list[tuple[float, float, int]] = []   # (monotonic start, end, bytes) of each reservation
 
     def size(self) -> int:
         return sum(s.nbytes for s in self.slabs)
@@ -242,6 +243,7 @@ class PinnedPool:
             dt = time.monotonic() - t1
             self._pending = 0
             self.seconds += dt
+            self.windows.append((t1, t1 + dt, nbytes))
             self._changed()
         log.info("pinned_pool_reserved", bytes=nbytes, method=self.method, faulted_by=self.faulted_by,
                  slabs=len(self.slabs),

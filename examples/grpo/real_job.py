@@ -206,6 +206,7 @@ def main(argv=None) -> int:
            "device": device, "steps": a.steps, "losses": losses, "digest": digest,
            "state_bytes": state, "wall_s": time.monotonic() - t0, "region_bytes": regions,
            "swaps": getattr(place.worker, "swaps", 0) if place else 0, "events": log.events,
+           "ops": list(getattr(getattr(place, "worker", None), "ops", [])),
            "peak_bytes": peak, "host_bytes": memory.host_bytes() if memory is not None else 0,
            "residues": list(getattr(getattr(place, "worker", None), "residues", [])),
            "warnings": sorted(set(nondeterministic)), "generation": a.generation, "pin": R.pin_figures(memory),

@@ -186,7 +186,8 @@ def pin_figures(memory) -> dict:
     if pool is None or book is None:
         return {}
     return {"seconds": round(pool.seconds, 3), "bytes": pool.size(), "method": pool.method,
-            "faulted_by": getattr(pool, "faulted_by", ""), "waited_s": round(book.pin_waited_s, 3)}
+            "faulted_by": getattr(pool, "faulted_by", ""), "waited_s": round(book.pin_waited_s, 3),
+            "windows": [list(w) for w in getattr(pool, "windows", [])]}
 
 
 def register_early(ts, size: str, dtype: str) -> None:

@@ -128,7 +128,8 @@ def main(argv=None) -> int:
            "region_bytes": regions,
            "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0, "peak_bytes": peak,
            "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
-           "swaps": getattr(ts.worker, "swaps", 0), "generation": a.generation,
+           "swaps": getattr(ts.worker, "swaps", 0), "ops": list(getattr(ts.worker, "ops", [])),
+           "generation": a.generation,
            "dense": gen.stats.to_dict() if gen is not None else None, "pin": R.pin_figures(ts.memory)}
     if client is not None:
         client.close()
