@@ -59,7 +59,13 @@ def _windows(doc: dict) -> dict[str, list[tuple[float, float]]]:
     ops = [(float(o[1]), float(o[2])) for o in doc.get("ops") or [] if o[0] in ("pause", "resume")]
     pins = [(float(p[0]), float(p[1])) for p in (doc.get("pin") or {}).get("windows") or []]
     return {"swap": ops, "pin": pins, "cpu": [(e["start"], e["end"]) for e in spans(doc, gpu=False)],
-            "gpu": busy_intervals(doc)}
+            "gpu": _clip(busy_intervals(doc), [(h["t_grant"], h["t_release"]) for h in holds(doc)])}
+
+
+def _clip(ivs: list[tuple[float, float]], within: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``ivs`` cut to ``within``: a GPU span that holds the group only part of its length (a TRL step
+    waits for its next grant inside its span, after its rewards) ran on the GPU only while held."""
+    return [(max(a, s), min(b, e)) for a, b in ivs for s, e in within if min(b, e) > max(a, s)]
 
 
 def beside(docs: list[dict], alone: list[dict], phase: str = "generate") -> dict:

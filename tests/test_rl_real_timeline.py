@@ -61,3 +61,12 @@ def test_what_ran_beside_each_generate_span_and_its_ratio_to_standalone():
     swap = got["by_cause"]["swap"]
     assert swap["touched"] == 1 and swap["median_ratio_touched"] == 0.8 and swap["median_ratio_untouched"] == 1.0
     assert "order" in T.text(T.timeline([a, b], alone))
+
+
+def test_another_jobs_gpu_span_counts_only_while_it_held():
+    """A TRL step's span goes on while it waits for its next grant (after its rewards): not GPU work."""
+    alone = [doc("standalone", [span("generate", 0, 1, tokens=100)])] * 2
+    a = doc("job-a", [span("generate", 2, 3, tokens=100), hold(2, 2, 3)])
+    b = doc("job-b", [span("train_step", 0, 4), hold(0, 0, 1), hold(1.5, 3.5, 4)])   # waiting from 1.5 to 3.5
+    got = T.beside([a, b], alone)
+    assert got["jobs"]["job-a"]["spans"][0]["gpu"] == 0.0

@@ -109,7 +109,9 @@ def main(argv=None) -> int:
         memory = TorchMemory(R.TAGS)
     def grew(tag: str, seconds: float) -> None:       # a region grew; its backup was pinned then
         log.add("region", tag=tag, bytes=memory.region_bytes().get(tag, 0), pin_s=seconds)
-    place = ModelRegions(memory, on_grow=grew) if memory is not None else None
+    # Clean between steps: a pause after a generate hold copies nothing out (the weights and the
+    # optimizer state are written by the step only); one after a train hold copies both.
+    place = ModelRegions(memory, on_grow=grew, clean_between_steps=True) if memory is not None else None
     if orchestrator is not None and memory is not None:
         # Cooperate before the first hold, the regions' sizes expected from the config: the host
         # backup is pinned on a thread of its own (weights first: the first pause needs them) while

@@ -181,13 +181,15 @@ def footprint(size: str, dtype: str = "float32") -> int:
 
 
 def pin_figures(memory) -> dict:
-    """How the job's host backup was pinned: seconds reserving, how, and how long pauses waited for it."""
+    """How the job's host backup was pinned (seconds reserving, how, how long pauses waited for it) and
+    what its pauses copied (``backup``: copies, bytes, clean skips)."""
     pool, book = getattr(memory, "host_pool", None), getattr(memory, "book", None)
     if pool is None or book is None:
         return {}
     return {"seconds": round(pool.seconds, 3), "bytes": pool.size(), "method": pool.method,
             "faulted_by": getattr(pool, "faulted_by", ""), "waited_s": round(book.pin_waited_s, 3),
-            "windows": [list(w) for w in getattr(pool, "windows", [])]}
+            "windows": [list(w) for w in getattr(pool, "windows", [])],
+            "backup": dict(book.stats)}                      # copies out/in, clean skips, wrong claims
 
 
 def register_early(ts, size: str, dtype: str) -> None:
