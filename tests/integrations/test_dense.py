@@ -147,3 +147,39 @@ def test_its_buffers_live_in_the_simulated_devices_discard_region(model, tmp_pat
     finally:
         mem.close()
         os.environ.pop("TIMESLICE_SIM_HOST_DIR", None)
+
+
+def test_a_failed_capture_leaves_the_loop_eager_with_the_same_tokens_and_says_why(model):
+    """Asked for graphs where none can be captured (no CUDA here): the step runs eagerly, same output."""
+    kw = dict(do_sample=False, max_new_tokens=6, eos_token_id=None, pad_token_id=R.PAD)
+    want = DenseGenerator(model).generate(prompts(), **kw)
+    gen = DenseGenerator(model, graphs=True)
+    assert torch.equal(gen.generate(prompts(), **kw), want)
+    assert not gen.stats.graphs and gen.stats.why_not.startswith("capture failed")
+
+
+def test_inside_an_enclosing_autocast_no_graph_is_captured(model):
+    """Its cache would keep casts made before the capture: the step stays eager, and stats say so."""
+    gen = DenseGenerator(model, graphs=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        gen.generate(prompts(), do_sample=False, max_new_tokens=3, eos_token_id=None, pad_token_id=R.PAD)
+    assert not gen.stats.graphs and "autocast" in gen.stats.why_not and gen.stats.captures == 0
+
+
+def test_mixed_precision_as_accelerate_does_it_equals_transformers_generate():
+    """An autocast around each forward (accelerate's bf16, TRL's): the values come out in bf16, the keys
+    in float32 (after the rotary embedding); the cache keeps each in its own dtype, as generate's does."""
+    m = R.build_model("tiny", "cpu", seed=5)
+    fwd = m.forward
+
+    def forward(*args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fwd(*args, **kwargs)
+    m.forward = forward
+    ids = prompts()
+    kw = dict(do_sample=False, max_new_tokens=8, eos_token_id=None, pad_token_id=R.PAD)
+    want = m.generate(ids, **kw)
+    gen = DenseGenerator(m)
+    assert torch.equal(gen.generate(ids, **kw), want)
+    (st,) = gen._shapes.values()
+    assert st.cache.values[0].dtype == torch.bfloat16 and st.cache.keys[0].dtype == torch.float32

@@ -31,8 +31,11 @@ in the region too; nothing else is allocated in that pool while the graph lives 
 graph freed could otherwise be handed to another tensor while the graph still writes it): one
 shape (batch, prompt length, new tokens) is live at a time, a new one frees the last first, and
 one generator uses a region. A swap never interrupts a generate: the job holds the group for the
-whole of it. Mixed precision works as accelerate does it (an autocast around each ``forward``);
-the autocast cache is off while generating, so each replay casts the weights as they are then.
+whole of it. Mixed precision works as accelerate does it: an autocast around each ``forward``
+is entered and left inside the capture, so the casts of the weights are captured and each replay
+casts the weights as they are then (after the last optimizer step). Inside an autocast that
+encloses generate its cache would keep casts made before the capture (freed when it ends, stale
+after a step): there the step runs eagerly, and ``stats`` says why.
 
 Determinism. The same job run alone and time-sliced runs the same kernels in the same order
 (the replay is the captured sequence; sampling draws from the default generator outside the
@@ -68,9 +71,9 @@ class _SlotCache:
     transformers' attention calls (``update``); writes the prefill at [0, P) and each decode step at
     the device-side ``slot`` (one index, the same for every row: rows generate in lockstep).
 
-    Its tensors are made at the first prefill's first layer, in the dtype the keys come out in (the
-    autocast dtype where the forward autocasts, as TRL's bf16 does on float32 weights), by
-    ``allocate(shape, dtype, device, layers)`` (the generator's: inside its region)."""
+    Its tensors are made at the first prefill's first layer, in the dtypes the keys and the values
+    come out in (under autocast they differ: the values are the projection's, bf16; the keys pass the
+    rotary embedding, float32), by ``allocate(keys, values)`` (the generator's: inside its region)."""
 
     def __init__(self, torch, slot, allocate: Callable[..., tuple[list, list]]):
         self._torch, self.slot, self._allocate = torch, slot, allocate
@@ -80,7 +83,7 @@ class _SlotCache:
 
     def update(self, key_states, value_states, layer_idx: int, *args: Any, **kwargs: Any):
         if not self.keys:
-            self.keys, self.values = self._allocate(key_states.shape, key_states.dtype, key_states.device)
+            self.keys, self.values = self._allocate(key_states, value_states)
         k, v = self.keys[layer_idx], self.values[layer_idx]
         if self.prefill:
             k[:, :, :self.prefill].copy_(key_states)
@@ -106,21 +109,6 @@ def _nondeterministic_ok(torch) -> Iterator[None]:
     finally:
         if on:
             torch.use_deterministic_algorithms(True, warn_only=warn)
-
-
-@contextlib.contextmanager
-def _uncached_autocast(torch) -> Iterator[None]:
-    """No autocast cache while generating. Mixed precision (accelerate's wrapper of ``forward``, TRL's
-    bf16) casts the float32 weights to bf16 inside each forward; with the cache on, a forward nested
-    in any enclosing autocast would reuse casts made before the capture (freed with that autocast,
-    stale after the next optimizer step) instead of capturing the casts. Off, every replay casts the
-    weights as they are then."""
-    was = torch.is_autocast_cache_enabled()
-    torch.set_autocast_cache_enabled(False)
-    try:
-        yield
-    finally:
-        torch.set_autocast_cache_enabled(was)
 
 
 @dataclass
@@ -205,7 +193,7 @@ class DenseGenerator:
             input_ids = input_ids.repeat_interleave(gc["copies"], 0)
             attention_mask = attention_mask.repeat_interleave(gc["copies"], 0)
         b, p = input_ids.shape
-        with torch.no_grad(), _uncached_autocast(torch):
+        with torch.no_grad():
             st = self._start(b, p, n, input_ids, attention_mask)
             eos = torch.tensor(gc["eos"], device=self.device) if gc["eos"] else None
             pad = gc["pad"] if gc["pad"] is not None else (gc["eos"][0] if gc["eos"] else 0)
@@ -245,6 +233,11 @@ class DenseGenerator:
             st = self._shapes[key] = self._allocate(b, p + n)
         self._reset(st, attention_mask, p)
         self._prefill(st, input_ids, attention_mask, p)
+        if fresh and self.graphs and _enclosing_autocast(self.torch, self.device.type):
+            self.graphs = self.stats.graphs = False
+            self.stats.why_not = ("generate ran inside an autocast: its cache of cast weights would outlive the "
+                                  "capture (autocast inside forward, as accelerate does it, is fine)")
+            log.warning("dense_graphs_off", why=self.stats.why_not)
         if fresh and self.graphs:
             self._capture(st)
             self._reset(st, attention_mask, p)
@@ -288,11 +281,11 @@ class DenseGenerator:
         self._made([slot, ids, pos, mask])
         self.stats.shapes.append([b, length])
 
-        def cache(shape, dtype, device) -> tuple[list, list]:
-            full = (shape[0], shape[1], length, shape[3])
+        def cache(k, v) -> tuple[list, list]:
+            shape = lambda t: (t.shape[0], t.shape[1], length, t.shape[3])      # noqa: E731
             with self._region():
-                keys = [torch.zeros(full, dtype=dtype, device=device) for _ in range(self.layers)]
-                values = [torch.zeros(full, dtype=dtype, device=device) for _ in range(self.layers)]
+                keys = [torch.zeros(shape(k), dtype=k.dtype, device=k.device) for _ in range(self.layers)]
+                values = [torch.zeros(shape(v), dtype=v.dtype, device=v.device) for _ in range(self.layers)]
             self._made([*keys, *values])
             return keys, values
         return _Shape(_SlotCache(torch, slot, cache), ids, pos, mask)
@@ -412,3 +405,11 @@ def _pick(torch, logits, gc: dict):
         drop[..., -1:] = False                                   # keep at least one
         scores = scores.masked_fill(drop.scatter(-1, idx, drop), -float("inf"))
     return torch.multinomial(scores.softmax(-1), 1).squeeze(1)
+
+
+def _enclosing_autocast(torch, device_type: str) -> bool:
+    """An autocast is active around generate (not only inside each forward)."""
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:                     # an older torch: the CUDA flag only
+        return bool(torch.is_autocast_enabled())
