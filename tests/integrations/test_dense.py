@@ -183,3 +183,13 @@ def test_mixed_precision_as_accelerate_does_it_equals_transformers_generate():
     assert torch.equal(gen.generate(ids, **kw), want)
     (st,) = gen._shapes.values()
     assert st.cache.values[0].dtype == torch.bfloat16 and st.cache.keys[0].dtype == torch.float32
+
+
+def test_gradient_checkpointing_in_training_mode_is_refused_not_ignored():
+    m = R.build_model("tiny", "cpu", seed=6)
+    m.gradient_checkpointing_enable()
+    m.train()
+    with pytest.raises(ValueError, match="checkpointing"):
+        DenseGenerator(m).generate(prompts(), max_new_tokens=2, eos_token_id=None, pad_token_id=R.PAD)
+    m.gradient_checkpointing_disable()                   # what TRL does around its generation
+    assert DenseGenerator(m).generate(prompts(), max_new_tokens=2, eos_token_id=None, pad_token_id=R.PAD).shape[1] == 8

@@ -185,6 +185,11 @@ class DenseGenerator:
         gc = _settings(generation_config or self.model.generation_config, kwargs)
         if input_ids is None:
             raise ValueError("dense generate needs input_ids")
+        if self.model.training and getattr(self.model, "is_gradient_checkpointing", False):
+            # transformers drops the cache of a checkpointed layer in training mode (TRL turns
+            # checkpointing off around its generation; do the same, or generate in eval mode)
+            raise ValueError("dense generate with gradient checkpointing on in training mode: the layers "
+                             "would drop the cache; disable checkpointing around generate")
         b, p = input_ids.shape
         n = int(gc["max_new_tokens"])
         if attention_mask is None:
