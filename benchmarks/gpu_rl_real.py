@@ -24,6 +24,9 @@ final weight hashes identical, bit for bit, to the standalone runs. Deterministi
     python -m benchmarks.gpu_rl_real --quick --out benchmarks/results    # a shorter one (~5 min)
     python -m benchmarks.gpu_rl_real --dry-run --out /tmp/x              # CPU, SIMULATED device (CI)
     python -m benchmarks.gpu_rl_real --kind plain --out benchmarks/results   # the 7B-class plain loop (~4 min)
+    python -m benchmarks.gpu_rl_real --jobs 4 --mix fits,half,none --split-cores --out benchmarks/results
+                                                                         # the fit policy's targets (~8 min)
+    python -m benchmarks.gpu_rl_real --jobs 4 --mix half --dry-run --out /tmp/x   # two of four fit, CPU (CI)
 
 ``--kind plain`` runs examples/grpo/real_job.py instead: the plain transformers loop
 (``@on_accelerators`` phases, ``ModelRegions``) at a Qwen2-7B-architecture config with bf16
@@ -32,6 +35,26 @@ peaks near 70 GB, so a parked job plus the other's peak fit the H200 only narrow
 ballast rule above decides. Its pinned backups take ~92 GB of host memory together; a
 46 GB whole-process checkpoint would take most of a call's ten minutes, hence no
 checkpoint regime by default.
+
+``--jobs N --mix fits|half|none`` runs N TRL jobs (seeds 1..N) on a GPU sized so that all of
+them, half of them, or one of them fit at a time (a ballast process holds the rest; the dry run
+sizes the SIMULATED device so), in these regimes instead:
+
+  standalone    one after the other, no lock (the baseline, and the degradation reference)
+  nolock        the N jobs started together with no timeslice: only where they all fit (else
+                skipped, and marked so), the ceiling a lock that shares can reach
+  exclusive     time-sliced through an exclusive group (one holder at a time)
+  fit           time-sliced through a group with sharing fit: side by side where the declared
+                footprints (each job's standalone peak plus its context) fit, time-sliced elsewhere
+
+Several mixes in one run (``--mix fits,half,none``) share one standalone baseline; each mix runs the
+regimes its target needs (``MIX_DEFAULTS``; ``--regimes`` for all), keyed ``<mix>/<regime>``, and the
+document's ``targets`` says whether each was met (``TARGETS``: fits, wall <= 1.1x and NVML >= 0.9x
+nolock's; half, wall <= 0.5x one after the other; none, wall within 5% of the exclusive group's).
+Per regime: wall against one after the other and against nolock (``wall_vs_no_lock``), NVML duty
+(and against nolock), each job's GPU-phase throughput, every job's exit code, bit-identity with
+the standalone runs, and how the holds overlapped (the most jobs holding at once, holds beside
+another, backfills, any beside a hold that weighed the whole device).
 
 ``--dry-run`` runs the same orchestration and analysis on the CPU: a tiny model, the
 SIMULATED device (``SimTorchMemory``: a pause overwrites the tensors with NaN, so a phase
@@ -51,6 +74,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import rl_real_density as D
 from benchmarks import rl_real_figures as F
 from benchmarks import rl_real_timeline as T
 from benchmarks.common import machine_facts, table
@@ -60,6 +84,34 @@ JOBS = {"trl": ROOT / "examples" / "grpo" / "trl_job.py", "plain": ROOT / "examp
 NODE = "gpu-node-0"
 GiB = 1 << 30
 REGIMES = ("standalone", "cooperative", "strict", "checkpoint")   # the slowest last: a cut-short call keeps the rest
+MIXES = ("fits", "half", "none")                                  # --mix: all, half, or one of the N jobs fit at once
+MIX_REGIMES = ("nolock", "exclusive", "fit")
+# What each mix is compared with unless --regimes says otherwise: the jobs together with no lock where
+# they all fit, one after the other (the standalone baseline, always run) where half fit, an
+# exclusive group where one fits at a time.
+MIX_DEFAULTS = {"fits": ("nolock", "fit"), "half": ("fit",), "none": ("exclusive", "fit")}
+#: The figures a --mix run must show (the targets of the fit policy), checked into the document.
+TARGETS = {"fits": [("fit", "wall_vs_no_lock", "<=", 1.1), ("fit", "nvml_vs_no_lock", ">=", 0.9)],
+           "half": [("fit", "wall_vs_standalone", "<=", 0.5)],
+           "none": [("fit", "wall_vs_exclusive", "<=", 1.05)]}
+
+
+def job_id(i: int) -> str:
+    """The i-th job's id: job-a, job-b, ... (seed i + 1)."""
+    return f"job-{chr(ord('a') + i)}" if i < 26 else f"job-{i}"
+
+
+def fitting(a) -> int:
+    """How many of the jobs fit the device at once: --mix's (the pair mode: one)."""
+    return {"fits": a.jobs, "half": max(1, a.jobs // 2), "none": 1}.get(a.mix or "none", 1)
+
+
+class JobsFailed(RuntimeError):
+    """A regime in which a job did not end with exit code 0 (its figures would mean nothing)."""
+
+    def __init__(self, exit_codes: list, message: str):
+        super().__init__(message)
+        self.exit_codes = exit_codes
 PROFILES = {   # name: job arguments
     # each step: ~6-7 s of generation and ~1 s of training on the H200 (estimated), 6 s of CPU reward
     "full": dict(size="1.5b", steps=3, batch=64, generations=8, prompt_len=64, completion_len=160, reward_s=6.0),
@@ -69,6 +121,13 @@ PROFILES = {   # name: job arguments
     # (~46 GB resident per job: two never fit side by side); cooperative only by default.
     "plain-7b": dict(size="7b", steps=2, batch=16, generations=4, prompt_len=64, completion_len=128, reward_s=5.0,
                      dtype="bfloat16"),
+    # --mix on the GPU: Qwen2-0.5B-architecture jobs (~10 GiB each alone), short steps, a 0.5 s CPU reward
+    "mix": dict(size="0.5b", steps=8, batch=16, generations=4, prompt_len=32, completion_len=64, reward_s=0.5),
+    # --jobs 4 --mix none, dense generation: Qwen2-0.5B-architecture jobs in bf16 (~3 GiB of state each:
+    # a handoff moves little), long completions so that a GPU phase is seconds of dense decode, and a
+    # CPU reward about three GPU phases long, so that four jobs can keep the GPU busy (N x d near 1)
+    "dense4": dict(size="0.5b", steps=4, batch=64, generations=8, prompt_len=64, completion_len=768, reward_s=5.0,
+                   dtype="bfloat16"),
 }
 
 
@@ -79,7 +138,7 @@ def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0
             "--size", p["size"], "--steps", str(p["steps"]),
             "--generations", str(p["generations"]), "--prompt-len", str(p["prompt_len"]),
             "--completion-len", str(p["completion_len"]), "--reward-s", str(p["reward_s"]), "--group", "gpu",
-            "--hint-bytes", str(hint)]
+            "--hint-bytes", str(hint), "--generation", a.generation]
     if a.kind == "trl":
         argv += ["--swap", swap, "--batch", str(p["batch"])]
     else:           # the plain loop cooperates (torch-memory-saver) on CUDA, SimTorchMemory without
@@ -90,7 +149,11 @@ def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0
 
 
 def core_halves(root: str = "/sys/devices/system/cpu") -> list[set[int]]:
-    """This process's CPUs in two halves of whole physical cores (hyperthread siblings together).
+    return core_parts(2, root)
+
+
+def core_parts(n: int, root: str = "/sys/devices/system/cpu") -> list[set[int]]:
+    """This process's CPUs in ``n`` parts of whole physical cores (hyperthread siblings together).
 
     Why: time-sliced, one job's CPU phase (its reward) runs beside the other's GPU phase, and
     transformers' generate is launch-bound: sharing a physical core with a busy reward slowed
@@ -105,21 +168,22 @@ def core_halves(root: str = "/sys/devices/system/cpu") -> list[set[int]]:
             key = str(c)
         cores.setdefault(key, set()).add(c)
     groups = list(cores.values())
-    if len(groups) < 2:
-        return [set(mine), set(mine)]
-    half = len(groups) // 2
-    return [set().union(*groups[:half]), set().union(*groups[half:])]
+    if len(groups) < n:
+        return [set(mine) for _ in range(n)]
+    per = len(groups) // n
+    return [set().union(*groups[i * per:(i + 1) * per if i < n - 1 else len(groups)]) for i in range(n)]
 
 
 def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, together: bool,
              cpus: list[set[int]] | None = None) -> list[dict]:
-    """Run the jobs (at once, or one after the other); their documents, in order."""
+    """Run the jobs (at once, or one after the other); their documents, in order. JobsFailed, with
+    every job's exit code, when one did not end 0 or wrote nothing."""
     procs, docs = [], []
 
     def start(i, argv):
-        pin = cpus[i] if cpus else None
+        pin = cpus[i % len(cpus)] if cpus else None
         with open(logdir / f"job-{i}.log", "wb") as log:    # the child keeps its own descriptor
-            return subprocess.Popen(argv, env={**os.environ, **env, "TIMESLICE_JOB_ID": f"job-{'ab'[i]}"},
+            return subprocess.Popen(argv, env={**os.environ, **env, "TIMESLICE_JOB_ID": job_id(i)},
                                     stdout=log, stderr=subprocess.STDOUT,
                                     preexec_fn=(lambda: os.sched_setaffinity(0, pin)) if pin else None)
 
@@ -132,11 +196,12 @@ def run_jobs(argvs: list[list[str]], env: dict, logdir: Path, timeout: float, to
             _wait(procs[-1], end)
     for p in procs:
         _wait(p, end)
+    rcs = [p.returncode for p in procs]
     for i, argv in enumerate(argvs):
         out = Path(argv[argv.index("--out") + 1])
         if procs[i].returncode != 0 or not out.exists():
             tail = (logdir / f"job-{i}.log").read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"job {i} ended {procs[i].returncode}:\n{tail}")
+            raise JobsFailed(rcs, f"job {i} ended {procs[i].returncode} (exit codes {rcs}):\n{tail}")
         docs.append({**json.loads(out.read_text()), "exit_code": procs[i].returncode})
     return docs
 
@@ -168,23 +233,51 @@ class Device:
         return round(sum(xs) / len(xs) / 100, 3) if xs else None
 
     def prepare(self, alone: list[dict], a) -> dict:
-        """Make the pair not fit side by side; returns what was done."""
+        """Size the device: the pair must not fit side by side; with --mix, k = fitting(a) of the N
+        jobs fit at once (the rest parked beside them). Returns what was done."""
+        k, n = fitting(a), len(alone)
         if self.dry_run:
             from timeslice.common.sim.device import SimDevice
             from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
-            states = [d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone]
-            cap = 2 * ctx + max(states) + min(states) // 2    # both contexts and one job, never both jobs
+            # the regions a job keeps: its state and its dense generator's cache and graph buffers
+            states = sorted(d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone)
+            if a.mix:
+                # By the footprints the jobs declare (hint_of): k of them fit with half a job to spare and
+                # the others' contexts beside one holder, never k + 1 (then the parked jobs' contexts,
+                # their residue, are moved out for the k-th holder: the residue path).
+                fp = max(hint_of(a, d) for d in alone)
+                cap = max(k * fp + fp // 2, fp + (n - 1) * ctx + ctx // 2)
+                cap = cap if k >= n else min(cap, (k + 1) * fp - 1)
+            else:
+                # both contexts and one job, never both jobs
+                cap = n * ctx + states[-1] + states[0] // 2
             sim = self.workdir / "sim"
             SimDevice(sim, self.workdir / "host", capacity_bytes=cap)
-            return {"simulated_capacity_bytes": cap, "fits_side_by_side": False}
+            return {"simulated_capacity_bytes": cap, "fits_side_by_side": k > 1, "fit_at_once": k}
         from benchmarks.gpu_timeslice import _settle
         _settle(self.sampler)
         free = self.sampler.free_bytes()
         peak = max(d.get("peak_bytes", 0) for d in alone) + int(a.context_gib * GiB)
         resident = min(sum(d["region_bytes"].values()) for d in alone)
+        if a.mix:
+            # k peaks side by side, the others parked (their residue), a GiB of slack; never k + 1.
+            keep = k * peak + (n - k) * int(a.coop_residue_gib * GiB) + GiB
+            fits = keep <= free
+            ballast = max(0, free - keep) if a.ballast and k < n else 0
+            fit = {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
+                   "fit_at_once": k, "fits_side_by_side": k > 1 and fits, "ballast_gib": round(ballast / GiB, 2)}
+            self._ballast(ballast)
+            return fit
         fits = resident + peak <= free
         keep = peak + int(a.coop_residue_gib * GiB) + GiB       # the incoming peak beside a parked job
         ballast = max(0, free - keep) if fits and a.ballast else 0
+        self._ballast(ballast)
+        return {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
+                "job_resident_gib": round(resident / GiB, 2), "fits_side_by_side": fits,
+                "ballast_gib": round(ballast / GiB, 2)}
+
+    def _ballast(self, ballast: int) -> None:
+        """A process outside timeslice holding ``ballast`` bytes of the GPU (0: none)."""
         if ballast:
             self.ballast = subprocess.Popen([sys.executable, "-c", (
                 "import torch,time,sys; x=torch.empty(int(sys.argv[1]),dtype=torch.uint8,device='cuda');"
@@ -192,9 +285,6 @@ class Device:
                 stdout=subprocess.PIPE)
             if not self.ballast.stdout or not self.ballast.stdout.readline():
                 raise RuntimeError("the ballast process failed")
-        return {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
-                "job_resident_gib": round(resident / GiB, 2), "fits_side_by_side": fits,
-                "ballast_gib": round(ballast / GiB, 2)}
 
     def release(self) -> None:
         if self.ballast is not None:
@@ -203,12 +293,26 @@ class Device:
             self.ballast = None
 
 
-def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dict:
+def hint_of(a, doc: dict) -> int:
+    """What a job declares (its Acquire's device_bytes_hint): its standalone peak, same run, plus its
+    CUDA context, as a user would; the dry run's jobs measure no peak alone (no device), so there it is
+    their state plus the simulated context (the pair mode keeps its old figure, the peak: 0 there)."""
+    if a.dry_run:
+        if not a.mix:
+            return doc.get("peak_bytes", 0)
+        from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES
+        dense = (doc.get("dense") or {}).get("region_bytes") or 0       # the dense generator's buffers
+        return doc["state_bytes"] + dense + DEFAULT_CONTEXT_BYTES
+    return doc.get("peak_bytes", 0) + int(a.context_gib * GiB)
+
+
+def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where: str = "") -> dict:
+    """One time-sliced regime, on a fresh etcd, lockd and agent; ``where``: its folder (default: its name)."""
     from timeslice import OrchestratorClient
     from timeslice.testing.agent import AgentProcess
     from timeslice.testing.etcd import EtcdCluster
     from timeslice.testing.lockd import LockdCluster
-    logdir = workdir / regime
+    logdir = workdir / (where or regime)
     logdir.mkdir()
     fit = dev.prepare(alone, a)
     env = {"TIMESLICE_NODE_NAME": NODE}
@@ -229,31 +333,68 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path) -> dic
             try:
                 env.update(TIMESLICE_TARGET=lockd.replicas[0].target, TIMESLICE_AGENT_SOCKET=agent.socket)
                 with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
-                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "")
+                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "",
+                                       sharing="fit" if regime == "fit" else "exclusive")
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
                 # Each job tells lockd its peak (measured standalone, same run), as a user would:
                 # its first step's optimizer state and activations are not on the device yet.
                 # --hint-factor below 1 declares a peak that is too low (0.8: 20% short): the lock's own
                 # measures (README, "Memory a grant admits") must keep every grant usable anyway.
-                hints = [int((d.get("peak_bytes", 0) + (0 if a.dry_run else int(a.context_gib * GiB))) * a.hint_factor)
-                         for d in alone]
-                argvs = [job_argv(a, s, logdir / f"{j}.json", swap, False, h)
-                         for (s, j), h in zip(((1, "a"), (2, "b")), hints)]
+                argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", swap, False,
+                                  int(hint_of(a, d) * a.hint_factor)) for i, d in enumerate(alone)]
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)
+                profiles = _profiles(lockd.replicas[0].target)
             finally:
                 agent.stop()
                 lockd.stop()
     finally:
         dev.release()
     res = F.regime_figures(docs)
+    cap = {f"{NODE}/0": fit["simulated_capacity_bytes"]} if "simulated_capacity_bytes" in fit else None
     res.update(regime=regime, fit=fit, swap=F.swap_figures(ops, docs), degradation=F.degradation(docs, alone),
-               agent_ops=ops)
+               agent_ops=ops, exit_codes=[0] * len(docs), sharing=F.sharing_figures(docs, cap))
     res["timeline"] = T.timeline(docs, alone)      # the order the jobs ran in, their waits, what ran beside
     res["pins"] = {d["job"]: d.get("pin") for d in docs}
     res["dense"] = {d["job"]: d.get("dense") for d in docs}
+    try:                                           # advise's prediction of this group, from this regime's profiles
+        res["advice"] = D.advice(profiles, docs, alone) if profiles is not None else {"error": "no profiles"}
+    except Exception as e:  # a figure, not the run: say why it is missing
+        res["advice"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return res
+
+
+def _profiles(target: str):
+    """lockd's profiles of the regime's jobs (None where it cannot say)."""
+    from timeslice import OrchestratorClient
+    try:
+        with OrchestratorClient(target=target, job_id="admin") as admin:
+            return admin.profiles()
+    except Exception:  # best effort: the advice figure says it is missing
+        return None
+
+
+def no_lock(a, dev: Device, alone: list[dict], logdir: Path, fit: dict) -> dict:
+    """The N jobs started together with no timeslice (``--standalone``, at once): where they fit."""
+    logdir.mkdir()
+    argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", "cooperative", True) for i in range(len(alone))]
+    docs = run_jobs(argvs, {}, logdir, a.job_timeout, together=True, cpus=a.cpus)
+    res = F.regime_figures(docs)
+    res.update(regime="nolock", fit=fit, degradation=F.degradation(docs, alone), exit_codes=[0] * len(docs))
+    return res
+
+
+def fits_together(a, dev: Device, alone: list[dict]) -> dict:
+    """Whether the N jobs fit the device side by side with no lock (else the nolock regime is skipped:
+    they would run out of memory). The dry run's standalone jobs hold no device memory: there it is
+    the mix that says."""
+    if a.dry_run:
+        return {"fits_side_by_side": a.mix == "fits", "fit_at_once": fitting(a)}
+    free = dev.sampler.free_bytes()
+    need = sum(d.get("peak_bytes", 0) for d in alone) + len(alone) * int(a.context_gib * GiB) + GiB
+    return {"fits_side_by_side": a.mix == "fits" and need <= free, "free_gib": round(free / GiB, 2),
+            "need_gib": round(need / GiB, 2)}
 
 
 def keep_logs(logdir: Path, dest: Path) -> str:
@@ -296,23 +437,41 @@ def main(argv=None) -> int:
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_rl_real[_quick|_dryrun])")
     p.add_argument("--split-cores", action="store_true",
-                   help="give each job half of the physical cores (its own cpuset), standalone runs too")
+                   help="give each job its share of the physical cores (its own cpuset), standalone runs too")
+    p.add_argument("--jobs", type=int, default=2, help="how many jobs (seeds 1..N; default 2: the pair)")
+    p.add_argument("--mix", default="", metavar="MIX[,MIX]",
+                   help=f"{'|'.join(MIXES)}, or several comma-separated (one standalone baseline for all): size "
+                        "the device so that all, half or one of the jobs fit at once, and run some of the regimes "
+                        f"{','.join(MIX_REGIMES)} (default per mix: "
+                        + "; ".join(f"{m}: {','.join(r)}" for m, r in MIX_DEFAULTS.items()) + ")")
+    p.add_argument("--generation", choices=("dense", "eager"), default="dense",
+                   help="how the jobs generate: dense (static KV cache, CUDA-graph decode; default) or eager "
+                        "(transformers' generate): the standalone duty before/after")
+    p.add_argument("--profile", default="", choices=[""] + sorted(PROFILES),
+                   help="the jobs' size and phases (default: full; --quick, --dry-run, --kind plain and --mix pick theirs)")
     a = p.parse_args(argv)
-    a.cpus = core_halves() if a.split_cores else None
-    a.profile = dict(PROFILES["dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
-                              "quick" if a.quick else "full"])
+    a.mixes = [m for m in a.mix.split(",") if m]
+    if any(m not in MIXES for m in a.mixes):
+        p.error(f"--mix: {'|'.join(MIXES)}, comma-separated")
+    if not 1 <= a.jobs <= 26 or (not a.mixes and a.jobs != 2):
+        p.error("--jobs: 1..26, and other than 2 only with --mix")
+    a.mix = a.mixes[0] if a.mixes else ""     # the mix being run (set per mix below)
+    a.cpus = core_parts(a.jobs) if a.split_cores else None
+    a.profile = dict(PROFILES[a.profile or ("dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
+                                            "quick" if a.quick else "mix" if a.mixes else "full")])
     if a.kind == "plain" and a.dry_run:
         a.profile["batch"] = 8
-    a.regimes = a.regimes or (",".join(REGIMES) if a.kind == "trl" else "standalone,cooperative")
+    a.regimes = a.regimes or ("" if a.mixes else ",".join(REGIMES) if a.kind == "trl" else "standalone,cooperative")
     if a.steps:
         a.profile["steps"] = a.steps
     if a.reward_s:
         a.profile["reward_s"] = a.reward_s
     name = a.name or "gpu_rl_real" + ("_plain" if a.kind == "plain" else "") + (
-        "_dryrun" if a.dry_run else "_quick" if a.quick else "")
-    regimes = [r for r in a.regimes.split(",") if r]
-    if "standalone" not in regimes:
-        regimes.insert(0, "standalone")       # the baseline and the degradation reference, same run
+        f"_{'-'.join(a.mixes)}{a.jobs}" if a.mixes else "") + ("_dryrun" if a.dry_run else "_quick" if a.quick else "")
+    asked = [r for r in a.regimes.split(",") if r and r != "standalone"]
+    # (key in the document, mix, regime), after the standalone baseline (the degradation reference), run once
+    runs = [(f"{m}/{r}", m, r) for m in a.mixes for r in (asked or MIX_DEFAULTS[m])] if a.mixes else \
+        [(r, "", r) for r in asked]
     os.makedirs(a.out, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="gpu-rl-real-"))
     dev = Device(a.dry_run, workdir)
@@ -328,35 +487,89 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1, default=str)
 
     (workdir / "standalone").mkdir()
-    argvs = [job_argv(a, s, workdir / "standalone" / f"{j}.json", "cooperative", True) for s, j in ((1, "a"), (2, "b"))]
-    alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * 2, together=False, cpus=a.cpus)
+    argvs = [job_argv(a, i + 1, workdir / "standalone" / f"{job_id(i)}.json", "cooperative", True)
+             for i in range(a.jobs)]
+    try:
+        alone = run_jobs(argvs, {}, workdir / "standalone", a.job_timeout * a.jobs, together=False, cpus=a.cpus)
+    except JobsFailed as e:
+        doc["regimes"]["standalone"] = {"regime": "standalone", "error": str(e)[-2000:], "exit_codes": e.exit_codes}
+        doc["ok"] = False
+        save()
+        print(f"FAILED: a standalone job died (exit codes {e.exit_codes}); no ratio means anything")
+        return 1
     base = F.regime_figures(alone, sequential=True)
-    base.update(regime="standalone", sequential=True, dense={d["job"] + f"-{i}": d.get("dense") for i, d in enumerate(alone)})
+    base.update(regime="standalone", sequential=True, exit_codes=[0] * len(alone),
+                dense={f"{d['job']}-{i}": d.get("dense") for i, d in enumerate(alone)})
     add_nvml(base, dev)
     doc["regimes"]["standalone"] = base
     save()
     failed = []
-    for regime in regimes[1:]:
+    for key, mix, regime in runs:
+        a.mix = mix
+        where = key.replace("/", "-")
         try:
-            res = sliced(a, dev, regime, alone, workdir)
+            if regime == "nolock":
+                together = fits_together(a, dev, alone)
+                if not together["fits_side_by_side"]:
+                    doc["regimes"][key] = {"regime": regime, "mix": mix, "fit": together, "skipped": (
+                        f"the {a.jobs} jobs do not fit the device side by side (--mix {mix}): "
+                        "started together with no lock they would run out of memory")}
+                    save()
+                    continue
+                res = no_lock(a, dev, alone, workdir / where, together)
+            else:
+                res = sliced(a, dev, regime, alone, workdir, where)
             add_nvml(res, dev)
             res["vs_standalone"] = F.ratios(res, base)
+            if a.mixes:
+                res["density"] = D.figures(res, base, a.jobs)
+            res["mix"] = mix
         except Exception as e:   # keep the other regimes' figures: the failure is a result too
-            res = {"regime": regime, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
-                   "logs": keep_logs(workdir / regime, Path(a.out) / f"{name}_{regime}_logs.tar.gz")}
-            failed.append(regime)
-        doc["regimes"][regime] = res
+            res = {"regime": regime, "mix": mix, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
+                   "exit_codes": getattr(e, "exit_codes", None),
+                   "logs": keep_logs(workdir / where, Path(a.out) / f"{name}_{where}_logs.tar.gz")}
+            failed.append(key)
+        doc["regimes"][key] = res
         save()
     if dev.sampler is not None:
         dev.sampler.stop.set()
+    for key, r in doc["regimes"].items():
+        nolock = doc["regimes"].get(f"{r.get('mix')}/nolock") if r.get("mix") else doc["regimes"].get("nolock")
+        if nolock and "wall_s" in nolock and "wall_s" in r and r is not nolock and key != "standalone":
+            r["vs_no_lock"] = F.vs(r, nolock)
+            r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
+    if a.mixes:
+        doc["targets"] = targets(doc, a.mixes) + D.targets(doc, a.kind)
     print(report(doc))
     with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
         f.write(report(doc) + "\n")
+    ran = {k: r for k, r in doc["regimes"].items() if k != "standalone" and "skipped" not in r}
     ok = not failed and all(all(v["losses_identical"] and v["weights_identical"] for v in r["degradation"].values())
-                            for k, r in doc["regimes"].items() if k != "standalone")
+                            for r in ran.values())
     doc["ok"] = ok
     save()
     return 0 if ok else 1
+
+
+def targets(doc: dict, mixes: list[str]) -> list[dict]:
+    """The fit policy's targets (TARGETS) against this run's figures: each with its value and verdict
+    (None: the regimes it needs did not run, or one of them failed)."""
+    out = []
+    for mix in mixes:
+        for regime, what, op, bound in TARGETS[mix]:
+            r = doc["regimes"].get(f"{mix}/{regime}", {})
+            ref = {"wall_vs_no_lock": f"{mix}/nolock", "nvml_vs_no_lock": f"{mix}/nolock",
+                   "wall_vs_standalone": "standalone", "wall_vs_exclusive": f"{mix}/exclusive"}[what]
+            b = doc["regimes"].get(ref, {})
+            value = None
+            if "wall_s" in r and "wall_s" in b and not r.get("error") and not b.get("error"):
+                if what.startswith("wall"):
+                    value = round(r["wall_s"] / b["wall_s"], 3)
+                elif r.get("duty_cycle_nvml") is not None and b.get("duty_cycle_nvml"):
+                    value = round(r["duty_cycle_nvml"] / b["duty_cycle_nvml"], 3)
+            ok = None if value is None else (value <= bound if op == "<=" else value >= bound)
+            out.append({"mix": mix, "what": what, "value": value, "target": f"{op} {bound}", "ok": ok})
+    return out
 
 
 def pct(x: float | None) -> str:
@@ -364,6 +577,8 @@ def pct(x: float | None) -> str:
 
 
 def report(doc: dict) -> str:
+    if doc["params"].get("mixes"):
+        return mix_report(doc)
     rows = []
     for name, r in doc["regimes"].items():
         if "error" in r:
@@ -389,6 +604,46 @@ def report(doc: dict) -> str:
     lines = [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
     return table(head, rows) + f"\n{note}; ratios (x) against standalone, same run" + "".join(
         "\n" + x for x in lines)
+
+
+def _bit_equal(r: dict) -> str:
+    deg = r.get("degradation", {})
+    return "yes" if deg and all(v["losses_identical"] and v["weights_identical"] for v in deg.values()) else (
+        "-" if not deg else "NO")
+
+
+def mix_report(doc: dict) -> str:
+    """--jobs N --mix: wall against one after the other and against nolock, NVML, the overlap of holds,
+    exit codes and bit-identity; FAILED (no ratio) for a regime in which a job died."""
+    rows = []
+    for name, r in doc["regimes"].items():
+        if "error" in r:
+            rows.append([name, f"FAILED (exit codes {r.get('exit_codes')}): " + r["error"].splitlines()[0][:60]]
+                        + [""] * 11)
+            continue
+        if "skipped" in r:
+            rows.append([name, "skipped: " + r["skipped"][:70]] + [""] * 11)
+            continue
+        sh, ratio, nl = r.get("sharing") or {}, r.get("vs_standalone", {}), r.get("vs_no_lock") or {}
+        rows.append([name, r["wall_s"], ratio.get("wall", 1.0) if name != "standalone" else 1.0,
+                     nl.get("wall", "-"), pct(r.get("duty_cycle_nvml")), nl.get("duty_cycle_nvml", "-"),
+                     pct(r["duty_cycle_phases"]), sh.get("max_holders", "-"), sh.get("holds_beside_another", "-"),
+                     sh.get("backfilled", "-"),
+                     "/".join(f"{ratio.get(j['job'], {}).get('tokens_per_s') or 1:.2f}" for j in r["jobs"]),
+                     ",".join(str(c) for c in r.get("exit_codes", [])), _bit_equal(r)])
+    head = ["regime", "wall s", "x seq", "x no-lock", "NVML", "NVML x no-lock", "phases", "max holders",
+            "beside", "backfilled", "tok/s x", "exit", "bit-equal"]
+    p = doc["params"]
+    note = ("SIMULATED device (CPU dry run): no NVML" if doc["simulated"]
+            else "NVML duty: share of 50 ms samples a kernel ran, over each regime's window")
+    lines = [table(head, rows), f"{p['jobs']} jobs, --mix {','.join(p['mixes'])}; {note}; x seq: wall against one "
+             "after the other (standalone), x no-lock: against the jobs started together with no lock"]
+    for t in doc.get("targets", []):
+        verdict = "-" if t["ok"] is None else ("met" if t["ok"] else "MISSED")
+        lines.append(f"target {t['mix']}: {t['what']} {t['value']} (wanted {t['target']}): {verdict}")
+    lines += D.text(doc)
+    lines += [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -161,3 +161,50 @@ def swap_figures(ops: dict, docs: list[dict]) -> dict:
             "round_trip_steady_median_s": ops.get("round_trip_steady_median_s"),
             "op_seconds": ops.get("op_seconds", 0.0),
             "residue_gib_max": max((j["residue_bytes_max"] or 0 for j in map(job_figures, docs)), default=0) / GiB}
+
+
+def sharing_figures(docs: list[dict], capacity: dict[str, int] | None = None, margin: int = 0) -> dict:
+    """How one regime's holds overlapped (each job's ``hold`` events, as its integration saw them:
+    from its Acquire returning to its Yield call): the most jobs holding at once, the time two or
+    more held, holds begun beside another, backfills; with the GPUs' ``capacity`` ("<node>/<GPU>"
+    -> bytes), the holds begun while those in progress weighed more than a GPU has less ``margin``,
+    and those begun beside a hold that weighed the whole device (either way round)."""
+    ivs = [(h["t_grant"], h["t_release"], h) for d in docs for h in holds(d)]
+    order = sorted([(s, 1, i) for i, (s, _, _) in enumerate(ivs)] + [(e, 0, i) for i, (_, e, _) in enumerate(ivs)])
+    open_: set[int] = set()
+    most, beside, over, alone_broken = 0, 0, 0, 0
+    shared: list[tuple[float, float]] = []
+    since = None
+    for t, kind, i in order:                       # at one instant a release (0) comes before a grant (1)
+        if kind == 0:
+            open_.discard(i)
+            if len(open_) < 2 and since is not None:
+                shared.append((since, t))
+                since = None
+            continue
+        if open_:
+            beside += 1
+            whole = [j for j in (*open_, i) if ivs[j][2].get("exclusive") or not ivs[j][2].get("footprint")]
+            alone_broken += bool(whole)
+            if capacity is not None:
+                load: dict[str, int] = {}
+                for j in (*open_, i):
+                    for slot, b in (ivs[j][2].get("footprint") or {}).items():
+                        load[slot] = load.get(slot, 0) + int(b)
+                over += any(slot not in capacity or b > capacity[slot] - margin for slot, b in load.items())
+        open_.add(i)
+        most = max(most, len(open_))
+        if len(open_) >= 2 and since is None:
+            since = t
+    return {"max_holders": most, "shared_s": round(union_length(shared), 3), "holds_beside_another": beside,
+            "backfilled": sum(bool(h.get("backfilled")) for _, _, h in ivs),
+            "exclusive_beside_another": alone_broken, "over_capacity": over if capacity is not None else None}
+
+
+def vs(reg: dict, ref: dict) -> dict:
+    """A regime against another of the same run (the nolock one): wall and duty cycles as ratios."""
+    out: dict = {"wall": round(reg["wall_s"] / ref["wall_s"], 3) if ref.get("wall_s") else None}
+    for key in ("duty_cycle_nvml", "duty_cycle_nvml_steady", "duty_cycle_phases"):
+        if reg.get(key) is not None and ref.get(key):
+            out[key] = round(reg[key] / ref[key], 3)
+    return out

@@ -22,6 +22,10 @@ fifo        (1) If A's ``enqueued`` event precedes B's ``acquire_req``, A's toke
 priority    Groups named in ``priorities`` (group -> its max_overtakes K) replace
             fifo (1) by: FIFO within a class, and no waiter overtaken by more
             than K later requests (priorityrules.py). token-order still holds.
+fit         Groups named in ``fit`` (group -> its GPUs' capacities and margin), whose holders
+            run side by side, replace mutex, token-order and fifo (1) by fitrules.py's rules:
+            the sections in progress fit on each GPU and an exclusive one is alone, each job's
+            tokens increase, only a backfill goes before an earlier waiter.
 lost-waiter Every ``acquire_req`` ends in ``granted``, ``error`` or ``abandoned``
             before the job's next ``acquire_req`` and before the history ends.
 stale-token A ``cs_start`` carries the token of the grant the job holds; the
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 from chaos_tests.claims import check_claims
 from chaos_tests.crossgroup import check_cross_group
 from chaos_tests.faultrules import check_faults
+from chaos_tests.fitrules import check_fit_group
 from chaos_tests.priorityrules import check_priority_group
 from chaos_tests.swaprules import check_swaps
 
@@ -97,6 +102,7 @@ class _Attempt:
     outcome: str | None = None  # granted | error | abandoned
     priority: int = 0           # the class asked for (``acquire_req``'s ``priority``)
     grant_t: int | None = None
+    backfilled: bool = False    # a fit group's grant made before an earlier waiter (``granted``'s flag)
 
 
 @dataclass
@@ -120,6 +126,11 @@ class _Group:
     grants: list[tuple[int, int, str]] = field(default_factory=list)  # (t, token, job)
     sections: list[_Section] = field(default_factory=list)
     fence_ok: list[tuple[int, int, str]] = field(default_factory=list)
+    # (job, token) -> (footprint {"<node>/<gpu>": bytes}, exclusive, backfilled), from ``granted`` (fit groups)
+    grant_facts: dict[tuple[str, int], tuple[dict, bool, bool]] = field(default_factory=dict)
+    # (job, token) -> when the observer saw the grant deleted (``grant_end``): a holder's section counts
+    # while its grant exists (fitrules.py); one paused past its lease runs on, and the device stops it
+    grant_ends: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -131,9 +142,11 @@ class _JobState:
 
 def check(history_events: list[dict], expected_order=None, ghost_bound_s: float = 10.0,
           orphan_bound_s: float = 10.0, recovery_bound_s: float = 30.0,
-          priorities: dict[str, int] | None = None) -> Report:
+          priorities: dict[str, int] | None = None, fit: dict[str, dict] | None = None) -> Report:
     """Judge a history (any order); ``expected_order``: list of jobs, or {group: list};
     ``priorities``: the groups with priority classes, each with its max_overtakes;
+    ``fit``: the groups with sharing "fit", each with {"capacity": {"<node>/<gpu>": bytes}, "margin"}
+    (fitrules.py);
     ``ghost_bound_s``: how soon a grant nobody claimed must be released (claims.py);
     ``orphan_bound_s``: how long a job may stay parked without a session (swaprules.py);
     ``recovery_bound_s``: how soon after a heal each group is granted again (faultrules.py)."""
@@ -164,9 +177,13 @@ def check(history_events: list[dict], expected_order=None, ghost_bound_s: float 
     active = {group: g for group, g in groups.items() if g.attempts or g.grants}
     for group, g in active.items():
         bound = (priorities or {}).get(group)
-        _check_group(group, g, report, at, _expected_for(expected_order, group), fifo=bound is None)
+        shared = (fit or {}).get(group)
+        _check_group(group, g, report, at, _expected_for(expected_order, group),
+                     fifo=bound is None and shared is None, exclusive=shared is None)
         if bound is not None:
             check_priority_group(group, g.attempts, bound, report, at)
+        if shared is not None:
+            check_fit_group(group, g, shared, report, at)
     check_claims(events, report, at, ghost_bound_s)
     check_cross_group(events, report, at)
     check_swaps(events, report, at, orphan_bound_s)
@@ -200,8 +217,11 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         else:
             report.max_wait_s = max(report.max_wait_s, (t - st.waiting.req_t) / 1e9)
             st.waiting.token, st.waiting.outcome, st.waiting.grant_t = token, "granted", t
+            st.waiting.backfilled = bool(e.get("backfilled"))
             st.waiting = None
         g.grants.append((t, token, job))
+        g.grant_facts[(job, token)] = (dict(e.get("footprint") or {}), bool(e.get("exclusive")),
+                                       bool(e.get("backfilled")))
         st.held = token
         report.grants += 1
     elif ev == "cs_start":
@@ -236,14 +256,19 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         st.held = None
         report.errors += ev == "error"
         report.abandoned += ev == "abandoned"
+    elif ev == "grant_end" and token is not None:
+        g.grant_ends.setdefault((job, token), t)
     elif ev == "data_check" and not e.get("ok"):
         report.violations.append(f"[data] {where}: {e.get('detail', 'data check failed')}")
 
 
-def _check_group(group, g: _Group, report: Report, at, expected: list[str] | None, fifo: bool = True) -> None:
+def _check_group(group, g: _Group, report: Report, at, expected: list[str] | None, fifo: bool = True,
+                 exclusive: bool = True) -> None:
+    """``exclusive``: one holder at a time (mutex and token-order by grant time); a fit group's
+    holders share (fitrules.py judges it instead)."""
     # mutex: sweep sections by start, comparing with the one reaching furthest.
     spans = sorted(((*span, s) for s in g.sections if (span := s.effective())),
-                   key=lambda x: x[0])
+                   key=lambda x: x[0]) if exclusive else []
     reach = None
     for start, end, s in spans:
         if reach and start < reach[1] and s.job != reach[2].job:
@@ -254,7 +279,7 @@ def _check_group(group, g: _Group, report: Report, at, expected: list[str] | Non
             reach = (start, end, s)
     # token-order: strictly increasing in grant order.
     for (t1, k1, j1), (t2, k2, j2) in zip(g.grants, g.grants[1:]):
-        if k2 <= k1:
+        if k2 <= k1 and exclusive:
             report.violations.append(
                 f"[token-order] {group}: {j2} granted token {k2} at {at(t2)} after {j1} "
                 f"got token {k1} at {at(t1)}: {j2} was overtaken or tokens went back")
@@ -278,14 +303,15 @@ def _check_group(group, g: _Group, report: Report, at, expected: list[str] | Non
         got = [job for _, _, job in g.grants if job in wanted]
         if got != list(expected):
             report.violations.append(f"[fifo] {group}: grant order {got}, expected {expected}")
-    # stale-token: the fence never goes back.
-    best = None
+    # stale-token: the fence never goes back (a fit group's holders share: one fence per job there).
+    best: dict[str | None, tuple[int, str]] = {}
     for t, token, job in g.fence_ok:
-        if best is not None and token < best[0]:
+        k = None if exclusive else job
+        if k in best and token < best[k][0]:
             report.violations.append(f"[stale-token] {group}: fence accepted token {token} of "
-                                     f"{job} at {at(t)} after token {best[0]} of {best[1]}")
-        if best is None or token > best[0]:
-            best = (token, job)
+                                     f"{job} at {at(t)} after token {best[k][0]} of {best[k][1]}")
+        if k not in best or token > best[k][0]:
+            best[k] = (token, job)
 
 
 def _expected_for(expected_order, group) -> list[str] | None:

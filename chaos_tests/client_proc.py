@@ -55,7 +55,7 @@ import grpc
 
 from chaos_tests.coopdevice import SimCoopWorkerDevice
 from chaos_tests.device import SimWorkerDevice
-from chaos_tests.history import FencedResource, HistoryRecorder
+from chaos_tests.history import FencedResource, HistoryRecorder, MiB, fence_path
 from timeslice.testing.rawjob import GiveUp, RawJob, RawSessionLost
 
 
@@ -99,7 +99,7 @@ class Client:
                           rpc_timeout=a.rpc_timeout, log=log)
         self.rec = HistoryRecorder(a.history, name=f"client-{a.job}", job=a.job)
         self.groups = a.groups.split(",")
-        self.fences = {g: FencedResource(os.path.join(a.fence_dir, f"fence-{g}.json")) for g in self.groups}
+        self.fences = {g: FencedResource(fence_path(a, g)) for g in self.groups}
         self.accepted = {g: 0 for g in self.groups}
         self.stop = threading.Event()     # set by SIGTERM
         self._keepalive: asyncio.Task | None = None
@@ -144,10 +144,14 @@ class Client:
         group = self.rng.choice(self.groups)
         # --priorities lo,hi: a class per turn (groups created with priority classes).
         cls = {"priority": self.rng.randint(*self.a.priorities)} if self.a.priorities else {}
-        self.rec.acquire_req(group, **cls)
+        # --hint-mib lo,hi: a footprint per turn (fit groups), for a client with no device of its own;
+        # --exclusive-p: the share of turns that ask for the GPUs alone.
+        hint = self.device.footprint if self.device else \
+            (self.rng.randint(*(int(x * MiB) for x in self.a.hint_mib)) if self.a.hint_mib else 0)
+        excl = {"exclusive": True} if self.a.exclusive_p and self.rng.random() < self.a.exclusive_p else {}
+        self.rec.acquire_req(group, **cls, **excl)
         try:
-            rep = await self.job.acquire(group, timeout=self.a.acquire_timeout,
-                                         hint=self.device.footprint if self.device else 0, **cls)
+            rep = await self.job.acquire(group, timeout=self.a.acquire_timeout, hint=hint, **cls, **excl)
         except (grpc.aio.AioRpcError, GiveUp) as err:
             e = failure("Acquire", err)
             self.rec.error(group, str(e) or type(e).__name__, kind=type(e).__name__, code=code_of(e))
@@ -156,7 +160,8 @@ class Client:
             return
         token = rep.token
         self.rec.granted(group, token, epoch=rep.leader_epoch, waited_ms=round(rep.waited_ms, 1),
-                         restored=rep.restored, elided=rep.elided, replica=self.job.answered_by)
+                         restored=rep.restored, elided=rep.elided, replica=self.job.answered_by,
+                         footprint=dict(rep.footprint_bytes), exclusive=rep.exclusive, backfilled=rep.backfilled)
         fence = self.fences[group]
         if not fence.apply(self.rec, group, token):
             # Someone with a newer token has used the resource: our grant is stale.
@@ -238,6 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--think-ms", type=_range, default=(0.0, 20.0), help="pause between turns lo,hi ms")
     p.add_argument("--priorities", type=lambda s: tuple(int(x) for x in _range(s)), default=None,
                    help="ask each turn for a priority class drawn from lo,hi (groups with priority classes)")
+    p.add_argument("--fit", action="store_true",
+                   help="the groups have sharing fit: a fenced resource per job, not per group")
+    p.add_argument("--hint-mib", type=_range, default=None,
+                   help="declare a footprint drawn from lo,hi MiB on each acquire (no device of its own)")
+    p.add_argument("--exclusive-p", type=float, default=0.0, help="share of turns that ask exclusive=True")
     p.add_argument("--sim-bytes", type=int, default=0, help="hold this many bytes on the simulated device")
     p.add_argument("--sim-dir", default=None, help="simulated device directory")
     p.add_argument("--coop-regions", default="", help="be a cooperative worker with these regions on the "

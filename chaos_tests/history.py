@@ -117,6 +117,16 @@ def load_history(directory: str) -> list[dict]:
     return events
 
 
+MiB = 1 << 20
+
+
+def fence_path(a, group: str) -> str:
+    """A client's fenced resource of ``group`` (``a``: its arguments): one for the group, or with
+    ``--fit`` one per job (a fit group's holders run side by side by design; there the fence stops a
+    stale section of the job itself)."""
+    return os.path.join(a.fence_dir, f"fence-{group}-{a.job}.json" if a.fit else f"fence-{group}.json")
+
+
 class FencedResource:
     """A shared "GPU": operations carry a fencing token; older tokens are refused.
 

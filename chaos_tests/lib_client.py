@@ -27,7 +27,7 @@ import time
 import grpc
 from aetcd import rpc
 
-from chaos_tests.history import FencedResource, HistoryRecorder
+from chaos_tests.history import FencedResource, HistoryRecorder, MiB, fence_path
 from timeslice import OrchestratorClient
 from timeslice.errors import SessionLostError, TimesliceClientError
 
@@ -51,7 +51,7 @@ class LibClient:
         self.rng = random.Random(a.seed)
         self.rec = HistoryRecorder(a.history, name=f"client-{a.job}", job=a.job)
         self.groups = a.groups.split(",")
-        self.fences = {g: FencedResource(os.path.join(a.fence_dir, f"fence-{g}.json")) for g in self.groups}
+        self.fences = {g: FencedResource(fence_path(a, g)) for g in self.groups}
         self.accepted = {g: self.fences[g].ops(g, a.job) for g in self.groups}
         self.stop = threading.Event()
         self.c = OrchestratorClient(a.targets.split(","), job_id=a.job, session_ttl=a.ttl, release_cache=False,
@@ -69,15 +69,18 @@ class LibClient:
 
     def turn(self) -> None:
         group = self.rng.choice(self.groups)
-        self.rec.acquire_req(group, replica=self.c.target)
+        hint = self.rng.randint(*(int(x * MiB) for x in self.a.hint_mib)) if self.a.hint_mib else 0
+        excl = bool(self.a.exclusive_p) and self.rng.random() < self.a.exclusive_p
+        self.rec.acquire_req(group, replica=self.c.target, **({"exclusive": True} if excl else {}))
         try:
-            g = self.c.acquire(group, timeout=self.a.acquire_timeout)
+            g = self.c.acquire(group, timeout=self.a.acquire_timeout, device_bytes_hint=hint, exclusive=excl)
         except TimesliceClientError as e:
             self.failed(group, e)
             self.stop.wait(self.a.error_pause)
             return
         self.rec.granted(group, g.token, epoch=g.leader_epoch, waited_ms=round(g.waited_ms, 1),
-                         restored=g.restored, replica=self.c.target)
+                         restored=g.restored, replica=self.c.target, footprint=dict(g.footprint_bytes),
+                         exclusive=g.exclusive, backfilled=g.backfilled)
         fence = self.fences[group]
         if not fence.apply(self.rec, group, g.token):
             self.rec.error(group, "fenced off before entering", kind="Fenced", token=g.token)

@@ -4,7 +4,8 @@
 A thread of the test process runs one resumable etcd watch (``timeslice.common.server.etcd``'s ``Watch``)
 on the whole prefix, so its events come in etcd's revision order, and records:
 
-    grant_put   group, job, token     a group's grant was written (or rewritten)
+    grant_put   group, job, token     a group's grant was written (or rewritten); a fit group's holders
+                                      each have their own (``grants/<job>``)
     grant_end   group, job, token     it was deleted (yield, lease expiry, ...)
     group_spec  group, nodes          a group's spec was written
     parked      job, node, gpus, state   the agent's status of the job entered a parked state
@@ -106,7 +107,8 @@ class GrantObserver:
         if self.enqueued and len(parts) == 4 and parts[0] == "groups" and parts[2] == "queue" and created \
                 and not v.get("since"):
             self.rec.record("enqueued", group=parts[1], job=parts[3], token=created)
-        elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
+        elif (len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant") or \
+                (len(parts) == 4 and parts[0] == "groups" and parts[2] == "grants"):
             self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=v.get("job"),
                             token=v.get("token"))
         elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "spec" and put:

@@ -19,6 +19,13 @@ once the agents had their chance to clean up at the end.
 ``kinds`` mixes clients of several sorts in one world (``ClientKind``: their
 own arguments, groups and environment), e.g. checkpointed and cooperative jobs
 on a simulated node beside plain jobs on a group without devices.
+
+``sharing="fit"`` makes every group a fit group (lockd/weights.py): a group without nodes of its
+own gets one, a SIMULATED device of ``FIT_CAPACITY`` bytes with its agent, one node per group (a
+fit group admits against its own holders), and the clients declare footprints of 2-6 MiB (a client
+with a device of its own declares it), a tenth of their turns asking exclusive=True. The checker
+then judges the groups by chaos_tests/fitrules.py, and in either policy the grants are judged
+once more from etcd's revision order (holders.py: tokens increasing, fit holders within capacity).
 """
 from __future__ import annotations
 
@@ -50,6 +57,9 @@ LOCKD_FLAGS = ["--lease-ttl", str(LEASE_TTL), "--renew-deadline", str(RENEW_DEAD
                "--retry-period", str(RETRY_PERIOD), "--etcd-timeout", "2", "--session-ttl", "3",
                "--log-level", "info"]
 SESSION_TTL = 3
+FIT_CAPACITY = 10 << 20        # a fit world's simulated GPU per group: two or three 2-6 MiB footprints at once
+FIT_CLIENT_ARGS = ["--fit", "--exclusive-p", "0.1"]
+FIT_HINTS = ["--hint-mib", "2,6"]
 
 
 def scenario_seed(default: int) -> int:
@@ -82,7 +92,10 @@ class World(ClientsView):
                  client_args: list[str] | None = None, group_nodes: list[str] | dict[str, list[str]] | None = None,
                  client_env: dict[str, str] | None = None, library: bool = False, observe: bool = False,
                  kinds: list[ClientKind] | None = None, orphan_bound_s: float = 10.0,
-                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None):
+                 recovery_bound_s: float = 30.0, max_overtakes: int | None = None, sharing: str = "exclusive",
+                 fit_capacity: dict[str, int] | None = None):
+        """``sharing``: every group's policy; ``fit_capacity``: node -> its GPU's bytes, for the fit
+        groups' checker (default: the fit nodes this world makes)."""
         self.etcd, self.prefix, self.reaper, self.seed, self.name = etcd, prefix, reaper, seed, name
         self.rng = random.Random(seed)
         self.dir = str(workdir)
@@ -98,6 +111,9 @@ class World(ClientsView):
         self.orphan_bound_s, self.recovery_bound_s = orphan_bound_s, recovery_bound_s
         # max_overtakes: the groups have priority classes with this bound (judged by priorityrules.py)
         self.max_overtakes = max_overtakes
+        self.sharing = sharing
+        self.fit_capacity = dict(fit_capacity or {})
+        self.fit_nodes: list = []                 # the SimNodes a fit world made for its groups
         self.client_args = client_args or []
         self.client_env = client_env or {}
         # library=True: clients drive timeslice.OrchestratorClient (lib_client.py), and an
@@ -105,7 +121,7 @@ class World(ClientsView):
         self.library = library
         self.ghost_bound_s = 2 * SESSION_TTL + 2 if library else 10.0
         # observe=True: the observer runs with raw clients too (the agents' statuses, sessions).
-        self.observe = library or observe
+        self.observe = library or observe or sharing == "fit"
         self.observer = None
         self.on_stop: list = []           # callables run by stop() (agents, relays, ...)
         self.lockd = LockdCluster(etcd.endpoints_str, prefix, n=3, logdir=self.log_dir,
@@ -136,12 +152,14 @@ class World(ClientsView):
     def start(self, order: list[int] | None = None, duration: float = 20.0) -> World:
         for i in order or range(len(self.lockd.replicas)):
             self.lockd.replicas[i].start()
+        if self.sharing == "fit" and not self.group_nodes:
+            self._make_fit_nodes()
         self.create_groups()
         if self.observe:
             from chaos_tests.observer import GrantObserver
 
             self.observer = GrantObserver(self.etcd.endpoints_str, self.prefix, self.history_dir,
-                                          enqueued=self.max_overtakes is not None).start()
+                                          enqueued=self.max_overtakes is not None or self.sharing == "fit").start()
         for kind in self.kinds:
             for _ in range(kind.count):
                 self.spawn_client(duration, kind=kind)
@@ -177,13 +195,36 @@ class World(ClientsView):
     def crashes(self) -> list[str]:
         return [f"client {c.job} pid {c.pid} died rc={c.crashed}" for c in self.clients if c.crashed is not None]
 
+    def _make_fit_nodes(self) -> None:
+        """One SIMULATED device and its agent per group (a fit group admits against its own holders)."""
+        from chaos_tests.simnode import SimNode
+
+        nodes = {}
+        for g in self.groups:
+            node = SimNode(self, self.etcd.endpoints_str, node=f"fit-{g}", capacity=FIT_CAPACITY)
+            node.agent.start()
+            self.fit_nodes.append(node)
+            nodes[g] = [node.node]
+            self.fit_capacity.setdefault(node.node, FIT_CAPACITY)
+        self.group_nodes = nodes
+
+    def _nodes_of(self, g: str) -> list[str]:
+        return self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
+
     def create_groups(self) -> None:
         for g in self.groups:
-            nodes = self.group_nodes.get(g, []) if isinstance(self.group_nodes, dict) else self.group_nodes
-            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in nodes],
+            req = pb.CreateGroupRequest(group_id=g, nodes=[pb.NodeSpec(node=n) for n in self._nodes_of(g)],
                                         priorities=self.max_overtakes is not None,
-                                        max_overtakes=self.max_overtakes or 0)
+                                        max_overtakes=self.max_overtakes or 0, sharing=self.sharing)
             self.call_any("CreateGroup", req)
+
+    def fit_spec(self) -> dict[str, dict] | None:
+        """The checker's fit groups: each with its GPUs' capacities (index 0 of each node: one
+        simulated device per node)."""
+        if self.sharing != "fit":
+            return None
+        return {g: {"capacity": {f"{n}/0": self.fit_capacity[n] for n in self._nodes_of(g) if n in self.fit_capacity},
+                    "margin": 0} for g in self.groups}
 
     def call_any(self, method: str, req, timeout: float = 20.0):
         deadline = time.monotonic() + timeout
@@ -214,6 +255,9 @@ class World(ClientsView):
                 "--fence-dir", self.fence_dir, "--seed", str(self.seed * 1000 + self._next_job),
                 "--duration", str(duration), "--ttl", str(SESSION_TTL), *self.client_args, *kind.args,
                 *(extra or [])]
+        if self.sharing == "fit":
+            own = "--sim-bytes" in argv or "--coop-regions" in argv       # a device of its own: its footprint
+            argv += FIT_CLIENT_ARGS + ([] if own else FIT_HINTS)
         if self.library:
             argv += ["--library", "--etcd", self.etcd.endpoints_str, "--error-pause", str(self.ghost_bound_s + 2)]
         with open(log_path, "ab") as log:
@@ -316,9 +360,36 @@ class World(ClientsView):
         self.all_events = events
         report = check(events, ghost_bound_s=self.ghost_bound_s, orphan_bound_s=self.orphan_bound_s,
                        recovery_bound_s=self.recovery_bound_s,
-                       priorities=None if self.max_overtakes is None else dict.fromkeys(self.groups, self.max_overtakes))
+                       priorities=None if self.max_overtakes is None else dict.fromkeys(self.groups, self.max_overtakes),
+                       fit=self.fit_spec())
+        report.violations += self.revision_order_violations()
         self.print_figures(report, events)
         return report
+
+    def max_holders(self) -> int:
+        """The most holders one group had at once, as the observer saw the grants come and go."""
+        held: dict[str, set] = {}
+        most = 0
+        for e in sorted(getattr(self, "all_events", []), key=lambda e: e["t"]):
+            if e["ev"] in ("grant_put", "grant_end"):
+                h = held.setdefault(e.get("group"), set())
+                (h.add if e["ev"] == "grant_put" else h.discard)(e.get("job"))
+                most = max(most, len(h))
+        return most
+
+    def revision_order_violations(self) -> list[str]:
+        """The grants judged from etcd's own revision history (holders.py), both policies."""
+        import asyncio
+
+        from chaos_tests.holders import check_grants_in_revision_order, etcd_history
+        from timeslice.common.server.etcd import EtcdClient, EtcdConfig
+        from timeslice.common.server.keys import Keys
+
+        async def read():
+            keys = Keys(self.prefix)
+            async with EtcdClient(EtcdConfig.parse(self.etcd.endpoints_str, timeout=10)) as client:
+                return check_grants_in_revision_order(await etcd_history(client, keys), keys)
+        return asyncio.run(read())
 
     def settle(self) -> None:
         """Give the agents up to the orphan bound (and a little) to clean up after the jobs that

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from chaos_tests.holders import Event, check_holders_not_parked
+from chaos_tests.holders import Event, check_grants_in_revision_order, check_holders_not_parked
 from timeslice.common.server.keys import Keys
 
 K = Keys("/t/")
@@ -40,3 +40,45 @@ def test_unknown_gpus_count_as_every_gpu():
     assert len(check_holders_not_parked([*base(px_gpus=()), snapshot(9)], K)) == 1
     whole_node = [put(1, K.spec("gA"), {"nodes": [{"node": "n1", "gpus": []}]}), *base(px_gpus=(3,))[1:]]
     assert len(check_holders_not_parked([*whole_node, snapshot(9)], K)) == 1
+
+
+def test_a_fit_groups_co_holder_parked_is_a_violation_and_after_its_yield_it_is_not():
+    fit = [*base()[:3], put(4, K.shared_grant("gA", "PX"), {"job": "PX", "token": 4}),
+           put(5, K.shared_grant("gA", "PY"), {"job": "PY", "token": 5})]
+    assert len(check_holders_not_parked([*fit, snapshot(9)], K)) == 1
+    assert check_holders_not_parked([*fit, Event(8, K.shared_grant("gA", "PX"), None), snapshot(9)], K) == []
+
+
+GB = 1 << 30
+
+
+def agent(rev, total=80 * GB):
+    return put(rev, K.agent("n1"), {"node": "n1", "gpus": [{"index": 0, "total_bytes": total}]})
+
+
+def fit_grant(rev, job, token, gb=None):
+    v = {"job": job, "token": token, **({"exclusive": True} if gb is None else {"footprint": {"n1/0": gb * GB}})}
+    return put(rev, K.shared_grant("gA", job), v)
+
+
+def test_fit_holders_within_capacity_in_revision_order_pass():
+    events = [agent(1), fit_grant(2, "A", 2, 40), fit_grant(3, "B", 3, 40), Event(4, K.shared_grant("gA", "A"), None),
+              fit_grant(6, "C", 5, 40), put(7, K.grant("gX"), {"job": "A", "token": 7}),
+              put(8, K.grant("gX"), {"job": "B", "token": 8})]
+    assert check_grants_in_revision_order(events, K) == []
+
+
+def test_fit_holders_over_capacity_or_beside_an_exclusive_one_are_violations():
+    over = [agent(1), fit_grant(2, "A", 2, 40), fit_grant(3, "B", 3, 41)]
+    out = check_grants_in_revision_order(over, K)
+    assert len(out) == 1 and out[0].startswith("[fit] revision 3")
+    assert check_grants_in_revision_order([agent(1, 81 * GB), *over[1:]], K) == []
+    assert len(check_grants_in_revision_order([agent(1, 81 * GB), *over[1:]], K, margin=GB)) == 1
+    beside = [agent(1), fit_grant(2, "A", 2, None), fit_grant(3, "B", 3, 1)]
+    assert check_grants_in_revision_order(beside, K)[0].startswith("[fit] revision 3")
+
+
+def test_tokens_going_back_in_revision_order_are_a_violation_in_either_layout():
+    assert check_grants_in_revision_order([agent(1), fit_grant(2, "A", 5, 1), fit_grant(3, "B", 4, 1)], K)
+    back = [put(2, K.grant("gX"), {"job": "A", "token": 5}), put(3, K.grant("gX"), {"job": "B", "token": 4})]
+    assert check_grants_in_revision_order(back, K)[0].startswith("[token-order] revision 3")

@@ -21,6 +21,9 @@ from chaos_tests.scenario import LEASE_TTL, SESSION_TTL, World, scenario_seed
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(240)]
 
 MIN_GRANTS = 20
+# The scenarios of plain clients run for both sharing policies: an exclusive group (the mutex) and a fit
+# group (holders side by side within the capacity of a simulated GPU; chaos_tests/fitrules.py).
+SHARINGS = pytest.mark.parametrize("sharing", ["exclusive", "fit"])
 
 
 @pytest.fixture
@@ -46,6 +49,8 @@ def verdict(w: World, report) -> None:
     assert report.violations == [], "\n".join(report.violations[:20])
     assert w.crashes == [], f"client processes died on their own: {w.crashes}"
     assert report.grants > MIN_GRANTS, f"only {report.grants} grants: the scenario proved little"
+    if w.sharing == "fit":
+        assert w.max_holders() >= 2, "no two holders of a fit group at once: the scenario shared nothing"
 
 
 def kill_leaders(w: World, times: int) -> None:
@@ -61,9 +66,10 @@ def kill_leaders(w: World, times: int) -> None:
         leader.start()                          # same port: clients find it again
 
 
-def test_lockd_leader_sigkill_repeatedly(world):
+@SHARINGS
+def test_lockd_leader_sigkill_repeatedly(world, sharing):
     """SIGKILL the lockd leader three times (restarting it each time): no waiter is lost."""
-    w = world("lockd-leader-kill", seed=101).start(duration=24)
+    w = world("lockd-leader-kill", seed=101, sharing=sharing).start(duration=24)
     kill_leaders(w, 3)
     verdict(w, w.finish())
 
@@ -83,9 +89,10 @@ def test_priority_classes_through_leader_kills(world):
     assert sum(e["ev"] == "enqueued" for e in w.all_events) >= report.grants // 2, "too few entries observed"
 
 
-def test_lockd_leader_sigstop_past_its_lease(world):
+@SHARINGS
+def test_lockd_leader_sigstop_past_its_lease(world, sharing):
     """SIGSTOP the leader for longer than its lease, then SIGCONT: it must not grant on waking."""
-    w = world("lockd-leader-pause", seed=202).start(duration=26)
+    w = world("lockd-leader-pause", seed=202, sharing=sharing).start(duration=26)
     for _ in range(3):
         w.sleep(2, 4)
         leader, epoch = w.lockd_leader()
@@ -98,9 +105,10 @@ def test_lockd_leader_sigstop_past_its_lease(world):
     verdict(w, w.finish())
 
 
-def test_etcd_member_kill_and_raft_leader_kill(world, etcd3):
+@SHARINGS
+def test_etcd_member_kill_and_raft_leader_kill(world, sharing, etcd3):
     """Kill an etcd follower and bring it back; then kill the raft leader and bring it back."""
-    w = world("etcd-member-kill", seed=303).start(duration=28)
+    w = world("etcd-member-kill", seed=303, sharing=sharing).start(duration=28)
     for role in ("follower", "raft leader", "raft leader"):
         w.sleep(2, 4)
         leader = etcd3.leader()
@@ -114,7 +122,8 @@ def test_etcd_member_kill_and_raft_leader_kill(world, etcd3):
     verdict(w, w.finish())
 
 
-def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
+@SHARINGS
+def test_client_sigkill_while_holding_and_pause_past_session_ttl(world, sharing):
     """SIGKILL clients inside their critical section; SIGSTOP others there past their session TTL.
 
     A killed holder's session lapses and the next waiter proceeds. A paused
@@ -123,7 +132,7 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
     fails with session lost (an ``error`` in the history), never a second
     holder.
     """
-    w = world("client-kill-pause", seed=404, client_args=["--cs-ms", "40,150"]).start(duration=32)
+    w = world("client-kill-pause", seed=404, client_args=["--cs-ms", "40,150"], sharing=sharing).start(duration=32)
     paused = []
     for i in range(4):
         w.sleep(2, 4)
@@ -135,21 +144,26 @@ def test_client_sigkill_while_holding_and_pause_past_session_ttl(world):
         else:
             pause = SESSION_TTL + w.rng.uniform(1.5, 3.0)
             w.pause_client(c)
+            stopped = time.monotonic()
             f = w.fault("SIGSTOP client holding a group", job=c.job, pause_s=round(pause, 2))
             time.sleep(pause)
             woke = time.monotonic()           # before SIGCONT: the client may act before healed() notes it
             w.resume_client(c)
             w.healed(f, f"SIGCONT {c.job}")
-            paused.append((c, woke))
+            paused.append((c, stopped, woke))
     report = w.finish()
     verdict(w, report)
-    for c, resumed in paused:
+    for c, stopped, resumed in paused:
+        before = [e for e in w.client_events(c) if e["t"] < stopped * 1e9 and e["ev"] in ("cs_start", "cs_end")]
+        if not before or before[-1]["ev"] != "cs_start":
+            continue          # its section had ended (its Yield on the way) before the signal landed
         after = [e for e in w.client_events(c) if e["t"] > resumed * 1e9 and e["ev"] in ("granted", "yield", "error")]
         assert after and after[0]["ev"] == "error" and after[0].get("kind") == "RawSessionLost", (
             f"{c.job} woke from a pause past its TTL; its next outcome was {after[:1]}")
 
 
-def test_lockd_replica_cut_off_from_etcd_by_relay(world, etcd3):
+@SHARINGS
+def test_lockd_replica_cut_off_from_etcd_by_relay(world, sharing, etcd3):
     """Partition one replica from etcd (relays that stop passing bytes): the leader, then a follower.
 
     Runs without root: each replica reaches etcd only through its own
@@ -161,7 +175,7 @@ def test_lockd_replica_cut_off_from_etcd_by_relay(world, etcd3):
     """
     from chaos_tests.netproxy import Relay
 
-    w = world("lockd-partition-relay", seed=505)
+    w = world("lockd-partition-relay", seed=505, sharing=sharing)
     relays = {r.replica_id: [Relay(ep) for ep in etcd3.endpoints] for r in w.lockd.replicas}
     try:
         for r in w.lockd.replicas:

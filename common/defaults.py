@@ -26,6 +26,8 @@ ENV_PREFIX = "TIMESLICE_PREFIX"
 ENV_NODE_NAME = "TIMESLICE_NODE_NAME"     # nodeagent + client worker registration
 ENV_ADMIN_TOKEN_FILE = "TIMESLICE_ADMIN_TOKEN_FILE"   # lockd, nodeagent, CLI: the admin bearer token (mode 0400/0600)
 ENV_AGENT_SOCKET = "TIMESLICE_AGENT_SOCKET"   # client + nodeagent: the node-local channel (timeslice.common.channel)
+# client integrations: "0" leaves torch's allocator uncapped while holding a fit group's grant (default on)
+ENV_ALLOCATOR_CAP = "TIMESLICE_ALLOCATOR_CAP"
 ENV_TENANTS_FILE = "TIMESLICE_TENANTS_FILE"   # lockd: which credentials name which tenant (lockd/callers.py)
 ENV_TENANT_TOKEN_FILE = "TIMESLICE_TENANT_TOKEN_FILE"   # client: the job's tenant token (timeslice.auth)
 ENV_ETCD_USER = "TIMESLICE_ETCD_USER"

@@ -26,8 +26,9 @@ BUILTIN: dict[str, str] = {
     "NODEAGENT_PORT": "0", "NODEAGENT_METRICS_PORT": "0", "BACKEND": "auto",
     "SIM_DEVICES": "1", "SIM_DEVICE_CAPACITY_BYTES": str(64 << 20),
     "SIM_SNAPSHOT_BYTES_PER_S": "1800000000", "SIM_RESTORE_BYTES_PER_S": "4500000000",
-    "LOG_DIR": "runs",
+    "LOG_DIR": "runs", "GROUP_SHARING": "fit",
 }
+SHARINGS = ("exclusive", "fit")
 
 
 class SettingsError(ValueError):
@@ -81,6 +82,7 @@ class Settings:
     sim_snapshot_bytes_per_s: int = 1_800_000_000
     sim_restore_bytes_per_s: int = 4_500_000_000
     log_dir: str = "runs"
+    group_sharing: str = "fit"
 
     def __post_init__(self) -> None:
         if self.etcd_members < 1 or self.etcd_members % 2 == 0:
@@ -104,6 +106,8 @@ class Settings:
             raise SettingsError("SIM_DEVICE_CAPACITY_BYTES must be > 0")
         if self.sim_snapshot_bytes_per_s < 0 or self.sim_restore_bytes_per_s < 0:
             raise SettingsError("SIM_*_BYTES_PER_S must be >= 0 (0 = as fast as memory allows)")
+        if self.group_sharing not in SHARINGS:
+            raise SettingsError(f"GROUP_SHARING {self.group_sharing!r}: choose one of {', '.join(SHARINGS)}")
 
     @classmethod
     def key_names(cls) -> list[str]:

@@ -186,5 +186,5 @@ def wait_leader(c: LocalCluster, timeout: float) -> dict:
 def create_group(c: LocalCluster, group: str) -> None:
     from timeslice.client import OrchestratorClient
     with OrchestratorClient(c.target, job_id="timeslice-up", timeout=20.0) as client:
-        client.create_group(group, nodes=[c.node])
-    c.progress(f"group {group!r} over node {c.node!r} created")
+        client.create_group(group, nodes=[c.node], sharing=c.settings.group_sharing)
+    c.progress(f"group {group!r} over node {c.node!r} created (sharing: {c.settings.group_sharing})")

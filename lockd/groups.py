@@ -35,10 +35,14 @@ class Groups:
 
     async def create(self, group: str, nodes: list[tuple[str, list[int]]], isolation: str = "",
                      tenants: list[str] | None = None, admins: list[str] | None = None,
-                     priorities: tuple[bool, int, int] = (False, 0, 0)) -> R.GroupSpec:
+                     priorities: tuple[bool, int, int] = (False, 0, 0), sharing: str = "") -> R.GroupSpec:
         """``tenants``/``admins``: who may acquire and who administers it (lockd/tenancy.py), validated there;
-        ``priorities``: (on, max_overtakes, max_wait_ms), lockd/priority.py."""
+        ``priorities``: (on, max_overtakes, max_wait_ms), lockd/priority.py; ``sharing``: "" or
+        "exclusive" (one holder at a time), "fit" (lockd/weights.py)."""
         check_id("group", group)
+        sharing = sharing or R.SHARING_EXCLUSIVE
+        if sharing not in R.SHARINGS:
+            raise InvalidIdError(f"sharing must be one of {sorted(R.SHARINGS)}, got {sharing[:32]!r}")
         on = bool(priorities[0])
         max_overtakes, max_wait_ms = PR.check_bounds(on, *priorities[1:])
         if isolation not in R.ISOLATIONS:
@@ -57,7 +61,7 @@ class Groups:
             if any(not 0 <= g <= MAX_GPU_INDEX for g in gpus):
                 raise InvalidIdError(f"gpu indices must be in 0..{MAX_GPU_INDEX}")
         spec = R.GroupSpec([{"node": n, "gpus": sorted(set(g))} for n, g in nodes], R.now_ms(), isolation,
-                           list(tenants or []), list(admins or []), on, max_overtakes, max_wait_ms)
+                           list(tenants or []), list(admins or []), on, max_overtakes, max_wait_ms, sharing)
         size = len(spec.dump())
         if size > MAX_SPEC_BYTES:
             raise InvalidIdError(f"limit max_spec_bytes: the group spec is {size} bytes, at most {MAX_SPEC_BYTES}")
@@ -70,12 +74,12 @@ class Groups:
         resp = await self.client.txn([ops.create_rev(key, "==", 0)], [ops.put(key, spec.dump())], [ops.get(key)])
         if not resp.succeeded:
             old = R.GroupSpec.load(resp.responses[0].response_range.kvs[0].value)
-            if (old.nodes, old.isolation, old.tenants, old.admins, *_bounds(old)) != \
-                    (spec.nodes, spec.isolation, spec.tenants, spec.admins, *_bounds(spec)):
+            if (old.nodes, old.isolation, old.tenants, old.admins, old.sharing, *_bounds(old)) != \
+                    (spec.nodes, spec.isolation, spec.tenants, spec.admins, spec.sharing, *_bounds(spec)):
                 names = old.node_names()
                 shown = " ".join(names[:8]) + (f" ... ({len(names)} nodes)" if len(names) > 8 else "")
-                raise AlreadyExists(f"group {group!r} exists with other nodes, isolation, tenants or "
-                                    f"priorities: {shown}")
+                raise AlreadyExists(f"group {group!r} exists with other nodes, isolation, tenants, "
+                                    f"priorities or sharing: {shown}")
             return old
         return spec
 
@@ -91,9 +95,10 @@ class Groups:
             # Spec, queue, grant and entries being moved (priority groups: rekey.py) at one revision:
             # the picture the guarded delete below compares with.
             r = await self.client.txn([], [ops.get(spec_key), ops.get(queue, prefix=True), ops.get(self.keys.grant(group)),
-                                           ops.get(moving, prefix=True)])
+                                           ops.get(moving, prefix=True), ops.get(self.keys.grants(group), prefix=True)])
             spec_kvs, queued = r.responses[0].response_range.kvs, list(r.responses[1].response_range.kvs)
             grant_kvs, queued_moving = r.responses[2].response_range.kvs, r.responses[3].response_range.kvs
+            grant_kvs = list(grant_kvs) + list(r.responses[4].response_range.kvs)     # a fit group's holders
             if not spec_kvs:
                 raise NotFound(f"unknown group {group!r}")
             jobs = {self.keys.parse(q.key)[3] for q in queued}
@@ -102,8 +107,8 @@ class Groups:
                 raise GroupBusy(f"group {group!r} has {len(queued)} queued job(s); pass force to delete anyway")
             if queued:
                 # Notices first: a holder's next Yield (and every KeepAlive) says the group was deleted.
-                holder = R.GrantValue.load(grant_kvs[0].value).job if grant_kvs else None
-                await self.revocations.notify(group, queued, holder)
+                holders = {R.GrantValue.load(kv.value).job for kv in grant_kvs}
+                await self.revocations.notify(group, queued, holders or None)
             # Only if nothing was queued or changed since the read (Acquire's enqueue is guarded by
             # the spec, so none can land after this): else read again.
             resp = await self.client.txn(
@@ -121,7 +126,8 @@ class Groups:
             if gs.spec is not None:
                 spec = R.GroupSpec.load(gs.spec.value)
                 out.append(pb.Group(group_id=g, nodes=_nodes(spec), isolation=spec.isolation,
-                                    tenants=spec.tenants, admins=spec.admins, **priorities_of(spec)))
+                                    tenants=spec.tenants, admins=spec.admins, sharing=spec.sharing,
+                                    **priorities_of(spec)))
         return out
 
     def status(self, group: str, epoch: int, revision: int) -> pb.GroupStatus:
@@ -130,17 +136,23 @@ class Groups:
         if gs is None or gs.spec is None:
             raise NotFound(f"unknown group {group!r}")
         spec = R.GroupSpec.load(gs.spec.value)
-        fifo = PR.order(gs, spec, R.now_ms()) if spec.priorities else gs.fifo()
+        held = gs.holders()
+        grants = sorted((R.GrantValue.load(kv.value) for kv in held.values()), key=lambda g: g.token)
         st = pb.GroupStatus(group_id=group, nodes=_nodes(spec), leader_epoch=epoch, revision=revision,
-                            **priorities_of(spec))
+                            sharing=spec.sharing, holders=[_grant(g) for g in grants], **priorities_of(spec))
+        if spec.shared:
+            # Every holder is in ``holders``; ``holder`` is the oldest (else the head), the waiters the rest.
+            order = PR.order(gs, spec, R.now_ms(), held)
+            first = [(g.job, gs.queue[g.job]) for g in grants[:1] if g.job in gs.queue]
+            fifo = first + [(j, kv) for j, kv in order if j not in held]
+        else:
+            fifo = PR.order(gs, spec, R.now_ms()) if spec.priorities else gs.fifo()
         if fifo:
             st.holder.CopyFrom(_waiter(*fifo[0]))
             st.waiters.extend(_waiter(j, kv) for j, kv in fifo[1:])
-        if gs.grant is not None:
-            g = R.GrantValue.load(gs.grant.value)
-            st.grant.CopyFrom(pb.Grant(job_id=g.job, token=g.token, leader_epoch=g.leader_epoch,
-                                       restored=g.restored, elided=g.elided, bytes_moved=g.bytes_moved,
-                                       granted_unix_ms=g.granted_ms))
+        mine = next((g for g in st.holders if fifo and g.job_id == fifo[0][0]), None)
+        if mine is not None:
+            st.grant.CopyFrom(mine)
         for node in spec.node_names():
             st.node_status.append(self._node_status(node))
         return st
@@ -175,6 +187,13 @@ def priorities_of(spec: R.GroupSpec) -> dict:
 
 def _bounds(spec: R.GroupSpec) -> tuple[bool, int, int]:
     return spec.priorities, spec.max_overtakes, spec.max_wait_ms
+
+
+def _grant(g: R.GrantValue) -> pb.Grant:
+    return pb.Grant(job_id=g.job, token=g.token, leader_epoch=g.leader_epoch, restored=g.restored, elided=g.elided,
+                    bytes_moved=g.bytes_moved, granted_unix_ms=g.granted_ms,
+                    footprint_bytes={str(k): int(v) for k, v in g.footprint.items()}, exclusive=g.exclusive,
+                    backfilled=g.backfilled)
 
 
 def _waiter(job: str, kv) -> pb.Waiter:

@@ -55,7 +55,7 @@ class HistoryBook:
     def __init__(self, keys: Keys, per_group: int = PER_GROUP, total: int = TOTAL):
         self.keys, self.per_group, self.total = keys, per_group, total
         self.epoch = 0
-        self.open: dict[str, R.HoldRecord] = {}                    # group -> its current hold
+        self.open: dict[tuple[str, str], R.HoldRecord] = {}        # (group, job) -> its current hold
         self.swaps: OrderedDict[int, list[dict]] = OrderedDict()    # token -> agents' answers for it
         self._seen_answers: set[tuple[bytes, int]] = set()
         self.pending: list[R.HoldRecord] = []
@@ -67,46 +67,52 @@ class HistoryBook:
         """Start (or restart, after a mirror reset) from the whole state: the holds in progress
         and the records already stored."""
         self.epoch = epoch
-        grants: dict[str, R.GrantValue] = {}
+        grants: dict[tuple[str, str], R.GrantValue] = {}
         self.stored = {}
         for key, kv in kvs.items():
             parts = self._parts(key)
-            if len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
+            held = self.keys.grant_of(key) if parts and parts[0] == "groups" else None
+            if held is not None:
                 g = self._load(R.GrantValue, kv)
                 if g is not None:
-                    grants[parts[1]] = g
+                    grants[(held[0], g.job)] = g
             elif len(parts) == 3 and parts[0] == "history" and parts[2].isdigit():
                 self.stored.setdefault(parts[1], []).append(int(parts[2]))
         for tokens in self.stored.values():
             tokens.sort()
-        for group in list(self.open):
-            g = grants.get(group)
-            if g is None or g.token != self.open[group].token:
-                self._close(group, now_ms, kvs.get)
-        for group, g in grants.items():
-            if group not in self.open:
+        for hold in list(self.open):
+            g = grants.get(hold)
+            if g is None or g.token != self.open[hold].token:
+                self._close(hold, now_ms, kvs.get)
+        for (group, job), g in grants.items():
+            if (group, job) not in self.open:
                 self._open(group, g, kvs.get, now_ms)
 
     def observe(self, events: Iterable[WatchEvent], lookup: Callable[[bytes], object | None], now_ms: int) -> None:
         for ev in events:
             parts = self._parts(ev.kv.key)
-            if len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant":
-                self._on_grant(parts[1], ev, lookup, now_ms)
+            held = self.keys.grant_of(ev.kv.key) if parts and parts[0] == "groups" else None
+            if held is not None:
+                self._on_grant(*held, ev, lookup, now_ms)
             elif len(parts) == 4 and parts[0] == "nodes" and parts[2] == "status" and ev.is_put:
                 self._on_answer(parts[1], ev)
 
-    def _on_grant(self, group: str, ev: WatchEvent, lookup, now_ms: int) -> None:
+    def _on_grant(self, group: str, job: str, ev: WatchEvent, lookup, now_ms: int) -> None:
+        """``job``: a fit group's holder (its grant has a key of its own); "" for an exclusive
+        group's one grant key (whose value names the job)."""
+        mine = [h for h in self.open if h[0] == group and (not job or h[1] == job)]
         if not ev.is_put:
-            self._close(group, now_ms, lookup)        # yield, session loss, group deletion
+            for hold in mine:
+                self._close(hold, now_ms, lookup)     # yield, session loss, group deletion
             return
         g = self._load(R.GrantValue, ev.kv)
         if g is None:
             return
-        cur = self.open.get(group)
+        cur = self.open.get((group, g.job))
         if cur is not None and cur.token == g.token:
             return                                    # the same grant re-put
-        if cur is not None:                           # a direct handoff: the next grant replaced it
-            self._close(group, g.granted_ms or now_ms, lookup)
+        for hold in mine:                             # a direct handoff: the next grant replaced it
+            self._close(hold, g.granted_ms or now_ms, lookup)
         self._open(group, g, lookup, now_ms)
 
     def _on_answer(self, node: str, ev: WatchEvent) -> None:
@@ -130,19 +136,22 @@ class HistoryBook:
 
     def _open(self, group: str, g: R.GrantValue, lookup, now_ms: int) -> None:
         entry = self._load(R.QueueValue, lookup(self.keys.queue_entry(group, g.job))) if g.job else None
-        self.open[group] = R.HoldRecord(group, g.job, g.token, g.leader_epoch,
+        self.open[(group, g.job)] = R.HoldRecord(group, g.job, g.token, g.leader_epoch,
                                         enqueued_ms=entry.enqueued_ms if entry else 0,
                                         granted_ms=g.granted_ms or now_ms, restored=g.restored,
                                         elided=g.elided, bytes_moved=g.bytes_moved,
                                         hint_bytes=entry.device_bytes_hint if entry else 0,
                                         prev_busy_ms=entry.last_hold_ms if entry else 0,
                                         peak_bytes=entry.peak_bytes if entry else 0,
-                                        context_bytes=entry.context_bytes if entry else 0)
+                                        context_bytes=entry.context_bytes if entry else 0,
+                                        footprint=dict(g.footprint), exclusive=g.exclusive,
+                                        backfilled=g.backfilled)
 
-    def _close(self, group: str, released_ms: int, lookup) -> None:
-        rec = self.open.pop(group, None)
+    def _close(self, hold: tuple[str, str], released_ms: int, lookup) -> None:
+        rec = self.open.pop(hold, None)
         if rec is None:
             return
+        group = hold[0]
         rec.released_ms = max(released_ms, rec.granted_ms)
         rec.gpu_bytes = self._footprint(group, rec.job, lookup)
         rec.swaps = self.swaps.pop(rec.token, [])

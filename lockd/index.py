@@ -26,8 +26,9 @@ class GroupState:
     grant: KV | None = None
     failures: dict[str, KV] = field(default_factory=dict)   # job -> failure
     parsed: GroupSpec | None = None                         # spec, parsed once per change
-    turns: KV | None = None                                 # priority groups only (lockd/priority.py)
+    turns: KV | None = None                                 # priority groups, fit groups that backfilled
     moving: dict[str, KV] = field(default_factory=dict)     # job -> its entry being re-keyed (lockd/rekey.py)
+    shared: dict[str, KV] = field(default_factory=dict)     # fit groups: job -> its grant (grants/<job>)
 
     def fifo(self) -> list[tuple[str, KV]]:
         """Queue entries in FIFO order (create revision = token).
@@ -40,6 +41,26 @@ class GroupState:
 
     def head(self) -> tuple[str, KV] | None:
         return next(iter(self.queue.items()), None)
+
+    def holders(self) -> dict[str, KV]:
+        """job -> grant of every holder: an exclusive group's one grant (``grant``), a fit group's
+        grants (``shared``, one per holder), in grant order (tokens increase in grant order)."""
+        if self.grant is None:
+            return dict(self.shared)
+        job = _grant_job(self.grant)
+        out = {job: self.grant} if job is not None else {}
+        out.update(self.shared)
+        return out
+
+    def grant_of(self, job: str) -> KV | None:
+        """``job``'s grant of the group, if it holds one (either layout)."""
+        kv = self.shared.get(job)
+        if kv is None and self.grant is not None and _grant_job(self.grant) == job:
+            kv = self.grant
+        return kv
+
+    def granted(self) -> bool:
+        return self.grant is not None or bool(self.shared)
 
 
 @dataclass
@@ -148,12 +169,18 @@ class StateIndex:
             gs.grant = kv
             new = _grant_job(kv)
             if old is not None and old != new:
-                self._released.add(g)
-                self.job_grants.get(old, set()).discard(g)
-                if not self.job_grants.get(old, True):
-                    del self.job_grants[old]
+                self._let_go(g, old)
             if new is not None:
                 self.job_grants.setdefault(new, set()).add(g)
+        elif sub == "grants" and len(parts) == 4:
+            # A fit group's holder (one key each): the same index, job from the key.
+            job = parts[3]
+            had = job in gs.shared
+            _set(gs.shared, job, kv)
+            if kv is None and had:
+                self._let_go(g, job)
+            elif kv is not None:
+                self.job_grants.setdefault(job, set()).add(g)
         elif sub == "queue" and len(parts) == 4:
             _set(gs.queue, parts[3], kv)
         elif sub == "failures" and len(parts) == 4:
@@ -163,9 +190,18 @@ class StateIndex:
         elif sub == "moving" and len(parts) == 4:
             _set(gs.moving, parts[3], kv)
         if gs.spec is None and not gs.queue and gs.grant is None and not gs.failures and gs.turns is None \
-                and not gs.moving:
+                and not gs.moving and not gs.shared:
             del self.groups[g]
         return ("group", g)
+
+    def _let_go(self, group: str, job: str) -> None:
+        """``job`` no longer holds ``group``: heads elsewhere may have waited on it (``released``)."""
+        self._released.add(group)
+        held = self.job_grants.get(job)
+        if held is not None:
+            held.discard(group)
+            if not held:
+                del self.job_grants[job]
 
     def _apply_node(self, parts, kv) -> tuple[str, str]:
         n = parts[1]

@@ -76,7 +76,7 @@ class Locks:
     def __init__(self, client: EtcdClient, keys: Keys, index: StateIndex, reflector: Reflector,
                  waiters: Waiters, replica: str, policy: Policy = Policy(),
                  leadership: Callable[[], Leadership | None] = lambda: None,
-                 on_direct_grant: Callable[[str, R.GrantValue], None] | None = None):
+                 on_direct_grant: Callable[[str, R.GrantValue, bool], None] | None = None):
         self.client, self.keys, self.index = client, keys, index
         self.reflector, self.waiters, self.replica = reflector, waiters, replica
         self.policy, self.leadership, self.on_direct_grant = policy, leadership, on_direct_grant
@@ -97,24 +97,32 @@ class Locks:
             raise NotFound(f"unknown group {group!r}; create it first (timeslice group create)")
         return r.kvs[0].create_revision, R.GroupSpec.load(r.kvs[0].value)
 
-    def _arrival(self, group: str, job: str, lease: int) -> dict:
-        """A priority group's entry fields: the job's arrival and age carried over from its entry
-        (a re-sent Acquire takes it over), else the group's grant count now (the aging clock)."""
-        gs = self.index.groups.get(group)
-        kv = (gs.queue.get(job) or gs.moving.get(job)) if gs else None     # queued, or out being moved
+    async def _arrival(self, group: str, job: str, lease: int) -> dict:
+        """A movable group's entry fields (priority classes, a fit group): the job's arrival and age
+        carried over from its entry (a re-sent Acquire takes it over), else the group's grant count now
+        (the aging clock). Read from etcd, not the mirror: a job's next Acquire right after its Yield
+        must not find the entry that Yield deleted (the mirror may not show the delete yet) and take its
+        old arrival, jumping ahead of everyone who queued meanwhile."""
+        # Why: one read at one revision of the entry, its being-moved marker and the turns key (no write).
+        r = await self.client.txn([], [ops.get(self.keys.queue_entry(group, job)), ops.get(self.keys.moving(group, job)),
+                                       ops.get(self.keys.turns(group))])
+        found = [kv for resp in r.responses[:2] for kv in resp.response_range.kvs]
+        kv = found[0] if found else None                                   # queued, or out being moved
         if kv is not None and kv.lease == lease:
             old = R.QueueValue.load(kv.value)
             # Its arrival spelt out (not 0 for "this key"): the entry may be moved before we take it over.
             return {"since": old.arrival(kv.create_revision), "since_grants": old.since_grants,
                     "enqueued_ms": old.enqueued_ms}
-        return {"since_grants": PR.turns_of(gs).grants if gs else 0}
+        turns = r.responses[2].response_range.kvs
+        return {"since_grants": R.TurnsValue.load(turns[0].value).grants if turns else 0}
 
     async def _require_group(self, group: str) -> None:
         await self._spec_rev(group)
 
     async def acquire(self, job: str, lease: int, group: str, hint: int, timeout: float | None,
                       seq: int = 0, last_hold_ms: int = 0, priority: int = 0, peak_bytes: int = 0,
-                      context_bytes: int = 0) -> Granted:
+                      context_bytes: int = 0, exclusive: bool = False) -> Granted:
+        """``exclusive``: the phase asks for the group's GPUs alone (a fit group: it weighs the whole device)."""
         t0 = time.monotonic()
         check_id("job", job), check_id("group", group)
         if hint < 0:
@@ -130,8 +138,13 @@ class Locks:
         # trace: the leader's and the agents' spans of this handoff join the Acquire's trace through it.
         entry = R.QueueValue(job, lease, hint, R.now_ms(), self.replica, attempt, trace=tracing.traceparent(),
                              last_hold_ms=last_hold_ms, peak_bytes=peak_bytes, context_bytes=context_bytes)
-        if spec.priorities:
-            entry = dataclasses.replace(entry, priority=priority, **self._arrival(group, job, lease))
+        if exclusive and not spec.shared:
+            exclusive = False              # an exclusive group's every grant is alone already: stored as before
+        entry = dataclasses.replace(entry, exclusive=exclusive)
+        movable = RK.movable(spec)
+        if movable:
+            # The leader may re-key the entry (priority classes, a fit group's backfill): its arrival travels.
+            entry = dataclasses.replace(entry, priority=priority, **(await self._arrival(group, job, lease)))
         value = entry.dump()
         token: int | None = None
         wake = self.waiters.register(group, job)
@@ -149,7 +162,7 @@ class Locks:
             while True:
                 wake.clear()
                 moving = False
-                if spec.priorities:
+                if movable:
                     # The leader may have moved our entry under a fresh key (rekey.py): follow it.
                     token, value, moving = self._follow(group, job, token, value)
                 outcome = None if moving else self._outcome(group, job, token, attempt, spec_rev)
@@ -166,7 +179,7 @@ class Locks:
         except BaseException:
             # Cancelled, timed out or failed: leave no ghost waiter. If the grant
             # raced in, this also releases it (an unclaimed grant is a yield).
-            await asyncio.shield(self._abandon(group, job, token, value, spec.priorities))
+            await asyncio.shield(self._abandon(group, job, token, value, movable))
             raise
         finally:
             self.waiters.unregister(group, job, wake)
@@ -228,8 +241,9 @@ class Locks:
 
     def _outcome(self, group: str, job: str, token: int, attempt: str, spec_rev: int) -> R.GrantValue | None:
         gs = self.index.groups.get(group)
-        if gs is not None and gs.grant is not None:
-            g = R.GrantValue.load(gs.grant.value)
+        gkv = gs.grant_of(job) if gs is not None else None
+        if gkv is not None:
+            g = R.GrantValue.load(gkv.value)
             if g.job == job and g.token == token:
                 return g
         fkv = gs.failures.get(job) if gs else None
@@ -272,23 +286,27 @@ class Locks:
             await self._release(group, job, r.kvs[0].create_revision, only_if_value=moved)
 
     async def _release(self, group: str, job: str, token: int, only_if_value: bytes | None = None,
-                       handoff: bool = False) -> tuple[rpc.TxnResponse, R.GrantValue | None]:
-        """Delete the job's entry (and its grant); returns (response, grant handed on directly)."""
+                       handoff: bool = False) -> tuple[rpc.TxnResponse, tuple[R.GrantValue, bool] | None]:
+        """Delete the job's entry (and its grant); returns (response, (grant handed on directly, made beside
+        another holder) or None)."""
         qkey = self.keys.queue_entry(group, job)
         gs = self.index.groups.get(group)
         # Any key left in the queue means someone waits (no sort: etcd sorts before limiting).
         success = [ops.delete(qkey), ops.get(self.keys.queue(group), prefix=True, limit=2, keys_only=True)]
-        direct = None
-        if gs is not None and gs.grant is not None and R.GrantValue.load(gs.grant.value).job == job:
+        direct, shared = None, False
+        mine = gs.grant_of(job) if gs is not None else None
+        if gs is not None and mine is not None:
             # Drop our grant in the same revision, but only that exact grant; on the
             # leader, hand the group straight to the next job in the same transaction.
             lead = self.leadership() if handoff and gs.spec is not None else None
             nxt = H.next_grant(self.index, group, job, self.policy) if lead is not None else None
             if lead is not None and nxt is not None and gs.spec is not None:
-                op, direct = H.grant_or_drop(self.keys, lead, group, gs.grant.value, nxt, gs.spec.create_revision)
+                op, direct = H.grant_or_drop(self.keys, lead, group, mine.key, mine.value, nxt,
+                                             gs.spec.create_revision)
                 success.append(op)
+                shared = nxt.shared and any(j not in (job, nxt.job) for j in gs.holders())
             else:
-                success.append(H.drop_only(self.keys, group, gs.grant.value))
+                success.append(H.drop_only(mine.key, mine.value))
         # Guarded by the token: a stale Yield can never delete a newer entry of the job;
         # an abandoned attempt also by its value: it may only remove what it still owns.
         cmp = [ops.create_rev(qkey, "==", token)]
@@ -297,7 +315,7 @@ class Locks:
         resp = await self.client.txn(cmp, success, [ops.get(qkey)])
         if direct is not None and not (resp.succeeded and resp.responses[2].response_txn.succeeded):
             direct = None
-        return resp, direct
+        return resp, (direct, shared) if direct is not None else None
 
     @staticmethod
     def _granted(kv, job: str, token: int) -> bool:
@@ -315,15 +333,16 @@ class Locks:
         gs = self.index.groups.get(group)
         kv = gs.queue.get(job) if gs else None
         if (gs is not None and kv is not None and kv.create_revision == token
-                and not self._granted(gs.grant, job, token)):
+                and not self._granted(gs.grant_of(job), job, token)):
             # The mirror may not show a grant made a moment ago: ask etcd itself.
-            r = await self.client.range(ops.range_req(self.keys.grant(group)))
+            shared = gs.parsed is not None and gs.parsed.shared
+            r = await self.client.range(ops.range_req(self.keys.grant_key(group, job, shared)))
             if not r.kvs or not self._granted(r.kvs[0], job, token):
                 raise NotHolder(f"not_holder: {job!r} is waiting for {group!r}, it does not hold it; "
                                 "cancel the Acquire instead")
         resp, direct = await self._release(group, job, token, handoff=True)
         if direct is not None and self.on_direct_grant is not None:
-            self.on_direct_grant(group, direct)
+            self.on_direct_grant(group, *direct)
         if not resp.succeeded:
             kvs = resp.responses[0].response_range.kvs
             if kvs:

@@ -109,6 +109,13 @@ class LockdMetrics:
         self.agent_op = self.swap_phase   # the name replica.py records with (phase = the op)
         self.grants = Counter("timeslice_grants_total", "Grants written by this replica as leader",
                               registry=r)
+        # kind: "shared" (a fit group's grant made beside another holder) or "exclusive" (alone on its GPUs)
+        self.grant_kinds = Counter("timeslice_grant_kinds_total",
+                                   "Grants written by this replica as leader, by kind (shared | exclusive)",
+                                   ["kind"], registry=r)
+        self.backfilled = Counter("timeslice_backfilled_grants_total",
+                                  "Fit groups: grants made before an earlier waiter that did not fit (never "
+                                  "delaying it)", registry=r)
         self.swap_failures = Counter("timeslice_swap_failures_total",
                                      "Acquires failed because a swap could not be done", registry=r)
         self.elided = Counter("timeslice_elided_swaps_total",

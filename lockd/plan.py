@@ -31,7 +31,7 @@ timeout fails B's Acquire with the reason; the group moves on to the next job.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 from timeslice.common.server import records as R
@@ -79,9 +79,23 @@ class WriteGrant:
     elided: bool
     bytes_moved: int
     # A priority group's grant also counts itself in the turns key, guarded by the key's mod revision
-    # as planned (0: absent); -1: a FIFO group, no turns key.
+    # as planned (0: absent); -1: a FIFO group, no turns key. A fit group's grant is guarded by it
+    # without writing it (``turns_next`` empty): a raise since the plan (a backfill's) makes it stale.
     turns_rev: int = field(default=-1, compare=False)
     turns_next: bytes = field(default=b"", compare=False)
+    # A fit group's grant (lockd.fitplan): its own key ``grants/<job>``, guarded by the grants as planned
+    # (no key under ``grants/`` written after ``holders_rev``: holders may only have left since).
+    shared: bool = False
+    exclusive: bool = False               # weighs the whole device
+    backfilled: bool = False              # granted before an earlier waiter that does not fit yet
+    footprint: dict = field(default_factory=dict, compare=False)   # "<node>/<GPU>" -> admitted bytes
+    holders_rev: int = field(default=0, compare=False)
+
+    def stored(self, epoch: int) -> R.GrantValue:
+        """The grant as stored (a fit group's with what it weighs; an exclusive group's as it always was)."""
+        return R.GrantValue(self.job, self.token, epoch, self.restored, self.elided, self.bytes_moved, R.now_ms(),
+                            footprint=dict(self.footprint) if self.shared else {},
+                            exclusive=self.shared and self.exclusive, backfilled=self.backfilled)
 
 
 @dataclass(frozen=True)
@@ -98,6 +112,7 @@ class RaiseTurns:
 class DropGrant:
     raw: bytes                            # the stale grant's exact value (compare-and-delete)
     job: str
+    key: bytes = field(default=b"", compare=False)   # its key as mirrored (b"": the group's ``grant``)
 
 
 @dataclass(frozen=True)
@@ -112,14 +127,15 @@ class FailWaiter:
 Action = WriteIntent | WriteGrant | DropGrant | FailWaiter | RaiseTurns | RK.MoveOut | RK.MoveIn | RK.DropMarker
 
 
-def _head(group: GroupState, spec: R.GroupSpec, nodes: dict[str, NodeState],
-          now_ms: int) -> tuple[tuple[str, KV] | None, PR.Head | None]:
-    """(head, its priority decision): the FIFO head, or a priority group's (lockd.priority)."""
-    if not spec.priorities:
+def pick_head(group: GroupState, spec: R.GroupSpec, nodes: dict[str, NodeState],
+          now_ms: int, holders: Collection[str] = ()) -> tuple[tuple[str, KV] | None, PR.Head | None]:
+    """(head, its priority decision): the FIFO head, or that of a priority group or a fit group
+    (lockd.priority: by arrival, a fit group's holders left out)."""
+    if not spec.priorities and not spec.shared:
         return group.head(), None
     swaps = {R.IntentValue.load(kv.value).token for n in spec.node_names() if (ns := nodes.get(n))
              for kv in ns.intents.values()}
-    h = PR.head_of(group, spec, now_ms, swaps)
+    h = PR.head_of(group, spec, now_ms, swaps, holders)
     return ((h.job, h.kv) if h else None), h
 
 
@@ -131,28 +147,62 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
     ``holding(job)`` gives the specs of the groups a job holds now (its grants): such a job is
     never snapshotted on those groups' devices (it is running there); the head waits instead."""
     spec = group.parsed or (R.GroupSpec.load(group.spec.value) if group.spec else R.GroupSpec())
-    head, prio = _head(group, spec, nodes, now_ms)
-    gkv = group.grant
-    grant = R.GrantValue.load(gkv.value) if gkv else None
-    if gkv is not None and grant is not None and (head is None or grant.job != head[0]
-                                                  or grant.token != head[1].create_revision):
-        # The holder yielded or died; its grant must go before anyone else's comes.
-        return [DropGrant(gkv.value, grant.job)]
-    turns = PR.turns_of(group) if prio is not None else None
+    live: dict[str, tuple[KV, R.GrantValue]] = {}
+    drops: list[Action] = []
+    for gkv in group.holders().values():
+        g = R.GrantValue.load(gkv.value)
+        qkv = group.queue.get(g.job)
+        if qkv is None or qkv.create_revision != g.token:
+            # The holder yielded or died; its grant must go before anyone else's comes.
+            drops.append(DropGrant(gkv.value, g.job, gkv.key))
+        else:
+            live[g.job] = (gkv, g)
+    if drops:
+        return drops
+    turns = PR.turns_of(group) if spec.priorities or spec.shared else None
     if turns is not None:
-        moves = RK.moves(group.queue, group.moving, turns.token,
-                         (grant.job, grant.token) if grant is not None else None)
+        moves = RK.moves(group.queue, group.moving, turns.token, {(j, g.token) for j, (_, g) in live.items()})
         if moves:
             return list(moves)                            # overtaken entries re-key first (lockd.rekey)
-    if head is None or grant is not None:
-        return []                                         # idle, or the head already holds
+    ctx = PlanContext(spec, nodes, jobs, node_jobs, holding, now_ms, policy, turns if spec.priorities else None)
+    if spec.shared:
+        from timeslice.lockd import fitplan  # it builds on this module: imported once plan is whole
+        return fitplan.plan_fit(ctx, group, live, turns or PR.Turns())
+    if live:
+        return []                                         # the head already holds
+    head, prio = pick_head(group, spec, nodes, now_ms)
+    if head is None:
+        return []                                         # idle
     if prio is not None and turns is not None:
         if not prio.ready:
             return []                                     # overtaken earlier: its Acquire re-keys it first
         if prio.raise_to:
             # Before any intent or grant carries this token: the waiters it overtakes must re-key above it.
             return [RaiseTurns(prio.raise_to, turns.mod_revision, turns.raised(prio.raise_to))]
-    head_job, head_kv = head
+    return serve(ctx, *head)
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What one plan of one group looks at, handed to ``serve`` (and to lockd.weights' fit plan)."""
+
+    spec: R.GroupSpec
+    nodes: dict[str, NodeState]
+    jobs: dict[str, JobState]
+    node_jobs: dict[str, set[str]] | None
+    holding: Callable[[str], Iterable[R.GroupSpec]] | None
+    now_ms: int
+    policy: Policy
+    count: PR.Turns | None                # a priority group's grant counts itself in the turns key
+
+
+def serve(ctx: PlanContext, head_job: str, head_kv: KV,
+          reserve: dict[str, dict[int, int]] | None = None) -> list[Action]:
+    """The swap for ``head_job`` (the steps in the module's docstring), node by node: its intents,
+    or its grant once every node is settled. ``reserve``: node -> GPU -> bytes kept free for a fit
+    group's holders to grow into their footprints (lockd.weights)."""
+    spec, nodes, jobs, node_jobs, holding = ctx.spec, ctx.nodes, ctx.jobs, ctx.node_jobs, ctx.holding
+    now_ms, policy = ctx.now_ms, ctx.policy
     token, lease = head_kv.create_revision, head_kv.lease
     entry_value = R.QueueValue.load(head_kv.value)
     hint = entry_value.device_bytes_hint
@@ -239,6 +289,8 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             # A partly paused resident's released bytes are off the device: not "registered, uncounted".
             off = {j: st.device_bytes for j in residents if where[j] == "partial" and (st := status_of(ns, j))}
             free = view.free_after_registered(residents, jobs, off)
+            for gpu, kept_b in (reserve or {}).get(node, {}).items():
+                free[gpu] = free.get(gpu, 0) - kept_b  # a fit group's holders may grow to their footprints
             short = {g for g, n in need.items() if n > 0 and n > free.get(g, 0) - policy.device_margin_bytes}
         if refused_restore is not None:
             short |= set(b_gpus)       # the agent saw less room than we did: make room on all of B's GPUs
@@ -319,8 +371,9 @@ def plan_group(group: GroupState, nodes: dict[str, NodeState], jobs: dict[str, J
             pending = True
     if waiting or pending:
         return [a for a in actions if a is not None]
-    if turns is not None:
-        return [WriteGrant(head_job, token, lease, restored, elided, moved, turns.mod_revision, turns.counted())]
+    if ctx.count is not None:
+        return [WriteGrant(head_job, token, lease, restored, elided, moved, ctx.count.mod_revision,
+                           ctx.count.counted())]
     return [WriteGrant(head_job, token, lease, restored, elided, moved)]
 
 

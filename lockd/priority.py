@@ -31,7 +31,7 @@ A holder keeps the head (a grant is never preempted), and so does a waiter whose
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from timeslice.common.errors import InvalidIdError
@@ -141,10 +141,13 @@ def _rank(w: _Waiter, aged: bool) -> tuple[int, int, int]:
     return (0, 0, w.arrival) if aged else (1, -w.value.priority, w.arrival)
 
 
-def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterable[int] = ()) -> Head | None:
-    """The head of a priority group (None: empty). ``swap_tokens``: the tokens of the intents on the
-    group's nodes (a waiter whose swap has begun keeps its turn)."""
-    if not gs.queue:
+def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterable[int] = (),
+            holders: Collection[str] = ()) -> Head | None:
+    """The head of a priority group, or of a fit group (None: nobody waits). ``swap_tokens``: the
+    tokens of the intents on the group's nodes (a waiter whose swap has begun keeps its turn);
+    ``holders``: a fit group's holders, left out (the head is the next waiter to serve beside them;
+    a fit group without classes is all class 0: the earliest arrival, lockd/fitplan.py)."""
+    if not any(j not in holders for j in gs.queue):
         return None
     if gs.grant is not None:
         g = R.GrantValue.load(gs.grant.value)
@@ -154,37 +157,38 @@ def head_of(gs: GroupState, spec: R.GroupSpec, now_ms: int, swap_tokens: Iterabl
     turns = turns_of(gs)
     begun = set(swap_tokens)
     for j, kv in gs.queue.items():
-        if kv.create_revision in begun and kv.create_revision >= turns.token:
+        if j not in holders and kv.create_revision in begun and kv.create_revision >= turns.token:
             return Head(j, kv)                             # its swap is under way: let it finish
-    heads = _class_heads(_waiters(gs), spec, turns, now_ms)
+    heads = _class_heads([w for w in _waiters(gs) if w.job not in holders], spec, turns, now_ms)
     w, _ = min(heads, key=lambda h: _rank(*h))
     tok = w.kv.create_revision
     if w.moving or tok < turns.token:
         return Head(w.job, w.kv, ready=False)              # overtaken before: it re-keys, then goes
     # Any other key from the turns token up (that one included: an earlier raise's head not granted
     # yet) to ours is overtaken: granted after us, its token would be smaller than ours.
-    overtakes = any(turns.token <= kv.create_revision < tok for j, kv in gs.queue.items() if j != w.job)
+    overtakes = any(turns.token <= kv.create_revision < tok for j, kv in gs.queue.items()
+                    if j != w.job and j not in holders)
     return Head(w.job, w.kv, raise_to=tok if overtakes else 0)
 
 
 def planned_head(gs: GroupState, now_ms: int) -> tuple[str, KV] | None:
-    """The head as the planner picks it (FIFO groups: the oldest entry), for metrics and traces
-    (no swap under way is looked at)."""
-    if gs.parsed is None or not gs.parsed.priorities:
+    """The head as the planner picks it (FIFO groups: the oldest entry; a fit group: the next waiter
+    beside its holders), for metrics and traces (no swap under way is looked at)."""
+    if gs.parsed is None or not (gs.parsed.priorities or gs.parsed.shared):
         return gs.head()
-    h = head_of(gs, gs.parsed, now_ms)
+    h = head_of(gs, gs.parsed, now_ms, holders=gs.holders() if gs.parsed.shared else ())
     return (h.job, h.kv) if h is not None and h.ready else None
 
 
-def order(gs: GroupState, spec: R.GroupSpec, now_ms: int) -> list[tuple[str, KV]]:
+def order(gs: GroupState, spec: R.GroupSpec, now_ms: int, holders: Collection[str] = ()) -> list[tuple[str, KV]]:
     """The queue as it will be served, for status (holder first): by the rule above, without
-    simulating the aging of the waits to come."""
+    simulating the aging of the waits to come. ``holders``: a fit group's, left out of the order."""
     turns = turns_of(gs)
-    ws = _waiters(gs)
+    ws = [w for w in _waiters(gs) if w.job not in holders]
     aged_class: dict[int, bool] = {}
     for w in ws:
         aged_class[w.value.priority] = aged_class.get(w.value.priority, False) or _aged(w, spec, turns, now_ms)
-    holder = head_of(gs, spec, now_ms)
+    holder = head_of(gs, spec, now_ms, holders=holders)
     first = [w for w in ws if holder is not None and w.job == holder.job and not w.moving]
     rest = sorted((w for w in ws if not first or w.job != first[0].job),
                   key=lambda w: _rank(w, aged_class[w.value.priority]))

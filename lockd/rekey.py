@@ -1,7 +1,7 @@
-"""The leader writes an overtaken waiter's queue entry again under a fresh key (priority groups).
+"""The leader writes an overtaken waiter's queue entry again under a fresh key (priority groups, fit groups).
 
 A grant ahead of earlier waiters raised the group's turns token above their keys
-(lockd/priority.py): granted under those old keys, they would get tokens smaller than one
+(lockd/priority.py; in a fit group a backfill, lockd/fitplan.py): granted under those old keys, they would get tokens smaller than one
 already issued, and the agents refuse those (nodeagent/tokens.py). So the leader moves each
 such entry, in two transactions, since etcd refuses a delete and a put of one key in one:
 
@@ -23,6 +23,7 @@ and, if cancelled, finds and removes it wherever it is (lockd/locks.py).
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from aetcd import rpc
@@ -30,6 +31,12 @@ from aetcd import rpc
 from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
 from timeslice.common.server.keys import Keys
+
+
+def movable(spec: R.GroupSpec) -> bool:
+    """True for a group whose waiters the leader may move: priority classes, or a fit group (a backfill
+    overtakes the head: lockd/fitplan.py)."""
+    return spec.priorities or spec.shared
 
 
 def moved_value(value: bytes, token: int) -> bytes:
@@ -86,12 +93,12 @@ def txn(keys: Keys, group: str, a: Move, spec_rev: int) -> tuple[list[rpc.Compar
     return [ops.mod_rev(mkey, "==", a.mod_revision), ops.create_rev(qkey, ">", 0)], [ops.delete(mkey)]
 
 
-def moves(queue: dict, moving: dict, below: int, holder: tuple[str, int] | None) -> list[Move]:
+def moves(queue: dict, moving: dict, below: int, holders: Collection[tuple[str, int]] = ()) -> list[Move]:
     """What to move now: entries with keys below ``below`` (the turns token) out, markers in.
-    ``holder``: (job, token) of the grant, never moved (its key is a token already issued)."""
+    ``holders``: (job, token) of each grant, never moved (its key is a token already issued)."""
     out: list[Move] = []
     for job, kv in queue.items():
-        if kv.create_revision < below and job not in moving and holder != (job, kv.create_revision):
+        if kv.create_revision < below and job not in moving and (job, kv.create_revision) not in holders:
             out.append(MoveOut(job, kv.create_revision, kv.mod_revision, kv.lease,
                                moved_value(kv.value, kv.create_revision)))
     for job, mk in moving.items():

@@ -87,14 +87,17 @@ class Replica:
         # Another replica's leadership, seen through the mirror: only its guard() is used (no session).
         return Leadership(head.key, head.create_revision, None) if head else None  # type: ignore[arg-type]
 
-    def _direct_grant(self, group: str, g) -> None:
+    def _direct_grant(self, group: str, g, shared: bool = False) -> None:
         sched = self.leader.scheduler
         if sched is not None:
-            sched.record_grant(group, g.job, g.token, g.restored, g.elided, g.bytes_moved, direct=True)
+            sched.record_grant(group, g.job, g.token, g.restored, g.elided, g.bytes_moved, direct=True,
+                               shared=shared, backfilled=g.backfilled)
         else:
             self.metrics.grants.inc()
+            self.metrics.grant_kinds.labels("shared" if shared else "exclusive").inc()
             log.info("grant", group=group, job=g.job, token=g.token, epoch=g.leader_epoch, restored=g.restored,
-                     elided=g.elided, bytes_moved=g.bytes_moved, direct=True, replica=self.config.replica_id)
+                     elided=g.elided, bytes_moved=g.bytes_moved, direct=True, replica=self.config.replica_id,
+                     shared=shared, backfilled=g.backfilled)
 
     def _observe_agent_ops(self, events: list[WatchEvent]) -> None:
         # The leader records how long agents took, once per answered intent (agents

@@ -14,6 +14,8 @@ looks for a notice); a KeepAlive pays one small keys-only read.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from timeslice.common.errors import EtcdLeaseGone
 from timeslice.common.server import records as R
 from timeslice.common.server.etcd import ops
@@ -29,9 +31,9 @@ class RevocationNotices:
     def __init__(self, client: EtcdClient, keys: Keys):
         self.client, self.keys = client, keys
 
-    async def notify(self, group: str, queue_kvs, holder: str | None = None) -> int:
+    async def notify(self, group: str, queue_kvs, holders: Collection[str] | None = None) -> int:
         """Write a notice for every queue entry in ``queue_kvs`` (a range of the group's queue).
-        ``holder``: the job the grant names, if any (else the head: the first entry; in a group with
+        ``holders``: the jobs the grants name, if any (else the head: the first entry; in a group with
         priority classes the head need not be the oldest entry)."""
         entries = sorted(queue_kvs, key=lambda kv: kv.create_revision)
         now, written = R.now_ms(), 0
@@ -39,7 +41,7 @@ class RevocationNotices:
             batch = entries[i:i + BATCH]
             puts = [ops.put(self.keys.revoked(self.keys.parse(kv.key)[3], group),
                             R.RevokedValue(group, kv.create_revision, now,
-                                           held=(self.keys.parse(kv.key)[3] == holder if holder is not None
+                                           held=(self.keys.parse(kv.key)[3] in holders if holders is not None
                                                  else i == 0 and j == 0)).dump(),
                             kv.lease)
                     for j, kv in enumerate(batch) if kv.lease]

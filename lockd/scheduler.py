@@ -99,7 +99,7 @@ class Scheduler:
                 self._note_head(group, gs)
                 actions = P.plan_group(gs, self.index.nodes, self.index.jobs, R.now_ms(), self.policy,
                                        self.index.node_jobs, self.index.specs_held_by)
-                if not actions and gs.grant is None and gs.queue:
+                if not actions and _head_waits(gs):
                     self._blocked.add(group)
                 else:
                     self._blocked.discard(group)
@@ -151,22 +151,29 @@ class Scheduler:
     async def _apply(self, group: str, a: P.Action) -> int:
         k, epoch = self.keys, self.lead.epoch
         if isinstance(a, P.WriteGrant):
-            qkey, gkey = k.queue_entry(group, a.job), k.grant(group)
+            qkey, gkey = k.queue_entry(group, a.job), k.grant_key(group, a.job, a.shared)
             gs = self.index.groups.get(group)
             if gs is None or gs.spec is None:
                 return 0                      # a deleted group's leftovers are granted to nobody
-            grant_val = R.GrantValue(a.job, a.token, epoch, a.restored, a.elided, a.bytes_moved, R.now_ms())
+            grant_val = a.stored(epoch)
             # Also guarded by the spec as planned: a group deleted (or created again) since is granted nothing.
             cmp = [ops.create_rev(qkey, "==", a.token), ops.create_rev(gkey, "==", 0),
                    ops.create_rev(k.spec(group), "==", gs.spec.create_revision)]
+            if a.shared:
+                # A fit group's holders as planned: nobody granted (or re-granted) since the grants we read
+                # (holders may only have left, which only frees room); lockd/weights.py.
+                cmp.append(ops.mod_revs_below(k.grants(group), a.holders_rev + 1))
             put = [ops.put(gkey, grant_val.dump(), a.lease)]   # the grant dies with the holder's session
             if a.turns_rev >= 0:
-                # A priority group counts its grants (the aging clock): only over the count as planned.
+                # Only over the turns key as planned: a raise since (an earlier waiter overtaken) makes this
+                # plan stale. A priority group also counts its grants there (the aging clock).
                 cmp.append(ops.mod_rev(k.turns(group), "==", a.turns_rev))
-                put.append(ops.put(k.turns(group), a.turns_next))
+                if a.turns_next:
+                    put.append(ops.put(k.turns(group), a.turns_next))
             resp = await self.lead.txn(cmp, put)
             if resp.succeeded:
-                self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved)
+                self.record_grant(group, a.job, a.token, a.restored, a.elided, a.bytes_moved,
+                                  shared=grant_shares(a, gs), backfilled=a.backfilled)
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.WriteIntent):
             key = k.intent(a.node, a.job)
@@ -203,7 +210,9 @@ class Scheduler:
                 log.info("rekey", group=group, job=a.job, step=type(a).__name__, epoch=epoch)
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.DropGrant):
-            resp = await self.lead.txn([ops.value_is(k.grant(group), "==", a.raw)], [ops.delete(k.grant(group))])
+            gkey = a.key or k.grant(group)
+            # Only that exact grant (its holder's entry is gone): a newer grant under the key stays.
+            resp = await self.lead.txn([ops.value_is(gkey, "==", a.raw)], [ops.delete(gkey)])
             return resp.header.revision if resp.succeeded else 0
         if isinstance(a, P.FailWaiter):
             qkey = k.queue_entry(group, a.job)
@@ -217,11 +226,15 @@ class Scheduler:
         raise TypeError(f"unknown action {a!r}")
 
     def record_grant(self, group: str, job: str, token: int, restored: bool, elided: bool, bytes_moved: int,
-                     direct: bool = False) -> None:
-        """Metrics and the ``grant`` event, for scheduler grants and direct handoffs alike."""
+                     direct: bool = False, shared: bool = False, backfilled: bool = False) -> None:
+        """Metrics and the ``grant`` event, for scheduler grants and direct handoffs alike. ``shared``:
+        granted beside another holder (a fit group); ``backfilled``: before an earlier waiter."""
         now = time.monotonic()
         tok, seen = self._head_seen.get(group, (token, now))
         self.metrics.grants.inc()
+        self.metrics.grant_kinds.labels("shared" if shared else "exclusive").inc()
+        if backfilled:
+            self.metrics.backfilled.inc()
         self.metrics.handoff.observe(now - seen if tok == token else 0.0)
         if elided:
             self.metrics.elided.inc()
@@ -229,4 +242,18 @@ class Scheduler:
         if stok == token:
             self.metrics.swap.observe(now - sstart)
         log.info("grant", group=group, job=job, token=token, epoch=self.lead.epoch,
-                 restored=restored, elided=elided, bytes_moved=bytes_moved, direct=direct)
+                 restored=restored, elided=elided, bytes_moved=bytes_moved, direct=direct, shared=shared,
+                 backfilled=backfilled)
+
+
+def _head_waits(gs) -> bool:
+    """Someone waits and the last plan wrote nothing: in a fit group, any waiter beside the holders."""
+    if gs.parsed is not None and gs.parsed.shared:
+        held = gs.holders()
+        return any(j not in held for j in gs.queue)
+    return not gs.granted() and bool(gs.queue)
+
+
+def grant_shares(a: P.WriteGrant, gs) -> bool:
+    """True if the grant is made beside another holder of the group (counted as a shared grant)."""
+    return a.shared and any(j != a.job for j in gs.holders())

@@ -66,7 +66,7 @@ class LockdServicer(pbg.LockdServicer):
                 got = await self.r.locks.acquire(req.job_id, lease, req.group_id, req.device_bytes_hint, timeout,
                                                  seq=req.attempt_seq, last_hold_ms=req.last_hold_ms,
                                                  priority=req.priority, peak_bytes=req.peak_bytes,
-                                                 context_bytes=req.context_bytes)
+                                                 context_bytes=req.context_bytes, exclusive=req.exclusive)
                 traces.granted(span, got)
         except TimesliceError as e:
             self.r.metrics.acquires.labels(type(e).__name__).inc()
@@ -79,7 +79,8 @@ class LockdServicer(pbg.LockdServicer):
         g = got.grant
         return pb.AcquireReply(group_id=req.group_id, job_id=req.job_id, token=got.token,
                                leader_epoch=g.leader_epoch, waited_ms=got.waited_ms, restored=g.restored,
-                               elided=g.elided, bytes_moved=g.bytes_moved)
+                               elided=g.elided, bytes_moved=g.bytes_moved, footprint_bytes=g.footprint,
+                               exclusive=g.exclusive, backfilled=g.backfilled)
 
     @rpc
     @ids_checked
@@ -117,10 +118,10 @@ class LockdServicer(pbg.LockdServicer):
         self.r.tenancy.check_create(self.callers.of(context), tenants)
         spec = await self.r.groups.create(req.group_id, [(n.node, list(n.gpus)) for n in req.nodes], req.isolation,
                                           tenants, admins, priorities=(req.priorities, req.max_overtakes,
-                                                                       req.max_wait_s * 1000))
+                                                                       req.max_wait_s * 1000), sharing=req.sharing)
         return pb.Group(group_id=req.group_id, isolation=spec.isolation, tenants=spec.tenants, admins=spec.admins,
                         nodes=[pb.NodeSpec(node=n["node"], gpus=n["gpus"]) for n in spec.nodes],
-                        **priorities_of(spec))
+                        sharing=spec.sharing, **priorities_of(spec))
 
     @rpc
     @ids_checked

@@ -139,6 +139,8 @@ class Tenancy:
             return job if job in mine or job == "" else REDACTED
         st.holder.job_id = show(st.holder.job_id)
         st.grant.job_id = show(st.grant.job_id)
+        for h in st.holders:                 # a fit group's every holder
+            h.job_id = show(h.job_id)
         for w in st.waiters:
             w.job_id = show(w.job_id)
         for ns in st.node_status:

@@ -95,7 +95,7 @@ class HandoffTraces:
     def __init__(self, keys: Keys, index, replica: str):
         self.keys, self.index, self.replica = keys, index, replica
         self.open: dict[tuple[str, int], _Handoff] = {}
-        self.granted: dict[str, int] = {}          # group -> the token whose handoff was recorded last
+        self.granted: dict[str, set[int]] = {}     # group -> the holders' tokens whose handoffs were recorded
 
     def on_batch(self, events: list[WatchEvent], leading: bool) -> None:
         if not leading or not tracing.enabled():
@@ -173,25 +173,30 @@ class HandoffTraces:
 
     def _look_at(self, group: str, now: int, changed: bool) -> None:
         gs = self.index.groups.get(group)
-        grant = None
-        if gs is not None and gs.grant is not None:
+        grants: dict[int, R.GrantValue] = {}          # token -> grant: every holder (a fit group: several)
+        for kv in (gs.holders().values() if gs is not None else ()):
             try:
-                grant = R.GrantValue.load(gs.grant.value)
+                gv = R.GrantValue.load(kv.value)
             except (ValueError, TypeError):
-                grant = None
+                continue
+            grants[gv.token] = gv
         head = PR.planned_head(gs, R.now_ms()) if gs is not None else None   # priority groups: by class
         head_token = head[1].create_revision if head else 0
-        if grant is not None and changed and self.granted.get(group) != grant.token:
-            h = self._follow(group, grant.token, now)       # a direct handoff opens and closes here
-            if h is not None:
-                self._close(h, now, grant)
-                self.granted[group] = grant.token
+        done = self.granted.get(group, set()) & set(grants)
+        for token, grant in grants.items():
+            if changed and token not in done:
+                h = self._follow(group, token, now)       # a direct handoff opens and closes here
+                if h is not None:
+                    self._close(h, now, grant)
+                    done.add(token)
         if gs is None:
             self.granted.pop(group, None)
-        if head_token and (grant is None or grant.token != head_token):
+        else:
+            self.granted[group] = done
+        if head_token and head_token not in grants:
             self._follow(group, head_token, now)           # its turn came: the handoff starts
-        for (g, token), h in list(self.open.items()):
-            if g == group and (grant is None or grant.token != token) and self._entry(group, token) is None:
+        for (gname, token), h in list(self.open.items()):
+            if gname == group and token not in grants and self._entry(group, token) is None:
                 self._close(h, now, None)                  # left the queue ungranted (failed, cancelled)
 
     # -- spans ----------------------------------------------------------------------------------

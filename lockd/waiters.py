@@ -56,6 +56,9 @@ class Waiters:
                 # Only a grant *put* can end a wait, and it names its job.
                 if ev.is_put and ev.kv.value:
                     self._wake(group, json.loads(ev.kv.value).get("job", ""))
+            elif sub == "grants" and len(parts) >= 4:
+                if ev.is_put:
+                    self._wake(group, parts[3])     # a fit group's grant: its key names the job
             elif sub in ("queue", "failures", "moving") and len(parts) >= 4:
                 self._wake(group, parts[3])
             elif sub == "spec" and not ev.is_put:

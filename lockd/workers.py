@@ -160,5 +160,19 @@ class WorkerRegistry:
                 continue
             lease = R.SessionValue.load(js.session.value).lease
             out.append(pb.JobInfo(job_id=job, lease_id=lease, groups=self.index.groups_of_job(job),
-                                  workers=len(js.workers), tenant=R.SessionValue.load(js.session.value).tenant))
+                                  workers=len(js.workers), tenant=R.SessionValue.load(js.session.value).tenant,
+                                  holds=self._holds(job)))
+        return out
+
+    def _holds(self, job: str) -> list[pb.Hold]:
+        """The groups ``job`` holds, with what each grant weighs (an exclusive group's: the whole device)."""
+        out = []
+        for g in sorted(self.index.job_grants.get(job, ())):
+            gs = self.index.groups.get(g)
+            kv = gs.grant_of(job) if gs is not None else None
+            if kv is None:
+                continue
+            v = R.GrantValue.load(kv.value)
+            out.append(pb.Hold(group_id=g, token=v.token, footprint_bytes=v.footprint,
+                               exclusive=v.exclusive or not (gs is not None and gs.parsed is not None and gs.parsed.shared)))
         return out

@@ -51,7 +51,7 @@ class KeepAliveReply(_message.Message):
     def __init__(self, ttl_seconds: _Optional[int] = ..., revoked_groups: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AcquireRequest(_message.Message):
-    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms", "priority", "peak_bytes", "context_bytes")
+    __slots__ = ("job_id", "session_secret", "group_id", "device_bytes_hint", "attempt_seq", "last_hold_ms", "priority", "peak_bytes", "context_bytes", "exclusive")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SESSION_SECRET_FIELD_NUMBER: _ClassVar[int]
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,7 @@ class AcquireRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     session_secret: str
     group_id: str
@@ -70,10 +71,18 @@ class AcquireRequest(_message.Message):
     priority: int
     peak_bytes: int
     context_bytes: int
-    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ..., priority: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., context_bytes: _Optional[int] = ...) -> None: ...
+    exclusive: bool
+    def __init__(self, job_id: _Optional[str] = ..., session_secret: _Optional[str] = ..., group_id: _Optional[str] = ..., device_bytes_hint: _Optional[int] = ..., attempt_seq: _Optional[int] = ..., last_hold_ms: _Optional[int] = ..., priority: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., context_bytes: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
 
 class AcquireReply(_message.Message):
-    __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved")
+    __slots__ = ("group_id", "job_id", "token", "leader_epoch", "waited_ms", "restored", "elided", "bytes_moved", "footprint_bytes", "exclusive", "backfilled")
+    class FootprintBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +91,9 @@ class AcquireReply(_message.Message):
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     ELIDED_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    BACKFILLED_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     job_id: str
     token: int
@@ -90,7 +102,10 @@ class AcquireReply(_message.Message):
     restored: bool
     elided: bool
     bytes_moved: int
-    def __init__(self, group_id: _Optional[str] = ..., job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., waited_ms: _Optional[float] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ...) -> None: ...
+    footprint_bytes: _containers.ScalarMap[str, int]
+    exclusive: bool
+    backfilled: bool
+    def __init__(self, group_id: _Optional[str] = ..., job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., waited_ms: _Optional[float] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., footprint_bytes: _Optional[_Mapping[str, int]] = ..., exclusive: _Optional[bool] = ..., backfilled: _Optional[bool] = ...) -> None: ...
 
 class YieldRequest(_message.Message):
     __slots__ = ("job_id", "session_secret", "group_id", "token")
@@ -157,7 +172,7 @@ class NodeSpec(_message.Message):
     def __init__(self, node: _Optional[str] = ..., gpus: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s", "sharing")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +181,7 @@ class CreateGroupRequest(_message.Message):
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
@@ -174,10 +190,11 @@ class CreateGroupRequest(_message.Message):
     priorities: bool
     max_overtakes: int
     max_wait_s: int
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
+    sharing: str
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ..., sharing: _Optional[str] = ...) -> None: ...
 
 class Group(_message.Message):
-    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s")
+    __slots__ = ("group_id", "nodes", "isolation", "tenants", "admins", "priorities", "max_overtakes", "max_wait_s", "sharing")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +203,7 @@ class Group(_message.Message):
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     isolation: str
@@ -194,7 +212,8 @@ class Group(_message.Message):
     priorities: bool
     max_overtakes: int
     max_wait_s: int
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
+    sharing: str
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., isolation: _Optional[str] = ..., tenants: _Optional[_Iterable[str]] = ..., admins: _Optional[_Iterable[str]] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ..., sharing: _Optional[str] = ...) -> None: ...
 
 class DeleteGroupRequest(_message.Message):
     __slots__ = ("group_id", "force")
@@ -237,7 +256,14 @@ class Waiter(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("job_id", "token", "leader_epoch", "restored", "elided", "bytes_moved", "granted_unix_ms")
+    __slots__ = ("job_id", "token", "leader_epoch", "restored", "elided", "bytes_moved", "granted_unix_ms", "footprint_bytes", "exclusive", "backfilled")
+    class FootprintBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -245,6 +271,9 @@ class Grant(_message.Message):
     ELIDED_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
     GRANTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    BACKFILLED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     token: int
     leader_epoch: int
@@ -252,7 +281,10 @@ class Grant(_message.Message):
     elided: bool
     bytes_moved: int
     granted_unix_ms: int
-    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., granted_unix_ms: _Optional[int] = ...) -> None: ...
+    footprint_bytes: _containers.ScalarMap[str, int]
+    exclusive: bool
+    backfilled: bool
+    def __init__(self, job_id: _Optional[str] = ..., token: _Optional[int] = ..., leader_epoch: _Optional[int] = ..., restored: _Optional[bool] = ..., elided: _Optional[bool] = ..., bytes_moved: _Optional[int] = ..., granted_unix_ms: _Optional[int] = ..., footprint_bytes: _Optional[_Mapping[str, int]] = ..., exclusive: _Optional[bool] = ..., backfilled: _Optional[bool] = ...) -> None: ...
 
 class JobState(_message.Message):
     __slots__ = ("job_id", "state", "bytes", "elapsed_ms", "error", "token", "since_unix_ms", "device_bytes", "residue_bytes")
@@ -295,7 +327,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node: _Optional[str] = ..., agent_alive: _Optional[bool] = ..., backend: _Optional[str] = ..., resident_jobs: _Optional[_Iterable[str]] = ..., jobs: _Optional[_Iterable[_Union[JobState, _Mapping]]] = ..., device_free_bytes: _Optional[int] = ..., device_total_bytes: _Optional[int] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
-    __slots__ = ("group_id", "nodes", "holder", "grant", "waiters", "node_status", "leader_epoch", "revision", "priorities", "max_overtakes", "max_wait_s")
+    __slots__ = ("group_id", "nodes", "holder", "grant", "waiters", "node_status", "leader_epoch", "revision", "priorities", "max_overtakes", "max_wait_s", "sharing", "holders")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
@@ -307,6 +339,8 @@ class GroupStatus(_message.Message):
     PRIORITIES_FIELD_NUMBER: _ClassVar[int]
     MAX_OVERTAKES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    SHARING_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     nodes: _containers.RepeatedCompositeFieldContainer[NodeSpec]
     holder: Waiter
@@ -318,25 +352,48 @@ class GroupStatus(_message.Message):
     priorities: bool
     max_overtakes: int
     max_wait_s: int
-    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., holder: _Optional[_Union[Waiter, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., waiters: _Optional[_Iterable[_Union[Waiter, _Mapping]]] = ..., node_status: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., revision: _Optional[int] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ...) -> None: ...
+    sharing: str
+    holders: _containers.RepeatedCompositeFieldContainer[Grant]
+    def __init__(self, group_id: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeSpec, _Mapping]]] = ..., holder: _Optional[_Union[Waiter, _Mapping]] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., waiters: _Optional[_Iterable[_Union[Waiter, _Mapping]]] = ..., node_status: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., leader_epoch: _Optional[int] = ..., revision: _Optional[int] = ..., priorities: _Optional[bool] = ..., max_overtakes: _Optional[int] = ..., max_wait_s: _Optional[int] = ..., sharing: _Optional[str] = ..., holders: _Optional[_Iterable[_Union[Grant, _Mapping]]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "lease_id", "groups", "workers", "tenant")
+    __slots__ = ("job_id", "lease_id", "groups", "workers", "tenant", "holds")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     lease_id: int
     groups: _containers.RepeatedScalarFieldContainer[str]
     workers: int
     tenant: str
-    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+    holds: _containers.RepeatedCompositeFieldContainer[Hold]
+    def __init__(self, job_id: _Optional[str] = ..., lease_id: _Optional[int] = ..., groups: _Optional[_Iterable[str]] = ..., workers: _Optional[int] = ..., tenant: _Optional[str] = ..., holds: _Optional[_Iterable[_Union[Hold, _Mapping]]] = ...) -> None: ...
+
+class Hold(_message.Message):
+    __slots__ = ("group_id", "token", "footprint_bytes", "exclusive")
+    class FootprintBytesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FOOTPRINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    token: int
+    footprint_bytes: _containers.ScalarMap[str, int]
+    exclusive: bool
+    def __init__(self, group_id: _Optional[str] = ..., token: _Optional[int] = ..., footprint_bytes: _Optional[_Mapping[str, int]] = ..., exclusive: _Optional[bool] = ...) -> None: ...
 
 class ListJobsReply(_message.Message):
     __slots__ = ("jobs",)

@@ -199,9 +199,10 @@ class RawJob:
             await self.channels.close()
 
     # -- the lock ------------------------------------------------------------------------------
-    async def acquire(self, group: str, timeout: float = 60.0, hint: int = 0, priority: int = 0) -> pb.AcquireReply:
+    async def acquire(self, group: str, timeout: float = 60.0, hint: int = 0, priority: int = 0,
+                      exclusive: bool = False) -> pb.AcquireReply:
         req = pb.AcquireRequest(job_id=self.job_id, session_secret=self.secret, group_id=group,
-                                device_bytes_hint=hint, priority=priority)
+                                device_bytes_hint=hint, priority=priority, exclusive=exclusive)
         if not self.failover:
             self.answered_by = self.target
             return await self.stub.Acquire(req, timeout=timeout)

@@ -1011,6 +1011,8 @@ def local_env_problems(values: dict[str, str]) -> list[str]:
         out.append(f"PREFIX must be {defaults.KEY_PREFIX!r} (timeslice.common.defaults.KEY_PREFIX)")
     if values.get("BACKEND") not in ("auto", "cuda-driver", "cuda-checkpoint", "sim"):
         out.append(f"BACKEND {values.get('BACKEND')!r} is not auto|cuda-driver|cuda-checkpoint|sim")
+    if values.get("GROUP_SHARING") not in ("exclusive", "fit"):
+        out.append(f"GROUP_SHARING {values.get('GROUP_SHARING')!r} is not exclusive|fit")
     for k in ("LOCKD_PORT", "LOCKD_METRICS_PORT", "NODEAGENT_PORT", "NODEAGENT_METRICS_PORT",
               "ETCD_CLIENT_PORT", "ETCD_PEER_PORT"):
         if k not in values:
@@ -1201,7 +1203,8 @@ def test_local_env_check_catches():
     good = parse_env_file(LOCAL_ENV.read_text())
     assert local_env_problems(good) == []
     for key, bad in (("ETCD_MEMBERS", "2"), ("LOCKD_REPLICAS", "1"), ("LOCKD_PORT", "x"),
-                     ("NODEAGENT_PORT", "70000"), ("PREFIX", "/t/"), ("BACKEND", "gpu")):
+                     ("NODEAGENT_PORT", "70000"), ("PREFIX", "/t/"), ("BACKEND", "gpu"),
+                     ("GROUP_SHARING", "shared")):
         assert local_env_problems({**good, key: bad}), f"{key}={bad} not noticed"
     with pytest.raises(ValueError):
         parse_env_file("LOCKD_REPLICAS=3\nLOCKD_REPLICAS=4\n")

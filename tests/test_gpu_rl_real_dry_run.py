@@ -41,3 +41,32 @@ def test_trl_grpo_pair_time_sliced_in_every_regime_equals_standalone_bit_for_bit
     assert all(j["residue_bytes_max"] == 256 << 10 for j in coop)   # the simulated context stays behind
     assert all(j["region_bytes"]["optimizer"] > 0 for j in coop)     # AdamW's lazy state was placed
     assert "cooperative" in (tmp_path / "gpu_rl_real_dryrun.txt").read_text()
+
+
+@pytest.mark.timeout(1800)
+def test_four_trl_jobs_of_which_two_fit_share_exactly_where_their_footprints_fit(tmp_path):
+    """--jobs 4 --mix half on the SIMULATED device (room for two of the four declared footprints):
+    through a fit group the holds overlap, never more than two at once and never over the device's
+    capacity, nobody beside an exclusive hold; every job's losses and weights equal its standalone
+    run's, bit for bit; every exit code 0; the jobs together with no lock are skipped (they would not
+    fit), and marked so."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu_rl_real", "--dry-run", "--jobs", "4", "--mix", "half",
+                        "--regimes", "nolock,fit", "--job-timeout", "600", "--out", str(tmp_path)],
+                       cwd=root, capture_output=True, text=True, timeout=1700)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    doc = json.loads((tmp_path / "gpu_rl_real_half4_dryrun.json").read_text())
+    assert doc["ok"] and doc["simulated"]
+    assert set(doc["regimes"]) == {"standalone", "half/nolock", "half/fit"}
+    assert "skipped" in doc["regimes"]["half/nolock"]
+    fit = doc["regimes"]["half/fit"]
+    assert "error" not in fit, fit.get("error")
+    assert fit["fit"]["fit_at_once"] == 2 and fit["exit_codes"] == [0, 0, 0, 0]
+    sh = fit["sharing"]
+    assert sh["max_holders"] == 2, sh                    # side by side exactly as far as the footprints fit
+    assert sh["holds_beside_another"] >= 1 and sh["over_capacity"] == 0 and sh["exclusive_beside_another"] == 0
+    for job in ("job-a", "job-b", "job-c", "job-d"):
+        d = fit["degradation"][job]
+        assert d["losses_identical"] and d["weights_identical"], (job, d)
+    assert [t["what"] for t in doc["targets"]] == ["wall_vs_standalone"]
+    assert "half/fit" in (tmp_path / "gpu_rl_real_half4_dryrun.txt").read_text()

@@ -41,18 +41,21 @@ class Admin:
 
     async def create_group(self, group_id: str, nodes=None, *, isolation: str = "", tenants=(),
                            admins=(), priorities: bool = False, max_overtakes: int = 0,
-                           max_wait_s: int = 0) -> Group:
+                           max_wait_s: int = 0, sharing: str = "") -> Group:
         """Create ``group_id`` over ``nodes`` ("node", "node:0,1", (node, [gpus]) or NodeSpec).
         ``isolation``: the group's policy for parked cooperative workers (lockd lists the
         values it knows; "" is the default). ``tenants``: whose jobs may acquire it ("*": every
         tenant; needed where lockd runs with tenants); ``admins``: the tenants that administer it.
         ``priorities``: Acquire may name a class (0..9; else pure FIFO); a waiter goes first once
         ``max_overtakes`` grants were made since it joined (0: lockd's default) or it waited
-        ``max_wait_s`` (0: no time bound). Re-creating it with the same settings is a no-op."""
+        ``max_wait_s`` (0: no time bound). ``sharing``: "" or "exclusive" (one holder at a time, the
+        default), or "fit": jobs whose declared footprints fit on the GPUs side by side hold the group
+        together; what does not fit is time-sliced. Re-creating it with the same settings is a no-op."""
         req = self.core.create_req(group_id, nodes, isolation, tenants, admins)
         if max_overtakes < 0 or max_wait_s < 0:
             raise E.InvalidArgumentError("max_overtakes and max_wait_s must be >= 0")
         req.priorities, req.max_overtakes, req.max_wait_s = priorities, max_overtakes, max_wait_s
+        req.sharing = sharing
         r = await self.transport.invoke(Call.CREATE_GROUP, lambda: req, deadline=self.core.deadline(self.core.config.timeout))
         return Group.from_pb(r)
 

@@ -237,20 +237,22 @@ class AsyncOrchestratorClient:
 
     # == scopes ===========================================================================
     def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
+                        device_bytes_hint: int = 0, priority: int = 0, exclusive: bool = False) -> AcceleratorScope:
         """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
-        ``priority``: the class its acquire asks for (groups with priority classes)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
+        ``priority``: the class its acquire asks for (groups with priority classes); ``exclusive``:
+        the phase wants the GPUs alone (a group with sharing "fit": nobody holds beside it)."""
+        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority, exclusive)
 
-    def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0):
+    def _scope_enter(self, group_id: str, timeout, hint, priority: int = 0, exclusive: bool = False):
         raise TypeError("AsyncOrchestratorClient.on_accelerators is an async context manager: "
                         "use `async with`, or the sync OrchestratorClient")
 
     def _scope_exit(self, group_id: str):
         raise TypeError("use `async with` with AsyncOrchestratorClient")
 
-    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
-        return await self._scopes.enter(group_id, timeout, hint, priority)
+    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0,
+                                 exclusive: bool = False) -> Grant:
+        return await self._scopes.enter(group_id, timeout, hint, priority, exclusive)
 
     async def _scope_exit_async(self, group_id: str) -> None:
         await self._scopes.exit(group_id)

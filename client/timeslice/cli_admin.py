@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
                         "(0: lockd's default, 4)")
     c.add_argument("--max-wait-s", type=int, default=0, metavar="S",
                    help="with --priorities: ... or once it waited S seconds (0: no time bound)")
+    c.add_argument("--sharing", choices=sharing_choices(), default="exclusive",
+                   help="exclusive (default): one holder at a time; fit: jobs whose declared footprints "
+                        "(device_bytes_hint) fit on the GPUs hold the group side by side, and what does not "
+                        "fit is time-sliced (a job that declares nothing, or asks exclusive=True, is alone)")
     c.set_defaults(func=cmd_group_create)
     d = gsub.add_parser("delete", parents=[common], help="delete a group")
     d.add_argument("name")
@@ -73,6 +77,12 @@ def isolation_choices() -> list[str]:
     """The group isolation policies lockd knows (records.ISOLATIONS, read here, never copied)."""
     from timeslice.common.server import records as R
     return sorted(v or NO_ISOLATION for v in R.ISOLATIONS)
+
+
+def sharing_choices() -> list[str]:
+    """The sharing policies lockd knows (records.SHARINGS, read here, never copied)."""
+    from timeslice.common.server import records as R
+    return sorted(R.SHARINGS)
 
 
 def _isolation(choice: str) -> str:
@@ -108,7 +118,7 @@ def cmd_group_create(args) -> int:
     with admin_client(args) as c:
         g = c.create_group(args.name, args.node, isolation=_isolation(args.isolation), tenants=args.tenant,
                            admins=args.admin_tenant, priorities=args.priorities, max_overtakes=args.max_overtakes,
-                           max_wait_s=args.max_wait_s)
+                           max_wait_s=args.max_wait_s, sharing=args.sharing)
         try:
             alive = {n.node for n in c.status(g.group_id).node_status if n.agent_alive}
         except TimesliceClientError:          # deleted in between: nothing to warn about
@@ -119,7 +129,8 @@ def cmd_group_create(args) -> int:
                 for n in lonely]
     for w in warnings:
         print(f"timeslice: warning: {w}", file=sys.stderr, flush=True)
-    iso = f", isolation: {g.isolation}" if g.isolation else ""
+    iso = ", sharing: fit" if g.sharing == "fit" else ""
+    iso += f", isolation: {g.isolation}" if g.isolation else ""
     iso += f", tenants: {' '.join(g.tenants)}" if g.tenants else ""
     iso += f", administered by: {' '.join(g.admins)}" if g.admins else ""
     iso += (f", priorities: a waiter goes first after {g.max_overtakes} grants"

@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     g.add_argument("--sinfo", default="sinfo", metavar="PATH", help="the sinfo command (default: sinfo on PATH)")
     g.add_argument("--dry-run", action="store_true", help="print the groups, create nothing")
     g.add_argument("--env-file", default=None, help=env_help)
+    g.add_argument("--sharing", choices=("exclusive", "fit"), default="exclusive",
+                   help="the groups' sharing policy (timeslice group create --sharing; default exclusive)")
     g.set_defaults(func=cmd_groups)
 
     t = ssub.add_parser("task-env", parents=[common],
@@ -97,7 +99,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
                     failed += 0 if same else 1
                     continue
                 try:
-                    c.create_group(name, [spec])
+                    c.create_group(name, [spec], sharing=args.sharing)
                     row["result"] = "created"
                 except TimesliceClientError as e:
                     row["result"], failed = f"failed: {e}", failed + 1

@@ -218,21 +218,24 @@ class OrchestratorClient:
 
     # == scopes ===========================================================================
     def on_accelerators(self, group_id: str, *, timeout: float | None = None,
-                        device_bytes_hint: int = 0, priority: int = 0) -> AcceleratorScope:
+                        device_bytes_hint: int = 0, priority: int = 0, exclusive: bool = False) -> AcceleratorScope:
         """Decorator / context manager: hold ``group_id`` while the body runs (see scope.py);
-        ``priority``: the class its acquire asks for (groups with priority classes)."""
-        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority)
+        ``priority``: the class its acquire asks for (groups with priority classes); ``exclusive``:
+        the phase wants the GPUs alone (a group with sharing "fit": nobody holds beside it)."""
+        return AcceleratorScope(self, group_id, timeout, device_bytes_hint, priority, exclusive)
 
-    def _scope_enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
-        return self._loop.call(self._aio._scope_enter_async(group_id, timeout, hint, priority))
+    def _scope_enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0,
+                     exclusive: bool = False) -> Grant:
+        return self._loop.call(self._aio._scope_enter_async(group_id, timeout, hint, priority, exclusive))
 
     def _scope_exit(self, group_id: str) -> None:
         self._loop.call(self._aio._scope_exit_async(group_id))
 
-    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
+    async def _scope_enter_async(self, group_id: str, timeout: float | None, hint: int, priority: int = 0,
+                                 exclusive: bool = False) -> Grant:
         # A coroutine decorated through the sync client, run in the user's own loop: the
         # hooks run on a worker thread, as they always did for this case.
-        return await asyncio.to_thread(self._scope_enter, group_id, timeout, hint, priority)
+        return await asyncio.to_thread(self._scope_enter, group_id, timeout, hint, priority, exclusive)
 
     async def _scope_exit_async(self, group_id: str) -> None:
         await asyncio.to_thread(self._scope_exit, group_id)

@@ -182,7 +182,7 @@ class ClientCore:
             return next(self._seq)
 
     def acquire_req(self, group_id: str, hint: int, last_hold_ms: int = 0, priority: int = 0,
-                    peak_bytes: int = 0, context_bytes: int = 0) -> pb.AcquireRequest:
+                    peak_bytes: int = 0, context_bytes: int = 0, exclusive: bool = False) -> pb.AcquireRequest:
         """One Acquire attempt: a fresh ``attempt_seq`` on every (re-)send."""
         if not isinstance(priority, int) or not 0 <= priority < 2**32:
             raise ValueError(f"priority must be a class >= 0 (lockd accepts 0..9), got {priority!r}")
@@ -190,7 +190,7 @@ class ClientCore:
                                  device_bytes_hint=int(hint), attempt_seq=self._next_seq(),
                                  last_hold_ms=int(last_hold_ms), priority=priority,
                                  peak_bytes=min(int(peak_bytes), MAX_MEASURED_BYTES),
-                                 context_bytes=min(int(context_bytes), MAX_MEASURED_BYTES))
+                                 context_bytes=min(int(context_bytes), MAX_MEASURED_BYTES), exclusive=bool(exclusive))
 
     def open_req(self, sent: list[float]) -> pb.OpenSessionRequest:
         """One OpenSession attempt; notes when it was sent (the new lease is younger)."""

@@ -121,7 +121,7 @@ class Holds:
 
     # == acquire ======================================================================
     async def acquire(self, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0, *,
-                      priority: int = 0) -> Grant:
+                      priority: int = 0, exclusive: bool = False) -> Grant:
         """Wait until this job holds ``group_id`` (FIFO); returns the Grant.
 
         timeout: seconds to wait; None waits for as long as it takes. On timeout
@@ -129,6 +129,10 @@ class Holds:
         priority: the class, 0 (default, lowest) .. 9, on a group created with priorities
         (served by class, FIFO within a class, within the group's aging bound); a group
         without priorities refuses any but 0 (InvalidArgument).
+        exclusive: this phase wants the group's GPUs alone (a measurement, a latency-critical
+        phase): on a group with sharing "fit" nobody holds beside it (an exclusive group: always so).
+        device_bytes_hint: the device memory the phase needs at its peak on each node; on a fit
+        group it is what the grant weighs (0: unknown, so the grant weighs the whole device).
         Calling it while holding the group returns the same grant at once.
         ``after_acquire(grant)`` runs before it returns; if it raises, the group is released.
         """
@@ -138,7 +142,7 @@ class Holds:
             if span is not None:
                 from timeslice.config import node_name
                 tracing.set_attributes(span, {"timeslice.node": node_name()})
-            grant = await self._acquire(group_id, timeout, device_bytes_hint, priority)
+            grant = await self._acquire(group_id, timeout, device_bytes_hint, priority, exclusive)
             tracing.set_attributes(span, {"timeslice.token": grant.token, "timeslice.leader_epoch": grant.leader_epoch,
                                           "timeslice.waited_ms": grant.waited_ms, "timeslice.restored": grant.restored,
                                           "timeslice.elided": grant.elided,
@@ -146,7 +150,7 @@ class Holds:
         return grant
 
     async def _acquire(self, group_id: str, timeout: float | None, device_bytes_hint: int,
-                       priority: int = 0) -> Grant:
+                       priority: int = 0, exclusive: bool = False) -> Grant:
         core = self.core
         await self.sessions.ensure()
         deadline = core.deadline(timeout)
@@ -162,7 +166,7 @@ class Holds:
         try:
             reply = await self.transport.invoke(
                 Call.ACQUIRE, lambda: core.acquire_req(group_id, device_bytes_hint, last_hold, priority,
-                                                       m.peak_bytes, m.context_bytes),
+                                                       m.peak_bytes, m.context_bytes, exclusive),
                 deadline=deadline, cap=0, attempt=attempt, st=st)
         except E.TimesliceClientError as e:
             if W.needs_withdraw(e.code, e.details) and not core.lost and not core.closing:

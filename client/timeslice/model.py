@@ -30,11 +30,16 @@ class Grant(_Dict):
     restored: bool             # this job's context was restored onto the devices for this grant
     elided: bool               # another job stayed resident beside this one (nothing moved)
     bytes_moved: int           # snapshot + restore bytes moved on this job's behalf
+    # Groups with sharing "fit": what the grant weighs ("<node>/<GPU>" -> admitted bytes; empty when
+    # exclusive), whether it weighs the whole device, and whether it went before an earlier waiter.
+    footprint_bytes: dict = field(default_factory=dict)
+    exclusive: bool = False
+    backfilled: bool = False
 
     @classmethod
     def from_pb(cls, r: pb.AcquireReply) -> Grant:
         return cls(r.group_id, r.job_id, r.token, r.leader_epoch, r.waited_ms, r.restored,
-                   r.elided, r.bytes_moved)
+                   r.elided, r.bytes_moved, dict(r.footprint_bytes), r.exclusive, r.backfilled)
 
 
 @dataclass(frozen=True)
@@ -93,11 +98,12 @@ class Group(_Dict):
     priorities: bool = False        # priority classes (else pure FIFO), with its aging bound:
     max_overtakes: int = 0          # a waiter goes first once this many grants were made since it joined
     max_wait_s: int = 0             # ... or once it waited this long (0: no time bound)
+    sharing: str = "exclusive"      # "exclusive" (one holder) | "fit" (side by side where footprints fit)
 
     @classmethod
     def from_pb(cls, g: pb.Group) -> Group:
         return cls(g.group_id, tuple(NodeSpec.from_pb(n) for n in g.nodes), g.isolation, tuple(g.tenants),
-                   tuple(g.admins), g.priorities, g.max_overtakes, g.max_wait_s)
+                   tuple(g.admins), g.priorities, g.max_overtakes, g.max_wait_s, g.sharing or "exclusive")
 
 
 @dataclass(frozen=True)
@@ -118,6 +124,14 @@ class GrantInfo(_Dict):
     elided: bool
     bytes_moved: int
     granted_unix_ms: int
+    footprint_bytes: dict = field(default_factory=dict)   # fit groups: "<node>/<GPU>" -> admitted bytes
+    exclusive: bool = False         # fit groups: weighs the whole device
+    backfilled: bool = False        # fit groups: granted before an earlier waiter that did not fit
+
+    @classmethod
+    def from_pb(cls, g: pb.Grant) -> GrantInfo:
+        return cls(g.job_id, g.token, g.leader_epoch, g.restored, g.elided, g.bytes_moved, g.granted_unix_ms,
+                   dict(g.footprint_bytes), g.exclusive, g.backfilled)
 
 
 @dataclass(frozen=True)
@@ -154,16 +168,14 @@ class GroupStatus(_Dict):
     node_status: tuple[NodeStatus, ...]
     leader_epoch: int
     revision: int = field(default=0, compare=False)   # etcd revision the picture was read at
+    sharing: str = "exclusive"     # "exclusive" | "fit"
+    holders: tuple[GrantInfo, ...] = ()   # every holder's grant, in grant order (fit groups: several)
 
     @classmethod
     def from_pb(cls, s: pb.GroupStatus) -> GroupStatus:
         holder = Waiter(s.holder.job_id, s.holder.token, s.holder.priority) \
             if s.HasField("holder") and s.holder.job_id else None
-        grant = None
-        if s.HasField("grant") and s.grant.job_id:
-            g = s.grant
-            grant = GrantInfo(g.job_id, g.token, g.leader_epoch, g.restored, g.elided, g.bytes_moved,
-                              g.granted_unix_ms)
+        grant = GrantInfo.from_pb(s.grant) if s.HasField("grant") and s.grant.job_id else None
         nodes = tuple(
             NodeStatus(n.node, n.agent_alive, n.backend, tuple(n.resident_jobs),
                        tuple(NodeJobState(j.job_id, j.state, j.bytes, j.elapsed_ms, j.error, j.token,
@@ -172,7 +184,8 @@ class GroupStatus(_Dict):
                        n.device_free_bytes, n.device_total_bytes)
             for n in s.node_status)
         return cls(s.group_id, tuple(NodeSpec.from_pb(n) for n in s.nodes), holder, grant,
-                   tuple(Waiter(w.job_id, w.token, w.priority) for w in s.waiters), nodes, s.leader_epoch, s.revision)
+                   tuple(Waiter(w.job_id, w.token, w.priority) for w in s.waiters), nodes, s.leader_epoch, s.revision,
+                   s.sharing or "exclusive", tuple(GrantInfo.from_pb(h) for h in s.holders))
 
     @property
     def queue(self) -> tuple[Waiter, ...]:
@@ -187,10 +200,22 @@ class JobInfo(_Dict):
     groups: tuple[str, ...]
     workers: int
     tenant: str = ""             # its session's tenant ("*": opened with the admin token; "": no tenants)
+    holds: tuple[HeldGroup, ...] = ()  # the groups it holds now, each with what its grant weighs
 
     @classmethod
     def from_pb(cls, j: pb.JobInfo) -> JobInfo:
-        return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers, j.tenant)
+        return cls(j.job_id, j.lease_id, tuple(j.groups), j.workers, j.tenant,
+                   tuple(HeldGroup(h.group_id, h.token, dict(h.footprint_bytes), h.exclusive) for h in j.holds))
+
+
+@dataclass(frozen=True)
+class HeldGroup(_Dict):
+    """A group a job holds (``jobs()``), with what its grant weighs."""
+
+    group_id: str
+    token: int
+    footprint_bytes: dict = field(default_factory=dict)   # fit groups: "<node>/<GPU>" -> admitted bytes
+    exclusive: bool = True          # weighs the whole device (every exclusive group's hold)
 
 
 def node_specs(nodes: Iterable[NodeSpec | str | tuple] | None) -> list[NodeSpec]:

@@ -56,14 +56,35 @@ def _state(j) -> str:
 def jobs_table(jobs: list[JobInfo]) -> str:
     if not jobs:
         return "no jobs with a live session"
-    return table(["JOB", "LEASE", "GROUPS", "WORKERS"],
-                 [[j.job_id, format(j.lease_id, "x"), ",".join(j.groups) or "-", j.workers] for j in jobs])
+    return table(["JOB", "LEASE", "GROUPS", "WORKERS", "HOLDS"],
+                 [[j.job_id, format(j.lease_id, "x"), ",".join(j.groups) or "-", j.workers,
+                   "; ".join(f"{h.group_id} ({weighs(h.footprint_bytes, h.exclusive)})" for h in j.holds) or "-"]
+                  for j in jobs])
+
+
+def weighs(footprint: dict, exclusive: bool) -> str:
+    """What a fit group's grant weighs, for humans: "the whole device" or bytes per node/GPU."""
+    if exclusive or not footprint:
+        return "weighs the whole device"
+    return "weighs " + ", ".join(f"{human_bytes(b)} on {where}" for where, b in sorted(footprint.items()))
+
+
+def _holder(g) -> str:
+    how = "restored" if g.restored else ("elided" if g.elided else "resident")
+    how += ", backfilled" if g.backfilled else ""
+    return (f"{g.job_id}  token {g.token}  granted {_ago(g.granted_unix_ms)}  ({how})  "
+            f"{weighs(g.footprint_bytes, g.exclusive)}")
 
 
 def status_text(st: GroupStatus) -> str:
     lines = [f"group    {st.group_id}   (leader epoch {st.leader_epoch}, etcd revision {st.revision})",
              f"nodes    {' '.join(map(str, st.nodes)) or '-'}"]
-    if st.holder is None:
+    if st.sharing == "fit":
+        lines.append("sharing  fit (holders side by side where their footprints fit; the rest time-sliced)")
+    if st.sharing == "fit" and st.holders:
+        for i, g in enumerate(st.holders):
+            lines.append(("holders  " if i == 0 else "         ") + _holder(g))
+    elif st.holder is None:
         lines.append("holder   - (idle)")
     elif st.grant is None or st.grant.token != st.holder.token:
         lines.append(f"holder   {st.holder.job_id}  token {st.holder.token}  (not granted yet: swapping in)")

@@ -70,6 +70,10 @@ def describe(need: int, device: str, answer: RoomAnswer | None, cause: BaseExcep
             parts.append("held by " + ", ".join(_holder(h) for h in answer.holders[:MAX_HOLDERS]))
         if answer.message:
             parts.append(answer.message)
+    from timeslice.hooks import current_cap
+    if current_cap():
+        parts.append(f"this job's allocator is capped at {_gb(current_cap())}, what its grant of a fit group "
+                     "admitted beside the other holders: declare a larger device_bytes_hint")
     if cause is not None:
         parts.append(f"the allocation said: {str(cause).splitlines()[0][:300]}")
     return "; ".join(parts)

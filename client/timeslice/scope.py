@@ -53,11 +53,12 @@ class Scopes:
         self.core, self.holds = core, holds
         self._holds: dict[str, _Hold] = {}
 
-    async def enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0) -> Grant:
+    async def enter(self, group_id: str, timeout: float | None, hint: int, priority: int = 0,
+                    exclusive: bool = False) -> Grant:
         hold = self._holds.setdefault(group_id, _Hold())
         async with hold.mutex:
             if hold.depth == 0 or group_id not in self.core.grants:
-                await self.holds.acquire(group_id, timeout, hint, priority=priority)
+                await self.holds.acquire(group_id, timeout, hint, priority=priority, exclusive=exclusive)
                 hold.depth = 0
             hold.depth += 1
             return self.core.grants.check(group_id)
@@ -79,13 +80,15 @@ class Scopes:
 
 class AcceleratorScope:
     def __init__(self, client: Any, group_id: str, timeout: float | None = None, device_bytes_hint: int = 0,
-                 priority: int = 0):
+                 priority: int = 0, exclusive: bool = False):
         self.client, self.group_id = client, group_id
         self.timeout, self.device_bytes_hint, self.priority = timeout, device_bytes_hint, priority
+        self.exclusive = exclusive
         self.grant = None
 
     def _fresh(self) -> AcceleratorScope:
-        return AcceleratorScope(self.client, self.group_id, self.timeout, self.device_bytes_hint, self.priority)
+        return AcceleratorScope(self.client, self.group_id, self.timeout, self.device_bytes_hint, self.priority,
+                                self.exclusive)
 
     # -- decorator ------------------------------------------------------------
     def __call__(self, fn: F) -> F:
@@ -112,7 +115,8 @@ class AcceleratorScope:
 
     # -- context managers -------------------------------------------------------
     def __enter__(self):
-        self.grant = self.client._scope_enter(self.group_id, self.timeout, self.device_bytes_hint, self.priority)
+        self.grant = self.client._scope_enter(self.group_id, self.timeout, self.device_bytes_hint, self.priority,
+                                              self.exclusive)
         return self.grant
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -120,7 +124,7 @@ class AcceleratorScope:
 
     async def __aenter__(self):
         self.grant = await self.client._scope_enter_async(self.group_id, self.timeout, self.device_bytes_hint,
-                                                          self.priority)
+                                                          self.priority, self.exclusive)
         return self.grant
 
     async def __aexit__(self, exc_type, exc, tb) -> bool:

@@ -9,7 +9,10 @@ The README documents each key with an etcdctl example.
     <p>groups/<group>/queue/<job>               waiter or holder, leased to the job's session;
                                                 FIFO = create_revision; head owns the lock;
                                                 token = create_revision of this key
-    <p>groups/<group>/grant                     {job, token, leader_epoch, restored, ...}, leased to the job
+    <p>groups/<group>/grant                     {job, token, leader_epoch, restored, ...}, leased to the job:
+                                                the holder of an ``exclusive`` group (GroupSpec.sharing)
+    <p>groups/<group>/grants/<job>              the same plus {footprint, exclusive, backfilled}, one per
+                                                holder of a ``fit`` group (lockd/weights.py), leased to it
     <p>groups/<group>/turns                     {token, grants}: priority groups only (lockd/priority.py): the
                                                 highest token granted ahead of an earlier waiter (an entry
                                                 below it re-keys before its turn) and the grant count
@@ -96,7 +99,19 @@ class Keys:
         return self.queue(group) + check_id("job", job).encode()
 
     def grant(self, group: str) -> bytes:
+        """The one holder's grant of an exclusive group."""
         return self.group(group) + b"grant"
+
+    def grants(self, group: str) -> bytes:
+        """Prefix of a fit group's grants, one per holder (etcdctl: every holder of the group)."""
+        return self.group(group) + b"grants/"
+
+    def shared_grant(self, group: str, job: str) -> bytes:
+        return self.grants(group) + check_id("job", job).encode()
+
+    def grant_key(self, group: str, job: str, shared: bool) -> bytes:
+        """Where ``job``'s grant of ``group`` lives: ``grants/<job>`` in a fit group, else ``grant``."""
+        return self.shared_grant(group, job) if shared else self.grant(group)
 
     def turns(self, group: str) -> bytes:
         return self.group(group) + b"turns"
@@ -224,6 +239,16 @@ class Keys:
         """The job a status key of ``node`` is for (``nodes/<node>/status/<job>``), else None."""
         p = self._parts(key)
         return p[3] if len(p) == 4 and p[0] == "nodes" and p[1] == node and p[2] == "status" else None
+
+    def grant_of(self, key: bytes) -> tuple[str, str] | None:
+        """(group, job) of a grant key: ``groups/<g>/grants/<job>``, or ``groups/<g>/grant`` with job ""
+        (an exclusive group's: the job is in its value); else None."""
+        p = self._parts(key)
+        if len(p) == 3 and p[0] == "groups" and p[2] == "grant":
+            return p[1], ""
+        if len(p) == 4 and p[0] == "groups" and p[2] == "grants" and p[3]:
+            return p[1], p[3]
+        return None
 
     def is_status(self, key: bytes) -> bool:
         """True for a status key of any node (``nodes/<node>/status/<job>``)."""

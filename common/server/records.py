@@ -56,6 +56,13 @@ ISOLATION_FULL = "full"        # after the cooperative pause, the CUDA checkpoin
 # thawed when their job acquires again. A ladder, one field: "" < "full" < "strict".
 ISOLATION_STRICT = "strict"
 ISOLATIONS = frozenset({ISOLATION_NONE, ISOLATION_FULL, ISOLATION_STRICT})
+# A group's sharing policy (GroupSpec.sharing; lockd/weights.py). "exclusive": one holder at a time, the
+# lock as it always was (its grant is ``groups/<g>/grant``). "fit": a FIFO weighted semaphore per GPU, each
+# grant weighing its admitted footprint; a job whose footprint is unknown, or that asks for the GPUs alone,
+# weighs the whole device (its grants are ``groups/<g>/grants/<job>``, one per holder).
+SHARING_EXCLUSIVE = "exclusive"
+SHARING_FIT = "fit"
+SHARINGS = frozenset({SHARING_EXCLUSIVE, SHARING_FIT})
 
 
 def checkpoints_rest(isolation: str) -> bool:
@@ -93,7 +100,9 @@ class Record:
         data = dataclasses.asdict(self)  # type: ignore[call-overload]  # subclasses are dataclasses
         if self._omit_default:
             for f in dataclasses.fields(self):  # type: ignore[arg-type]
-                if f.name in self._omit_default and data[f.name] == f.default:
+                default = f.default_factory() if f.default is dataclasses.MISSING \
+                    and f.default_factory is not dataclasses.MISSING else f.default
+                if f.name in self._omit_default and data[f.name] == default:
                     del data[f.name]
         return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
@@ -117,10 +126,16 @@ class GroupSpec(Record):
     priorities: bool = False
     max_overtakes: int = 0
     max_wait_ms: int = 0
-    _omit_default = frozenset({"priorities", "max_overtakes", "max_wait_ms"})
+    sharing: str = SHARING_EXCLUSIVE                  # SHARINGS; a spec stored without it is exclusive
+    _omit_default = frozenset({"priorities", "max_overtakes", "max_wait_ms", "sharing"})
 
     def node_names(self) -> list[str]:
         return [n["node"] for n in self.nodes]
+
+    @property
+    def shared(self) -> bool:
+        """True for a ``fit`` group: several holders at once, one grant key each."""
+        return self.sharing == SHARING_FIT
 
 
 @dataclass
@@ -151,7 +166,8 @@ class QueueValue(Record):
     # out of the stored JSON while 0 (a client that does not measure):
     peak_bytes: int = 0               # the largest allocator peak of a hold (torch: max_memory_reserved)
     context_bytes: int = 0            # its memory outside the allocator (NVML's figure less the reservation)
-    _omit_default = frozenset({"priority", "since", "since_grants", "peak_bytes", "context_bytes"})
+    exclusive: bool = False           # the phase asks for the GPUs alone (fit groups; left out while False)
+    _omit_default = frozenset({"priority", "since", "since_grants", "peak_bytes", "context_bytes", "exclusive"})
 
     def arrival(self, create_revision: int) -> int:
         """The job's place in arrival order: kept when its entry is written again under a fresh key."""
@@ -176,6 +192,12 @@ class GrantValue(Record):
     elided: bool = False
     bytes_moved: int = 0
     granted_ms: int = 0
+    # Fit groups only (lockd/weights.py); left out of the stored JSON while at their defaults, so an
+    # exclusive group's grant is byte for byte what it always was:
+    footprint: dict = field(default_factory=dict)   # "<node>/<GPU index>" -> admitted bytes there
+    exclusive: bool = False           # weighs the whole device: alone on its GPUs (asked, or footprint unknown)
+    backfilled: bool = False          # granted before an earlier waiter that did not fit (never delays it)
+    _omit_default = frozenset({"footprint", "exclusive", "backfilled"})
 
 
 @dataclass
@@ -319,3 +341,8 @@ class HoldRecord(Record):
     # The agents' answers to this grant's swap intents:
     # [{"node", "job", "op", "bytes", "elapsed_ms", "gpu_bytes", "done_ms", "residue_bytes"}]
     swaps: list[dict] = field(default_factory=list)
+    # A fit group's grant (GrantValue's): what it was admitted with; left out while at the defaults.
+    footprint: dict = field(default_factory=dict)
+    exclusive: bool = False
+    backfilled: bool = False
+    _omit_default = frozenset({"footprint", "exclusive", "backfilled"})

@@ -92,7 +92,7 @@ async def read_state(endpoints: str, prefix: str, timeout: float):
         await client.close()
     records: list[R.HoldRecord] = []
     specs: dict[str, R.GroupSpec] = {}
-    grants: dict[str, R.GrantValue] = {}
+    grants: dict[str, list[R.GrantValue]] = {}        # group -> every holder's grant (fit groups: several)
     queues: dict[str, list[tuple[int, R.QueueValue]]] = {}
     for kv in kvs:
         parts = keys.parse(kv.key)
@@ -101,8 +101,8 @@ async def read_state(endpoints: str, prefix: str, timeout: float):
                 records.append(R.HoldRecord.load(kv.value))
             elif parts[0] == "groups" and len(parts) == 3 and parts[2] == "spec":
                 specs[parts[1]] = R.GroupSpec.load(kv.value)
-            elif parts[0] == "groups" and len(parts) == 3 and parts[2] == "grant":
-                grants[parts[1]] = R.GrantValue.load(kv.value)
+            elif keys.grant_of(kv.key) is not None:
+                grants.setdefault(parts[1], []).append(R.GrantValue.load(kv.value))
             elif parts[0] == "groups" and len(parts) == 4 and parts[2] == "queue":
                 queues.setdefault(parts[1], []).append((kv.create_revision, R.QueueValue.load(kv.value)))
         except (ValueError, TypeError):

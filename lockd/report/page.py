@@ -46,6 +46,9 @@ class Hold:
     swap_s: float               # the slowest node's snapshot + restore time for this grant
     swaps: list[dict] = field(default_factory=list)
     ongoing: bool = False
+    footprint: dict = field(default_factory=dict)    # fit groups: "<node>/<GPU>" -> admitted bytes
+    exclusive: bool = False                          # fit groups: weighed the whole device
+    backfilled: bool = False                         # fit groups: granted before an earlier waiter
 
 
 @dataclass
@@ -76,6 +79,7 @@ class GroupFigures:
     wait_max_s: float | None = None
     overlaps: int = 0
     gpus: list[GpuFigures] = field(default_factory=list)
+    sharing: str = R.SHARING_EXCLUSIVE   # a fit group's holds overlap by design (there: held side by side)
 
 
 @dataclass
@@ -117,13 +121,15 @@ def _hold(rec: R.HoldRecord, since: float, until: float, ongoing: bool = False) 
         per_node[op.get("node", "?")] = per_node.get(op.get("node", "?"), 0.0) + float(op.get("elapsed_ms", 0)) / 1000
     waited = (rec.granted_ms - rec.enqueued_ms) / 1000 if rec.enqueued_ms else None
     return Hold(rec.job, rec.token, start, end, granted, waited, rec.restored, rec.elided, rec.bytes_moved,
-                max(per_node.values(), default=0.0), list(rec.swaps), ongoing)
+                max(per_node.values(), default=0.0), list(rec.swaps), ongoing, dict(rec.footprint), rec.exclusive,
+                rec.backfilled)
 
 
-def build(records: Iterable[R.HoldRecord], specs: Mapping[str, R.GroupSpec], grants: Mapping[str, R.GrantValue],
-          queues: Mapping[str, list[R.QueueValue]], since: float, until: float | None = None,
-          prefix: str = "", only: Iterable[str] = ()) -> Report:
-    """The report of ``[since, until]`` (unix seconds) from etcd's records and state."""
+def build(records: Iterable[R.HoldRecord], specs: Mapping[str, R.GroupSpec],
+          grants: Mapping[str, list[R.GrantValue]], queues: Mapping[str, list[R.QueueValue]], since: float,
+          until: float | None = None, prefix: str = "", only: Iterable[str] = ()) -> Report:
+    """The report of ``[since, until]`` (unix seconds) from etcd's records and state; ``grants``: every
+    holder's grant now, per group (a fit group may have several)."""
     until = time.time() if until is None else until
     wanted = set(only)
     by_group: dict[str, list[R.HoldRecord]] = {}
@@ -136,20 +142,24 @@ def build(records: Iterable[R.HoldRecord], specs: Mapping[str, R.GroupSpec], gra
             continue
         holds = [h for h in (_hold(r, since, until) for r in sorted(by_group.get(g, []), key=lambda r: r.token))
                  if h is not None]
-        grant = grants.get(g)
-        if grant is not None and all(h.token != grant.token for h in holds):
-            q = {e.job: e for e in queues.get(g, [])}
+        q = {e.job: e for e in queues.get(g, [])}
+        for grant in sorted(grants.get(g, []), key=lambda v: v.token):
+            if any(h.token == grant.token for h in holds):
+                continue
             entry = q.get(grant.job)
             rec = R.HoldRecord(g, grant.job, grant.token, grant.leader_epoch,
                                enqueued_ms=entry.enqueued_ms if entry else 0, granted_ms=grant.granted_ms,
-                               restored=grant.restored, elided=grant.elided, bytes_moved=grant.bytes_moved)
+                               restored=grant.restored, elided=grant.elided, bytes_moved=grant.bytes_moved,
+                               footprint=dict(grant.footprint), exclusive=grant.exclusive,
+                               backfilled=grant.backfilled)
             now = _hold(rec, since, until, ongoing=True)
             if now is not None:
                 holds.append(now)
         spec = specs.get(g)
-        holder = grant.job if grant else None
-        waiting = [{"job": e.job, "since": e.enqueued_ms / 1000} for e in queues.get(g, []) if e.job != holder]
-        fig = GroupFigures(g, [_node_text(n) for n in spec.nodes] if spec else [], holds, waiting)
+        holders = {v.job for v in grants.get(g, [])}
+        waiting = [{"job": e.job, "since": e.enqueued_ms / 1000} for e in queues.get(g, []) if e.job not in holders]
+        fig = GroupFigures(g, [_node_text(n) for n in spec.nodes] if spec else [], holds, waiting,
+                           sharing=spec.sharing if spec else R.SHARING_EXCLUSIVE)
         _figures(fig, until - since)
         out.append(fig)
     return Report(since, until, prefix, out)
@@ -226,6 +236,14 @@ def _s(v: float | None) -> str:
     return "–" if v is None else f"{v:.3f} s"
 
 
+def _weighs(h: Hold) -> str:
+    """What a fit group's hold was admitted with."""
+    if h.exclusive or not h.footprint:
+        return "the whole device"
+    return ", ".join(f"{_b(int(b))} on {where}" for where, b in sorted(h.footprint.items())) + \
+        (" (backfilled)" if h.backfilled else "")
+
+
 def _e(v: object) -> str:
     return _html.escape(str(v), quote=True)
 
@@ -293,13 +311,18 @@ def html(rep: Report, title: str = "timeslice report") -> str:
                    f"<td>{len({h.job for h in g.holds})}</td><td>{g.duty:.1%}</td><td>{g.handoffs}</td>"
                    f"<td>{g.swaps}</td><td>{g.elided}</td><td>{_b(g.bytes_moved)}</td><td>{_s(g.swap_s)}</td>"
                    f"<td>{_s(g.wait_p50_s)}</td><td>{_s(g.wait_max_s)}</td><td>{len(g.waiting)}</td>"
-                   f'<td{" class=bad" if g.overlaps else ""}>{g.overlaps}</td></tr>')
+                   f'<td{" class=bad" if g.overlaps and g.sharing != R.SHARING_FIT else ""}>{g.overlaps}'
+                   f'{" (shared)" if g.sharing == R.SHARING_FIT else ""}</td></tr>')
     out.append("</table>")
     for g in rep.groups:
         out.append(f'<h2 id="g-{_e(g.group)}">group {_e(g.group)}</h2>')
         out.append(f"<p>GPUs: {_e(' '.join(g.nodes) or 'the group no longer exists')}; held {g.held_s:.1f} s of "
                    f"{rep.window_s:.0f} s (duty cycle {g.duty:.1%}); {g.handoffs} handoffs, {g.swaps} swaps moving "
                    f"{_b(g.bytes_moved)} in {g.swap_s:.2f} s.</p>")
+        fit = g.sharing == R.SHARING_FIT
+        if fit:
+            out.append(f"<p>Sharing: fit. Holders run side by side where their admitted footprints fit on the "
+                       f"GPUs ({g.overlaps} overlapping pairs of holds); the rest is time-sliced.</p>")
         if g.holds:
             out.append(_svg(rep, g))
             out.append("<p><small>Bars: holds (one row per job; hover for times and tokens). Hatched: waiting "
@@ -309,7 +332,8 @@ def html(rep: Report, title: str = "timeslice report") -> str:
                                                       for w in g.waiting) + "</p>")
         out.append('<table class="holds"><tr><th class="l">job</th><th>token</th><th>from</th><th>to</th>'
                    "<th>held</th><th>waited</th><th>restored</th><th>elided</th><th>moved</th><th>swap time</th>"
-                   '<th class="l">swap operations (node, op, job, bytes, time, GPUs)</th></tr>')
+                   + ('<th class="l">admitted</th>' if fit else "")
+                   + '<th class="l">swap operations (node, op, job, bytes, time, GPUs)</th></tr>')
         for h in g.holds:
             ops_text = "; ".join(
                 f"{op.get('node')} {op.get('op')} {op.get('job')} {_b(int(op.get('bytes', 0)))} "
@@ -319,7 +343,8 @@ def html(rep: Report, title: str = "timeslice report") -> str:
                        f'<td>{_t(h.end)}{" (holding)" if h.ongoing else ""}</td><td>{h.end - h.start:.3f} s</td>'
                        f"<td>{_s(h.waited_s)}</td><td>{'yes' if h.restored else ''}</td>"
                        f"<td>{'yes' if h.elided else ''}</td><td>{_b(h.bytes_moved)}</td><td>{_s(h.swap_s)}</td>"
-                       f'<td class="l">{_e(ops_text)}</td></tr>')
+                       + (f'<td class="l">{_e(_weighs(h))}</td>' if fit else "")
+                       + f'<td class="l">{_e(ops_text)}</td></tr>')
         out.append("</table>")
         if g.gpus:
             out.append('<table class="gpus"><tr><th class="l">node</th><th class="l">GPU</th><th>swaps</th>'

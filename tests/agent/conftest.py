@@ -86,13 +86,13 @@ class NodeStack:
 @pytest.fixture
 def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
     """lockd_node(capacity, group="g", isolation="", lockd_extra=(), agent_extra=(), context_bytes=None,
-    slack=None) -> async context of a NodeStack: the test's SIMULATED device resized to ``capacity``
-    bytes (charging each process ``context_bytes`` and the allocator's ``slack`` where given), this
-    node's agent, one lockd replica (their extra flags), and ``group`` over the node. The replica is
-    stopped on the way out."""
+    slack=None, sharing="") -> async context of a NodeStack: the test's SIMULATED device resized to
+    ``capacity`` bytes (charging each process ``context_bytes`` and the allocator's ``slack`` where given),
+    this node's agent, one lockd replica (their extra flags), and ``group`` over the node (``sharing``:
+    its policy). The replica is stopped on the way out."""
     @asynccontextmanager
     async def make(capacity: int, group: str = "g", isolation: str = "", lockd_extra=(), agent_extra=(),
-                   context_bytes: int | None = None, slack: float | None = None):
+                   context_bytes: int | None = None, slack: float | None = None, sharing: str = ""):
         dev = SimDevice(sim_dir, capacity_bytes=capacity, context_bytes=context_bytes, slack=slack)
         lockd = LockdCluster(etcd.endpoints_str, key_prefix, n=1, logdir=str(tmp_path),
                              extra=list(lockd_extra)).start()
@@ -101,7 +101,7 @@ def lockd_node(etcd, key_prefix, agents, sim_dir, tmp_path):
             async with admin_channel(lockd.replicas[0].target) as ch:
                 stub = lpbg.LockdStub(ch)
                 await stub.CreateGroup(lpb.CreateGroupRequest(group_id=group, nodes=[lpb.NodeSpec(node=NODE)],
-                                                              isolation=isolation))
+                                                              isolation=isolation, sharing=sharing))
                 yield NodeStack(stub, lockd, agent, dev)
         finally:
             lockd.stop()

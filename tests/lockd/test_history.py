@@ -37,7 +37,7 @@ def test_a_finished_hold_becomes_one_record_with_its_wait_and_its_swap():
     queue = {K.queue_entry("g", "a"): kv(K.queue_entry("g", "a"), R.QueueValue("a", enqueued_ms=900).dump())}
     book.reseed({}, 7, 1000)
     book.observe([put(K.grant("g"), grant("a", 10, 1000))], queue.get, 1000)
-    assert not book.pending and book.open["g"].enqueued_ms == 900
+    assert not book.pending and book.open[("g", "a")].enqueued_ms == 900
     # b's swap: a snapshotted and b restored for b's grant (token 20), answered before it.
     book.observe([put(K.status("n1", "a"), answer("a", R.SNAPSHOT, 20, 101, 40)),
                   put(K.status("n1", "a"), answer("a", R.SNAPSHOT, 20, 101, 40)),      # a re-put: counted once
@@ -53,7 +53,7 @@ def test_a_finished_hold_becomes_one_record_with_its_wait_and_its_swap():
     assert [(s["node"], s["job"], s["op"], s["bytes"], s["gpu_bytes"]) for s in second.swaps] == [
         ("n1", "a", R.SNAPSHOT, 40, {"sim0": 40}), ("n1", "b", R.RESTORE, 40, {"sim0": 40})]
     assert [k for k, _ in puts] == [K.history_entry("g", 10), K.history_entry("g", 20)]
-    assert book.open["g"].token == 30
+    assert book.open[("g", "a")].token == 30
 
 
 def test_records_are_bounded_per_group_and_in_all_oldest_first():
@@ -87,7 +87,7 @@ def test_reseed_picks_up_holds_in_progress_and_what_is_stored():
              K.history_entry("g", 12): kv(K.history_entry("g", 12), b"{}"),
              K.history_entry("h", 3): kv(K.history_entry("h", 3), b"{}")}
     book.reseed(state, 9, 600)
-    assert book.epoch == 9 and book.open["g"].token == 40 and book.stored == {"g": [12], "h": [3]}
+    assert book.epoch == 9 and book.open[("g", "a")].token == 40 and book.stored == {"g": [12], "h": [3]}
     # A new term whose mirror no longer has the grant: the hold ended while nobody led.
     book.reseed({}, 10, 800)
     assert [(r.token, r.released_ms) for r in book.pending] == [(40, 800)] and not book.open
@@ -113,3 +113,17 @@ def test_a_record_keeps_what_profiles_need_the_hint_the_jobs_own_hold_and_its_fo
     (_, raw), = book.take()[0]
     r = R.HoldRecord.load(raw)
     assert (r.hint_bytes, r.prev_busy_ms, r.gpu_bytes) == (64, 180, {"n1/sim0": 50})
+
+
+def test_a_fit_groups_holders_each_become_a_record_of_their_own():
+    book = H.HistoryBook(K)
+    book.reseed({K.shared_grant("g", "a"): kv(K.shared_grant("g", "a"), grant("a", 10, 1000).dump())}, 3, 1000)
+    b = R.GrantValue("b", 12, 1, granted_ms=1100, footprint={"n1/0": 5}, backfilled=True)
+    book.observe([put(K.shared_grant("g", "b"), b)], lambda _k: None, 1100)         # b beside a
+    assert sorted(book.open) == [("g", "a"), ("g", "b")]
+    book.observe([gone(K.shared_grant("g", "b"))], lambda _k: None, 1500)             # b yields, a holds on
+    book.observe([gone(K.shared_grant("g", "a"))], lambda _k: None, 1800)
+    puts, _, taken = book.take()
+    assert [(r.job, r.granted_ms, r.released_ms) for r in taken] == [("b", 1100, 1500), ("a", 1000, 1800)]
+    stored = R.HoldRecord.load(puts[0][1])
+    assert (stored.footprint, stored.backfilled, stored.exclusive) == ({"n1/0": 5}, True, False)

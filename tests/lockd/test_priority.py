@@ -138,7 +138,7 @@ def test_holder_and_swap_under_way_keep_their_turn():
     gs = group([("L", 5, 0), ("X", 20, 9)])
     ns = NodeState(intents={"A": kv("in/A", R.IntentValue(R.SNAPSHOT, "A", "g", 5, 7), create=6)})
     assert PR.head_of(gs, SPEC, 0, {5}).job == "L"
-    assert P._head(gs, SPEC, {"n1": ns}, 0)[0][0] == "L"
+    assert P.pick_head(gs, SPEC, {"n1": ns}, 0)[0][0] == "L"
 
 
 def test_bounds_and_classes_are_validated():

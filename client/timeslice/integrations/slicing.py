@@ -23,12 +23,15 @@ what a benchmark needs to compute duty cycle and per-phase throughput.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
-from timeslice.hooks import release_framework_cache
+from timeslice.common import defaults as D
+from timeslice.config import node_name
+from timeslice.hooks import cap_allocator, release_framework_cache
 from timeslice.integrations.pytorch import ModelRegions
 from timeslice.logs import get_logger
 
@@ -72,7 +75,9 @@ class TimeSlice:
 
     def __init__(self, client, group_id: str = "", memory=None, *, swap: str = "cooperative",
                  device_bytes_hint: int = 0, timeout: float | None = None, node: str | None = None,
-                 socket_path: str | None = None, gpus=(), sync_phases: bool = False):
+                 socket_path: str | None = None, gpus=(), sync_phases: bool = False, exclusive: bool = False):
+        """``exclusive``: every hold asks for the group's GPUs alone (a fit group: nobody beside it);
+        ``hold(exclusive=True)`` asks it for one phase."""
         if swap not in SWAPS:
             raise ValueError(f"swap must be one of {SWAPS}, got {swap!r}")
         if client is not None and not group_id:
@@ -80,6 +85,8 @@ class TimeSlice:
         self.client, self.group_id, self.swap = client, group_id, swap
         self.timeout, self.node, self.socket_path, self.gpus = timeout, node, socket_path, tuple(gpus)
         self.hint = int(device_bytes_hint)
+        self.exclusive = bool(exclusive)
+        self._held_exclusive = self.exclusive
         self.transient_bytes = 0       # expected beside the regions at the peak (e.g. gradients)
         self._memory = memory
         self._regions: ModelRegions | None = None
@@ -121,10 +128,12 @@ class TimeSlice:
 
     # -- holds -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def hold(self) -> Iterator[Any]:
-        """Hold the group for the body (re-entrant); yields the grant (None standalone)."""
+    def hold(self, exclusive: bool | None = None) -> Iterator[Any]:
+        """Hold the group for the body (re-entrant); yields the grant (None standalone).
+        ``exclusive``: this hold wants the GPUs alone (None: the TimeSlice's setting); the
+        outermost hold's choice counts."""
         if self._depth == 0:
-            self._enter()
+            self._enter(self.exclusive if exclusive is None else exclusive)
         self._depth += 1
         try:
             yield None if self._open is None else self._open.get("grant")
@@ -153,7 +162,7 @@ class TimeSlice:
         finally:
             try:
                 if depth:
-                    self._enter()
+                    self._enter(self._held_exclusive)
             finally:
                 self._depth = depth
 
@@ -175,16 +184,22 @@ class TimeSlice:
             peak += missing + self.transient_bytes
         return max(self.hint, peak)
 
-    def _enter(self) -> None:
+    def _enter(self, exclusive: bool | None = None) -> None:
         t_req = time.monotonic()
+        exclusive = self.exclusive if exclusive is None else exclusive
+        self._held_exclusive = exclusive          # released() takes the group back the same way
         grant = None
         if self.client is not None:
             # The hint was worked out at the last release, while holding: outside a hold this
             # process must not ask anything of its device (it may be checkpointed).
             hint = self._next_hint if self._next_hint is not None else self.hint
-            scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint)
+            scope = self.client.on_accelerators(self.group_id, timeout=self.timeout, device_bytes_hint=hint,
+                                                exclusive=exclusive)
             grant = scope.__enter__()
             self._scope = scope
+            if grant is not None and _cuda_ready() and os.environ.get(D.ENV_ALLOCATOR_CAP, "1") != "0":
+                # A fit group's holders share the GPU: this job's allocator stays within what it was admitted.
+                cap_allocator(grant.footprint_bytes, grant.exclusive, self.node or node_name())
         self._open = {"t_req": t_req, "t_grant": time.monotonic(), "grant": grant}
 
     def _exit(self) -> None:
@@ -204,7 +219,8 @@ class TimeSlice:
             self.log.add("hold", t_req=held["t_req"], t_grant=held["t_grant"], t_release=t_end,
                          token=getattr(g, "token", 0), restored=getattr(g, "restored", False),
                          elided=getattr(g, "elided", False), bytes_moved=getattr(g, "bytes_moved", 0),
-                         waited_ms=getattr(g, "waited_ms", 0.0))
+                         waited_ms=getattr(g, "waited_ms", 0.0), footprint=dict(getattr(g, "footprint_bytes", {})),
+                         exclusive=getattr(g, "exclusive", False), backfilled=getattr(g, "backfilled", False))
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
