@@ -126,6 +126,7 @@ class _Region:
         return sum(n for _, n in self.areas)
 
 
+INTERLEAVE_S = 0.05                      # between a background reservation's regions (see _reserve_behind)
 STAT_KEYS = ("copies_out", "bytes_out", "copies_in", "bytes_in", "clean_skips", "clean_mismatches",
              "verified", "pool_grown")
 
@@ -177,7 +178,12 @@ class BackupBook:
 
     def _reserve_behind(self, sizes: dict[str, int]) -> None:
         try:
-            for t, n in sizes.items():
+            for i, (t, n) in enumerate(sizes.items()):
+                if i:
+                    # Let another process's reservation waiting on the host's pinning lock go first: N jobs
+                    # started together then pin every job's first region (what its first pause needs)
+                    # before anyone's second, instead of one job's whole backup after the other's.
+                    time.sleep(INTERLEAVE_S)
                 self._reserve({t: n})
                 with self._pinned_cv:
                     self._pinned_tags.add(t)

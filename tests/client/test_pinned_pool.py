@@ -198,3 +198,37 @@ def test_memory_the_host_cannot_give_is_an_error_not_a_crash(monkeypatch):
             P.fault_in(addr, 4 * MiB, threads=1)
     finally:
         P._libc.munmap(addr, 4 * MiB)
+
+
+def test_jobs_pinning_in_the_background_together_pin_every_first_region_before_any_second(monkeypatch, tmp_path):
+    """Two jobs' background reservations (weights, then optimizer) on one host lock: each job's weights,
+    what its first pause needs, are pinned before either job's optimizer state."""
+    import threading
+    import time as _time
+
+    from timeslice.backup import BackupBook
+    order: list[str] = []
+    real = P.fault_in
+
+    def slow(addr, n, threads):
+        _time.sleep(0.2)                           # a cold host's first touch
+        return real(addr, n, threads)
+    monkeypatch.setattr(P, "fault_in", slow)
+    lock = str(tmp_path / "pin.lock")
+    books = []
+    for job in ("a", "b"):
+        def register(addr, n, job=job):
+            order.append(f"{job}:{n // MiB}")
+        pool = P.PinnedPool("fault", threads=1, register=register, unregister=lambda a: None, lock_path=lock)
+        books.append((BackupBook(pool, mover=None), pool))
+    go = [threading.Thread(target=b.reserve, args=({"weights": 2 * MiB, "optimizer": 4 * MiB}, True))
+          for b, _ in books]
+    for t in go:
+        t.start()
+        _time.sleep(0.05)                          # a starts first, b right after
+    for t in go:
+        t.join()
+    for b, pool in books:
+        b.settle()
+        pool.close()
+    assert sorted(order[:2]) == ["a:2", "b:2"] and sorted(order[2:]) == ["a:4", "b:4"], order
