@@ -333,7 +333,9 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
             try:
                 env.update(TIMESLICE_TARGET=lockd.replicas[0].target, TIMESLICE_AGENT_SOCKET=agent.socket)
                 with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
-                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "",
+                    # GPU 0 alone (the one the jobs, the ballast and the NVML sampler use): on a host of
+                    # several GPUs run with CUDA_VISIBLE_DEVICES=0, e.g. for the host memory of three 7B jobs.
+                    admin.create_group("gpu", nodes=[(NODE, [0])], isolation="strict" if regime == "strict" else "",
                                        sharing="fit" if regime == "fit" else "exclusive")
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
                 # Each job tells lockd its peak (measured standalone, same run), as a user would:
