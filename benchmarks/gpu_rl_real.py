@@ -83,6 +83,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOBS = {"trl": ROOT / "examples" / "grpo" / "trl_job.py", "plain": ROOT / "examples" / "grpo" / "real_job.py"}
 NODE = "gpu-node-0"
 GiB = 1 << 30
+MARGIN_BYTES = 256 << 20          # lockd's --device-margin-bytes on the GPU
 REGIMES = ("standalone", "cooperative", "strict", "checkpoint")   # the slowest last: a cut-short call keeps the rest
 MIXES = ("fits", "half", "none")                                  # --mix: all, half, or one of the N jobs fit at once
 MIX_REGIMES = ("nolock", "exclusive", "fit")
@@ -260,12 +261,24 @@ class Device:
         peak = max(d.get("peak_bytes", 0) for d in alone) + int(a.context_gib * GiB)
         resident = min(sum(d["region_bytes"].values()) for d in alone)
         if a.mix:
-            # k peaks side by side, the others parked (their residue), a GiB of slack; never k + 1.
-            keep = k * peak + (n - k) * int(a.coop_residue_gib * GiB) + GiB
+            # k footprints side by side (what lockd admits each on a first hold: the footprint rule of
+            # lockd/footprints.py over what the job declares), the others parked (their residue), lockd's
+            # margin beside each, a GiB of slack; in steady state (a smaller footprint: peaks reported)
+            # still never k + 1 (a sized run says so: fit_at_once_steady).
+            from timeslice.lockd import footprints as FP
+            total = self.sampler.nvml.nvmlDeviceGetMemoryInfo(self.sampler.h).total
+            first = max(FP.admitted(FP.footprint({0}, hint=hint_of(a, d), capacity={0: total}), 0) for d in alone)
+            steady = max(FP.admitted(FP.footprint({0}, hint=hint_of(a, d), peak=d.get("peak_bytes", 0),
+                                                  capacity={0: total}), 0) for d in alone)
+            residue, margin = int(a.coop_residue_gib * GiB), MARGIN_BYTES
+            keep = k * (first + margin) + (n - k) * residue + GiB
             fits = keep <= free
             ballast = max(0, free - keep) if a.ballast and k < n else 0
+            room = free - ballast
             fit = {"free_gib_before": round(free / GiB, 2), "job_peak_gib": round(peak / GiB, 2),
-                   "fit_at_once": k, "fits_side_by_side": k > 1 and fits, "ballast_gib": round(ballast / GiB, 2)}
+                   "admitted_first_gib": round(first / GiB, 2), "admitted_steady_gib": round(steady / GiB, 2),
+                   "fit_at_once": k, "fit_at_once_steady": min(n, int((room - GiB) // (steady + margin + residue))),
+                   "fits_side_by_side": k > 1 and fits, "ballast_gib": round(ballast / GiB, 2)}
             self._ballast(ballast)
             return fit
         fits = resident + peak <= free
@@ -323,7 +336,7 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
     try:
         with EtcdCluster(1, workdir=str(logdir)) as etcd:
             lockd = LockdCluster(etcd.endpoints_str, "/timeslice/", n=1, logdir=str(logdir),
-                                 extra=["--device-margin-bytes", str(0 if a.dry_run else 256 << 20),
+                                 extra=["--device-margin-bytes", str(0 if a.dry_run else MARGIN_BYTES),
                                         "--swap-timeout", "180"]).start()
             agent = AgentProcess(etcd.endpoints_str, "/timeslice/", NODE, str(logdir),
                                  backend="sim" if a.dry_run else "cuda-driver",
