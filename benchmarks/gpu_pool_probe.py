@@ -15,7 +15,15 @@ For each size (``--gib``, one child process per size so each starts cold):
 * **checksum**: one full device checksum of the region alone, timed (``clean_parts``: the
   one-pass clean checksum a clean pause runs, and the full one, warm).
 
+* **cold first touch** (``--compare-gib``, before anything else): two fresh ranges of that size
+  mapped at once, one faulted in by ``madvise(MADV_POPULATE_WRITE)`` from 16 threads, the other by
+  memset from 16 threads, each timed: on a freshly started machine the first touch of host memory is
+  what bounds a first pin (16 GiB took 8.6 s there, 2 GB/s). Every run says whether it was the first
+  on this boot (a marker in /dev/shm, which a reboot empties), the host's uptime and its free memory
+  at the start: only a first call on a fresh machine measures the cold case.
+
     python -m benchmarks.gpu_pool_probe --gib 16,40 --out $OUT
+    python -m benchmarks.gpu_pool_probe --gib 40 --compare-gib 20 --out $OUT     # cold: the first call
 """
 from __future__ import annotations
 
@@ -78,7 +86,8 @@ def child(gib: float, trips: int) -> dict:
     other.wait()
     before = [b - a for a, b in steps if t_a - 1.5 <= a and b <= t_a]
     during = [b - a for a, b in steps if a >= t_a and b <= t_b]
-    row.update(pin_method=mem.host_pool.method, pin_gb_s=round(size / row["first_pin_s"] / 1e9, 2),
+    row.update(pin_method=mem.host_pool.method, faulted_by=mem.host_pool.faulted_by,
+               pin_gb_s=round(size / row["first_pin_s"] / 1e9, 2),
                host_bytes=mem.host_bytes(), other_steps_during=len(during),
                other_exit="alive" if died is None else died)
     if before and during and died is None:
@@ -121,16 +130,85 @@ def child(gib: float, trips: int) -> dict:
     return row
 
 
+MARKER = "/dev/shm/timeslice-pool-probe.ran"
+
+
+def host_facts() -> dict:
+    """Is this the first run on this boot, how long has the host been up, how much memory is free."""
+    first = not os.path.exists(MARKER)
+    try:
+        open(MARKER, "a").close()
+    except OSError:
+        pass
+    facts: dict = {"first_call_on_this_boot": first}
+    try:
+        facts["uptime_s"] = round(float(open("/proc/uptime").read().split()[0]), 1)
+        mem = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo") if ":" in ln}
+        facts.update(mem_total_gib=round(mem["MemTotal"] / GIB, 1), mem_free_gib=round(mem["MemFree"] / GIB, 1),
+                     mem_available_gib=round(mem.get("MemAvailable", 0) / GIB, 1))
+    except (OSError, KeyError, ValueError, IndexError):
+        pass
+    return facts
+
+
+def compare_fault(gib: float, threads: int = 16) -> dict:
+    """Two fresh ranges, mapped at once (neither has touched memory yet), faulted in two ways."""
+    import ctypes
+    import mmap
+
+    from timeslice import pinned as P
+    n = int(gib * GIB) // P.HUGE * P.HUGE
+    ranges = []
+    for _ in range(2):
+        addr = P._libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return {"error": "mmap failed"}
+        if P.thp_available():
+            P._libc.madvise(addr, n, P._MADV_HUGEPAGE)
+        ranges.append(int(addr))
+    out: dict = {"gib": gib, "threads": threads, "thp": P.thp_available()}
+    try:
+        t0 = time.perf_counter()
+        how = P.fault_in(ranges[0], n, threads)
+        out["populate_s" if how == "populate" else "populate_unavailable_memset_s"] = round(time.perf_counter() - t0, 3)
+        P._populate_works[0] = False                # the same fault_in, the plain way
+        t0 = time.perf_counter()
+        P.fault_in(ranges[1], n, threads)
+        out["memset_s"] = round(time.perf_counter() - t0, 3)
+        for k in ("populate_s", "memset_s"):
+            if k in out:
+                out[k.replace("_s", "_gb_s")] = round(n / out[k] / 1e9, 2)
+    finally:
+        for a in ranges:
+            P._libc.munmap(a, n)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gib", default="16,40")
     ap.add_argument("--trips", type=int, default=3)
     ap.add_argument("--out", default=".")
+    ap.add_argument("--compare-gib", type=float, default=0.0,
+                    help="first: fault two fresh ranges of this size, by populate and by memset (0: skip)")
     ap.add_argument("--child", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--compare-child", type=float, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.compare_child is not None:
+        print("RESULT " + json.dumps(compare_fault(a.compare_child)), flush=True)
+        return 0
     if a.child is not None:
         print("RESULT " + json.dumps(child(a.child, a.trips)), flush=True)
         return 0                                 # a normal exit: TorchMemory detaches its regions (torch_release)
+    facts = host_facts()
+    print(json.dumps({"host": facts}), flush=True)
+    cold = None
+    if a.compare_gib > 0:
+        p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_pool_probe", "--compare-child", str(a.compare_gib)],
+                           capture_output=True, text=True)
+        got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+        cold = json.loads(got[-1][7:]) if got else {"error": p.stderr[-2000:]}
+        print(json.dumps({"first_touch": cold}), flush=True)
     rows = []
     for g in [float(x) for x in a.gib.split(",") if x]:
         p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_pool_probe", "--child", str(g), "--trips",
@@ -143,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {"command": "python -m benchmarks.gpu_pool_probe " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "rows": rows}
+           "host": facts, "first_touch": cold, "rows": rows}
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "gpu_pool_probe.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -159,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(t['round_trip_s'] for t in r['dirty']):>10} "
               f"{statistics.median(t['pause_s'] for t in r['clean']):>11} "
               f"{statistics.median(t['round_trip_s'] for t in r['clean']):>10} {r['ok']}")
+    print(f"host: first call on this boot {facts['first_call_on_this_boot']}, up {facts.get('uptime_s')} s, "
+          f"{facts.get('mem_free_gib')} of {facts.get('mem_total_gib')} GiB free at the start"
+          + ("" if facts["first_call_on_this_boot"] else " (not cold: an earlier call touched host memory)"))
+    if cold:
+        print(f"first touch of {cold.get('gib')} GiB: populate {cold.get('populate_s', '-')} s "
+              f"({cold.get('populate_gb_s', '-')} GB/s), memset {cold.get('memset_s', '-')} s "
+              f"({cold.get('memset_gb_s', '-')} GB/s)")
     return 0 if all(r.get("ok") for r in rows) else 1
 
 

@@ -74,7 +74,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks import rl_real_density as D
 from benchmarks import rl_real_figures as F
+from benchmarks import rl_real_timeline as T
 from benchmarks.common import machine_facts, table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,6 +124,11 @@ PROFILES = {   # name: job arguments
                      dtype="bfloat16"),
     # --mix on the GPU: Qwen2-0.5B-architecture jobs (~10 GiB each alone), short steps, a 0.5 s CPU reward
     "mix": dict(size="0.5b", steps=8, batch=16, generations=4, prompt_len=32, completion_len=64, reward_s=0.5),
+    # --jobs 4 --mix none, dense generation: Qwen2-0.5B-architecture jobs in bf16 (~3 GiB of state each:
+    # a handoff moves little), long completions so that a GPU phase is seconds of dense decode, and a
+    # CPU reward about three GPU phases long, so that four jobs can keep the GPU busy (N x d near 1)
+    "dense4": dict(size="0.5b", steps=4, batch=64, generations=8, prompt_len=64, completion_len=768, reward_s=5.0,
+                   dtype="bfloat16"),
 }
 
 
@@ -132,7 +139,7 @@ def job_argv(a, seed: int, out: Path, swap: str, standalone: bool, hint: int = 0
             "--size", p["size"], "--steps", str(p["steps"]),
             "--generations", str(p["generations"]), "--prompt-len", str(p["prompt_len"]),
             "--completion-len", str(p["completion_len"]), "--reward-s", str(p["reward_s"]), "--group", "gpu",
-            "--hint-bytes", str(hint)]
+            "--hint-bytes", str(hint), "--generation", a.generation]
     if a.kind == "trl":
         argv += ["--swap", swap, "--batch", str(p["batch"])]
     else:           # the plain loop cooperates (torch-memory-saver) on CUDA, SimTorchMemory without
@@ -233,7 +240,8 @@ class Device:
         if self.dry_run:
             from timeslice.common.sim.device import SimDevice
             from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES as ctx
-            states = sorted(d["state_bytes"] for d in alone)
+            # the regions a job keeps: its state and its dense generator's cache and graph buffers
+            states = sorted(d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone)
             if a.mix:
                 # By the footprints the jobs declare (hint_of): k of them fit with half a job to spare and
                 # the others' contexts beside one holder, never k + 1 (then the parked jobs' contexts,
@@ -306,7 +314,8 @@ def hint_of(a, doc: dict) -> int:
         if not a.mix:
             return doc.get("peak_bytes", 0)
         from timeslice.sim.torch_memory import DEFAULT_CONTEXT_BYTES
-        return doc["state_bytes"] + DEFAULT_CONTEXT_BYTES
+        dense = (doc.get("dense") or {}).get("region_bytes") or 0       # the dense generator's buffers
+        return doc["state_bytes"] + dense + DEFAULT_CONTEXT_BYTES
     return doc.get("peak_bytes", 0) + int(a.context_gib * GiB)
 
 
@@ -337,7 +346,9 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
             try:
                 env.update(TIMESLICE_TARGET=lockd.replicas[0].target, TIMESLICE_AGENT_SOCKET=agent.socket)
                 with OrchestratorClient(target=lockd.replicas[0].target, job_id="admin") as admin:
-                    admin.create_group("gpu", nodes=[NODE], isolation="strict" if regime == "strict" else "",
+                    # GPU 0 alone (the one the jobs, the ballast and the NVML sampler use): on a host of
+                    # several GPUs run with CUDA_VISIBLE_DEVICES=0, e.g. for the host memory of three 7B jobs.
+                    admin.create_group("gpu", nodes=[(NODE, [0])], isolation="strict" if regime == "strict" else "",
                                        sharing="fit" if regime == "fit" else "exclusive")
                 swap = "checkpoint" if regime == "checkpoint" else "cooperative"
                 # Each job tells lockd its peak (measured standalone, same run), as a user would:
@@ -349,6 +360,7 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)
+                profiles = _profiles(lockd.replicas[0].target)
             finally:
                 agent.stop()
                 lockd.stop()
@@ -358,7 +370,24 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
     cap = {f"{NODE}/0": fit["simulated_capacity_bytes"]} if "simulated_capacity_bytes" in fit else None
     res.update(regime=regime, fit=fit, swap=F.swap_figures(ops, docs), degradation=F.degradation(docs, alone),
                agent_ops=ops, hints_bytes=hints, exit_codes=[0] * len(docs), sharing=F.sharing_figures(docs, cap))
+    res["timeline"] = T.timeline(docs, alone)      # the order the jobs ran in, their waits, what ran beside
+    res["pins"] = {d["job"]: d.get("pin") for d in docs}
+    res["dense"] = {d["job"]: d.get("dense") for d in docs}
+    try:                                           # advise's prediction of this group, from this regime's profiles
+        res["advice"] = D.advice(profiles, docs, alone) if profiles is not None else {"error": "no profiles"}
+    except Exception as e:  # a figure, not the run: say why it is missing
+        res["advice"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     return res
+
+
+def _profiles(target: str):
+    """lockd's profiles of the regime's jobs (None where it cannot say)."""
+    from timeslice import OrchestratorClient
+    try:
+        with OrchestratorClient(target=target, job_id="admin") as admin:
+            return admin.profiles()
+    except Exception:  # best effort: the advice figure says it is missing
+        return None
 
 
 def no_lock(a, dev: Device, alone: list[dict], logdir: Path, fit: dict) -> dict:
@@ -430,6 +459,9 @@ def main(argv=None) -> int:
                         "the device so that all, half or one of the jobs fit at once, and run some of the regimes "
                         f"{','.join(MIX_REGIMES)} (default per mix: "
                         + "; ".join(f"{m}: {','.join(r)}" for m, r in MIX_DEFAULTS.items()) + ")")
+    p.add_argument("--generation", choices=("dense", "eager"), default="dense",
+                   help="how the jobs generate: dense (static KV cache, CUDA-graph decode; default) or eager "
+                        "(transformers' generate): the standalone duty before/after")
     p.add_argument("--profile", default="", choices=[""] + sorted(PROFILES),
                    help="the jobs' size and phases (default: full; --quick, --dry-run, --kind plain and --mix pick theirs)")
     a = p.parse_args(argv)
@@ -438,8 +470,6 @@ def main(argv=None) -> int:
         p.error(f"--mix: {'|'.join(MIXES)}, comma-separated")
     if not 1 <= a.jobs <= 26 or (not a.mixes and a.jobs != 2):
         p.error("--jobs: 1..26, and other than 2 only with --mix")
-    if a.mixes and a.kind != "trl":
-        p.error("--mix runs TRL jobs (--kind trl)")
     a.mix = a.mixes[0] if a.mixes else ""     # the mix being run (set per mix below)
     a.cpus = core_parts(a.jobs) if a.split_cores else None
     a.profile = dict(PROFILES[a.profile or ("dry-run" if a.dry_run else "plain-7b" if a.kind == "plain" else
@@ -480,7 +510,7 @@ def main(argv=None) -> int:
                 r["vs_no_lock"] = F.vs(r, nolock)
                 r["wall_vs_no_lock"] = r["vs_no_lock"]["wall"]
         if a.mixes:
-            doc["targets"] = targets(doc, a.mixes)
+            doc["targets"] = targets(doc, a.mixes) + D.targets(doc, a.kind)
         text = report(doc)
         with open(os.path.join(a.out, f"{name}.txt"), "w") as f:
             f.write(text + "\n")
@@ -499,7 +529,8 @@ def main(argv=None) -> int:
         print(f"FAILED: a standalone job died (exit codes {e.exit_codes}); no ratio means anything")
         return 1
     base = F.regime_figures(alone, sequential=True)
-    base.update(regime="standalone", sequential=True, exit_codes=[0] * len(alone))
+    base.update(regime="standalone", sequential=True, exit_codes=[0] * len(alone),
+                dense={f"{d['job']}-{i}": d.get("dense") for i, d in enumerate(alone)})
     add_nvml(base, dev)
     doc["regimes"]["standalone"] = base
     save()
@@ -521,6 +552,8 @@ def main(argv=None) -> int:
                 res = sliced(a, dev, regime, alone, workdir, where)
             add_nvml(res, dev)
             res["vs_standalone"] = F.ratios(res, base)
+            if a.mixes:
+                res["density"] = D.figures(res, base, a.jobs)
             res["mix"] = mix
         except Exception as e:   # keep the other regimes' figures: the failure is a result too
             res = {"regime": regime, "mix": mix, "error": f"{type(e).__name__}: {str(e)[-2000:]}",
@@ -602,9 +635,9 @@ def report(doc: dict) -> str:
     mem = [f"{name}: {j['job']} declared {size(r['hints_bytes'][i])}, measured peak "
            f"{size(j['measured'].get('peak', 0))}, context {size(j['measured'].get('context', 0))}, "
            f"residue after each pause [{', '.join(map(size, j['residue_bytes']))}]"
-           for name, r in doc["regimes"].items() if name != "standalone" and "jobs" in r
-           for i, j in enumerate(r["jobs"])]
-    return "\n".join([table(head, rows) + f"\n{note}; ratios (x) against standalone, same run", *mem])
+           for name, r in doc["regimes"].items() if name != "standalone" and "jobs" in r and "hints_bytes" in r
+    lines = [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
+    return "\n".join([table(head, rows) + f"\n{note}; ratios (x) against standalone, same run", *mem, *lines])
 
 
 def _bit_equal(r: dict) -> str:
@@ -644,6 +677,8 @@ def mix_report(doc: dict) -> str:
     for t in doc.get("targets", []):
         verdict = "-" if t["ok"] is None else ("met" if t["ok"] else "MISSED")
         lines.append(f"target {t['mix']}: {t['what']} {t['value']} (wanted {t['target']}): {verdict}")
+    lines += D.text(doc)
+    lines += [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
     return "\n".join(lines)
 
 

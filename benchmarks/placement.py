@@ -97,10 +97,9 @@ class Bench:
         """Run ``groups`` ([(name, GPU, jobs)]) for ``run_s``; measured duty and each job's mean step."""
         for name, gpu, _ in groups:
             self.client.create_group(name, [(NODE, [gpu])])
-        start = time.time() + 1.0 + 0.4 * len(jobs)          # every job process ready by then
-        until = start + run_s + 1.0                           # phases go on past the window's end
         events = Path(self.tmp.name) / f"ev-{groups[0][0]}"
         events.mkdir()
+        go = events / "start"
         procs = []
         for name, gpu, members in groups:
             for j in members:
@@ -110,9 +109,20 @@ class Bench:
                     [sys.executable, "-m", "benchmarks.placement_job", "--target", self.target, "--job-id", j,
                      "--group", name, "--node", NODE, "--sim-dir", self.sim, "--gpu", str(gpu),
                      "--bytes", str(s.nbytes), "--hold-ms", str(s.hold_ms), "--gap-ms", str(s.gap_ms),
-                     "--jitter", str(s.jitter), "--seed", str(s.seed), "--start-at", str(start),
-                     "--until", str(until), "--events", str(events / f"{j}.jsonl")],
+                     "--jitter", str(s.jitter), "--seed", str(s.seed), "--start-file", str(go),
+                     "--events", str(events / f"{j}.jsonl")],
                     env={**os.environ, **self.env}, stdout=subprocess.DEVNULL, stderr=err, cwd=C.ROOT)))
+        # Start together once every job is connected: on a loaded machine imports took longer than a
+        # fixed allowance, and the first holds fell outside the window.
+        names = [j for _, _, ms in groups for j in ms]
+        deadline = time.monotonic() + 120
+        while (not all((events / f"start.ready.{j}").exists() for j in names) and time.monotonic() < deadline
+               and all(p.poll() is None for _, _, p in procs)):
+            time.sleep(0.05)
+        start = time.time() + 0.5
+        until = start + run_s + 1.0                           # phases go on past the window's end
+        (events / "start.tmp").write_text(f"{start} {until}")
+        (events / "start.tmp").rename(go)
         errors = []
         for j, err, p in procs:
             try:

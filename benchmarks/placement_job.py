@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jitter", type=float, default=0.0, help="each phase is uniform in (1 +- jitter) x its mean")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--start-at", type=float, default=0.0, help="unix time of the first acquire")
-    ap.add_argument("--until", type=float, required=True, help="unix time after which no new phase starts")
+    ap.add_argument("--until", type=float, default=0.0, help="unix time after which no new phase starts")
+    ap.add_argument("--start-file", default="",
+                    help="instead of --start-at/--until: write <file>.ready.<job> once connected, then wait "
+                         "for <file> to say '<start> <until>' (every job of a run starts together, however "
+                         "long its imports took)")
     ap.add_argument("--events", required=True)
     a = ap.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)    # the benchmark asks a stuck job where it is
@@ -51,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     dev = SimDeviceClient.open(a.sim_dir, gpu=a.gpu)
     holds = []
     with OrchestratorClient(a.target, job_id=a.job_id, timeout=60) as c, open(a.events, "w") as out:
+        # Its peak and context, measured at each yield as a real job's framework reports them: with
+        # none observed, lockd would plan every hold as a first one (room to spare), not as advise does.
+        c.memory_stats = dev
+        if a.start_file:
+            a.start_at, a.until = _wait_start(a.start_file, a.job_id)
         time.sleep(max(0.0, a.start_at - time.time()))
         first = True
         last = False
@@ -79,6 +88,18 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(draw(a.gap_ms))
     print(json.dumps({"job": a.job_id, "holds": len(holds)}), flush=True)
     return 0
+
+
+def _wait_start(path: str, job: str, timeout: float = 300.0) -> tuple[float, float]:
+    open(f"{path}.ready.{job}", "w").close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            start, until = open(path).read().split()
+            return float(start), float(until)
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    raise TimeoutError(f"no start time in {path} after {timeout} s")
 
 
 def _wait_reported(c, a, dev, timeout: float = 5.0) -> None:

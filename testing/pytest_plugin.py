@@ -139,6 +139,19 @@ def _heal_shared_etcd(request):
             request.getfixturevalue(name).heal()
 
 
+@pytest.fixture(autouse=True)
+def _structlog_left_as_found():
+    # structlog's configuration is process-wide, and a configured structlog prints to stdout by
+    # default: a test that leaves it configured (structlog.testing.capture_logs does) makes the
+    # client library's events land in a later test's captured stdout on the same worker (a CLI's
+    # --json output then does not parse). Put it back unconfigured if it was.
+    import structlog
+    was = structlog.is_configured()
+    yield
+    if not was and structlog.is_configured():
+        structlog.reset_defaults()
+
+
 @pytest.fixture
 def key_prefix(request) -> str:
     """``/t-<test name>-<random>/``: a namespace no other test (or rerun) shares."""

@@ -46,6 +46,8 @@ so it costs nothing there).
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -124,6 +126,7 @@ class _Region:
         return sum(n for _, n in self.areas)
 
 
+INTERLEAVE_S = 0.05                      # between a background reservation's regions (see _reserve_behind)
 STAT_KEYS = ("copies_out", "bytes_out", "copies_in", "bytes_in", "clean_skips", "clean_mismatches",
              "verified", "pool_grown")
 
@@ -136,13 +139,89 @@ class BackupBook:
         self.grow_min_bytes = grow_min_bytes
         self._regions: dict[str, _Region] = {}
         self.stats = dict.fromkeys(STAT_KEYS, 0)
+        self._pinning: threading.Thread | None = None      # a reservation running in the background
+        self._pinning_for: dict[str, int] = {}              # the sizes it will have given
+        self._pinning_error: BaseException | None = None
+        self._pinned_tags: set[str] = set()                 # the regions whose area it has made
+        self._pinned_cv = threading.Condition()
+        self.pin_waited_s = 0.0                             # pauses and resumes waited for it, in all
 
     def _r(self, tag: str) -> _Region:
         return self._regions.setdefault(tag, _Region())
 
     # -- room --------------------------------------------------------------------------
-    def reserve(self, sizes: Mapping[str, int]) -> int:
-        """Give each region at least ``sizes[tag]`` bytes of area, in one reservation. Returns bytes added."""
+    def reserve(self, sizes: Mapping[str, int], background: bool = False) -> int:
+        """Give each region at least ``sizes[tag]`` bytes of area, in one reservation. Returns bytes added.
+
+        ``background``: on a thread of its own, returning at once (0), one region after the other in
+        the order given (put the one a first pause needs first: the weights; an optimizer's state
+        exists only after the first step), so that a first pin overlaps the job's start-up (model
+        build, first generate) instead of delaying it: seconds on a warm host, more on a freshly
+        started one, where the first touch of host memory bounds it. A pause or resume of a region
+        waits until that region's area is there; a reservation the one in flight does not cover
+        waits for all of it (``settle``); a failure of it is raised there."""
+        if background:
+            self.settle()
+            want = {t: n for t, n in sizes.items() if n > self._r(t).room()}
+            if not want:
+                return 0
+            self._pinning_for, self._pinning_error, self._pinned_tags = want, None, set()
+            self._pinning = threading.Thread(target=self._reserve_behind, args=(want,), daemon=True,
+                                             name="timeslice-prepin")
+            self._pinning.start()
+            return 0
+        if self._pinning is not None and all(n <= max(self._pinning_for.get(t, 0), self._r(t).room())
+                                             for t, n in sizes.items()):
+            return 0                          # the reservation in flight covers it: no need to wait here
+        self.settle()
+        return self._reserve(sizes)
+
+    def _reserve_behind(self, sizes: dict[str, int]) -> None:
+        try:
+            for i, (t, n) in enumerate(sizes.items()):
+                if i:
+                    # Let another process's reservation waiting on the host's pinning lock go first: N jobs
+                    # started together then pin every job's first region (what its first pause needs)
+                    # before anyone's second, instead of one job's whole backup after the other's.
+                    time.sleep(INTERLEAVE_S)
+                self._reserve({t: n})
+                with self._pinned_cv:
+                    self._pinned_tags.add(t)
+                    self._pinned_cv.notify_all()
+        except BaseException as e:            # kept for settle(): a pause must not go on without room
+            self._pinning_error = e
+            log.warning("pinned_pool_background_failed", error=str(e)[:300], bytes=sum(sizes.values()))
+        finally:
+            with self._pinned_cv:
+                self._pinned_cv.notify_all()
+
+    def settle(self, tag: str | None = None) -> None:
+        """Wait for a background reservation to end (``tag``: only until that region's area is there);
+        raise its failure (once) if it failed. The time waited adds up in ``pin_waited_s``."""
+        t = self._pinning
+        if t is None:
+            return
+        t0 = time.monotonic()
+        if tag is not None and tag in self._pinning_for:
+            with self._pinned_cv:
+                self._pinned_cv.wait_for(lambda: tag in self._pinned_tags or not t.is_alive())
+            if tag in self._pinned_tags:
+                self.pin_waited_s += time.monotonic() - t0
+                return
+        elif tag is not None:
+            return                            # not one of the reservation's regions: nothing to wait for
+        t.join()
+        self.pin_waited_s += time.monotonic() - t0
+        self._pinning, self._pinning_for = None, {}
+        err, self._pinning_error = self._pinning_error, None
+        if err is not None:
+            raise BackupError(f"the host backup could not be reserved: {err}") from err
+
+    def pinning(self) -> bool:
+        """A background reservation is still running."""
+        return self._pinning is not None and self._pinning.is_alive()
+
+    def _reserve(self, sizes: Mapping[str, int]) -> int:
         short = {t: n - self._r(t).room() for t, n in sizes.items() if n > self._r(t).room()}
         total = sum(short.values())
         if total <= 0:
@@ -154,6 +233,7 @@ class BackupBook:
         return total
 
     def _grow(self, tag: str, need: int) -> None:
+        self.settle()                          # one reservation at a time on the pool
         extra = max(need, self.grow_min_bytes)
         at = self.pool.reserve(extra)
         self._r(tag).areas.append((at, extra))
@@ -198,6 +278,7 @@ class BackupBook:
     # -- swaps ---------------------------------------------------------------------------
     def pause(self, tag: str) -> int:
         """Bring the pool's copy of ``tag`` up to date (before its device pages go). Returns bytes copied."""
+        self.settle(tag)
         r = self._r(tag)
         spans = tuple(self.mover.spans(tag))
         quick = getattr(self.mover, "clean_checksum", None)
@@ -238,6 +319,7 @@ class BackupBook:
 
     def resume(self, tag: str) -> int:
         """Put the pool's copy of ``tag`` back (its device pages are mapped again). Returns bytes copied."""
+        self.settle(tag)
         r = self._regions.get(tag)
         if r is None or r.layout is None:
             return 0                                   # never copied out: nothing of it to bring back

@@ -149,6 +149,8 @@ def advice_text(adv: Advice, names: dict[tuple[str, ...], str], bound: float, cr
     for pl in p.groups:
         out.append(_row(names[pl.jobs], pl, (f"   GPUs of {pl.gpu_set}" if pl.gpu_set else "   (no GPU set free)")
                         + ("" if pl.feasible else f"   ! {pl.why}: no better grouping fits the GPU sets")))
+    if adv.kept:
+        out.append(f"keep today's grouping: {adv.kept}")
     out.append("today:")
     for pl in t.groups:
         out.append(_row(pl.gpu_set, pl, "" if pl.feasible else f"   ! {pl.why}"))

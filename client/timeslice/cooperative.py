@@ -98,7 +98,8 @@ class SwapMemory(Protocol):
 
 # Optional, where a memory has them: host_pending_bytes() (a host reservation in progress),
 # backup_stats() (copies, clean skips, wrong clean claims), set_state_listener(fn) (called when the
-# agent should hear this worker's state again), prepin(), residue_bytes() (the device bytes held
+# agent should hear this worker's state again), prepin(background=False) (``background``: the
+# reservation on a thread, its pauses waiting for it), residue_bytes() (the device bytes held
 # outside the resident regions).
 
 
@@ -219,6 +220,8 @@ class CooperativeWorker:
         self.swaps = 0
         self.residue_bytes: int | None = None          # measured after the last pause (None: not measurable)
         self.residues: collections.deque[int] = collections.deque(maxlen=256)   # after each pause, for benchmarks
+        # (request, monotonic start, end, bytes moved) of each pause and resume served, for benchmarks
+        self.ops: collections.deque[tuple[str, float, float, int]] = collections.deque(maxlen=1024)
         self._sock: socket.socket | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
@@ -295,12 +298,17 @@ class CooperativeWorker:
         self._thread.start()
         return self
 
-    def prepin(self) -> None:
+    def prepin(self, background: bool = False) -> None:
         """Reserve the memory's host backup now, telling the agent when it starts and when it is done,
-        so that its host admission counts the reservation from the start (``timeslice.pinned``)."""
+        so that its host admission counts the reservation from the start (``timeslice.pinned``);
+        ``background``: returns at once, the reservation runs on (its end is told through the state
+        listener; a pause waits for it)."""
         prepin = getattr(self.memory, "prepin", None)
         if prepin is not None:
-            prepin()
+            if background:
+                prepin(background=True)
+            else:
+                prepin()
         self.announce()
 
     def announce(self, sync: bool = False, timeout: float = SYNC_TIMEOUT_S) -> bool:
@@ -473,6 +481,7 @@ class CooperativeWorker:
         ms = (time.monotonic() - t0) * 1000
         if kind != F.PING:
             self.swaps += 1
+            self.ops.append((str(kind), t0, t0 + ms / 1000, int(moved or 0)))
             log.info(f"cooperative_{kind}d", job=self.job_id, tags=acted, bytes_moved=moved,
                      device_bytes=released, elapsed_ms=round(ms, 2),
                      **({"residue_bytes": self.residue_bytes} if kind == F.PAUSE else {}))

@@ -175,6 +175,27 @@ class TorchMemory:
         if grown > 0:
             self._host_changed()                        # the agent learns the region's size now
 
+    @contextlib.contextmanager
+    def graph(self, tag: str, cuda_graph, stream=None) -> Iterator[None]:
+        """Capture ``cuda_graph`` (``torch.cuda.CUDAGraph``) with every buffer it allocates in discard
+        region ``tag``: the capture uses the region's own memory pool, so a pause releases the graph's
+        memory too, and a resume maps new pages at the same addresses, which keeps the graph's
+        pointers valid (``timeslice.integrations.dense`` says why that holds). Discard only: what a
+        graph's buffers hold is rewritten by its next replay. Allocate nothing else in ``tag`` after
+        a capture (a block the graph freed could be handed to it while the graph still writes it)."""
+        if self.tags.get(tag) != DISCARD:
+            raise ValueError(f"a graph's memory goes in a discard region; {tag!r} is {self.tags.get(tag)!r}")
+        from timeslice.torch_regions import tms_pool
+        torch = self._torch
+        with self.region(tag):
+            pool = tms_pool(self._tms, tag, self.device)
+            if pool is None:
+                raise BackupError(f"region {tag!r}: torch-memory-saver's memory pool was not found")
+            # thread_local: another thread of this process (the pinning of a backup, the channel) may
+            # make calls a global capture would refuse; the capture refuses only this thread's.
+            with torch.cuda.graph(cuda_graph, pool=pool.id, stream=stream, capture_error_mode="thread_local"):
+                yield
+
     def device_id(self) -> str:
         uuid = str(self._torch.cuda.get_device_properties(self.device).uuid)
         return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
@@ -281,19 +302,21 @@ class TorchMemory:
             raise ValueError(f"{tag!r} is not an offload region")
         self._declared[tag] = max(self._declared.get(tag, 0), int(nbytes))
 
-    def prepin(self, tags: Sequence[str] | None = None) -> None:
+    def prepin(self, tags: Sequence[str] | None = None, background: bool = False) -> None:
         """Reserve the retained host backups now, of the offload regions ``tags`` (default all).
 
         ``pool``: pins ``max(host_bytes or declared, live bytes)`` per offload region, no device work, so it
-        may run before the first hold (``cooperate`` calls it). ``tms``: one pause and resume of
-        every offload region (device work: call it while holding the group)."""
+        may run before the first hold (``cooperate`` calls it); ``background``: on a thread, so that it
+        overlaps the job's start-up (``BackupBook.reserve``; a pause waits for it). ``tms``: one pause
+        and resume of every offload region (device work: call it while holding the group; never in
+        the background)."""
         offload = [t for t, p in self.tags.items() if p == OFFLOAD and (tags is None or t in tags)]
         if self.book is not None:
             # Live bytes, not the region's segments: a pause copies only live blocks, and an optimizer's
             # first step leaves cached segments of its temporaries in the region (a 7B AdamW step:
             # 15.7 GB of them, pinned for nothing inside the first train hold on the H200).
             live = {t: sum(n for _, n in self.book.mover.spans(t)) for t in offload}
-            self.book.reserve({t: max(self._declared.get(t, 0), live[t]) for t in offload})
+            self.book.reserve({t: max(self._declared.get(t, 0), live[t]) for t in offload}, background=background)
             return
         offload = [t for t in offload if self._bytes[t]]
         if offload:

@@ -127,7 +127,7 @@ class Workers:
             w.close()
 
     async def cooperate(self, memory, *, node: str | None = None, socket_path: str | None = None,
-                        gpus: Sequence[int] = (), prepin: bool = True):
+                        gpus: Sequence[int] = (), prepin: bool | str = True):
         """Make this process a *cooperative* worker: it moves its own device memory when asked.
 
         Opens the node-local channel to the node agent (which learns this
@@ -141,7 +141,10 @@ class Workers:
         (``host_bytes=``), and the pinning is done before the first hold (it does
         not slow another process's GPU work: ``timeslice.pinned``). With
         ``backup="tms"`` it is device work: cooperate while holding the group. It
-        runs on the calling thread of the sync client, on a worker thread of the async one.
+        runs on the calling thread of the sync client, on a worker thread of the async one;
+        ``prepin="background"`` runs it on a thread of its own and returns at once, so that
+        the pin overlaps what the job does next (its imports, its model build, its wait in
+        the queue); the first pause waits for it if it is not done.
         Returns the ``CooperativeWorker``; ``close()`` closes it too.
         """
         from timeslice.config import node_name
@@ -158,7 +161,7 @@ class Workers:
             w.start()
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()
-                await self.user.blocking(w.prepin)
+                await self.user.blocking(w.prepin, prepin == "background")
                 log.info("cooperative_prepinned", job=self.core.job_id, host_bytes=memory.host_bytes(),
                          elapsed_s=round(time.monotonic() - t0, 3))
         except BaseException:

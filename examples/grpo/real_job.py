@@ -47,6 +47,8 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the job's device peak for lockd (default: weights + AdamW state from the config, "
                          "plus gradients and --activations-gib on CUDA)")
     ap.add_argument("--activations-gib", type=float, default=2.0, help="CUDA: room for activations in the hint")
+    ap.add_argument("--generation", choices=R.GENERATIONS, default="dense",
+                    help="dense: static KV cache and a CUDA-graph decode step (default); eager: transformers'")
     ap.add_argument("--out", default="")
     return ap.parse_args(argv)
 
@@ -104,16 +106,30 @@ def main(argv=None) -> int:
         memory = R.sim_memory()
     elif device == "cuda":
         from timeslice.torch_memory import TorchMemory
-        memory = TorchMemory({"weights": "offload", "optimizer": "offload"})
+        memory = TorchMemory(R.TAGS)
     def grew(tag: str, seconds: float) -> None:       # a region grew; its backup was pinned then
         log.add("region", tag=tag, bytes=memory.region_bytes().get(tag, 0), pin_s=seconds)
-    place = ModelRegions(memory, on_grow=grew) if memory is not None else None
+    # Clean between steps: a pause after a generate hold copies nothing out (the weights and the
+    # optimizer state are written by the step only); one after a train hold copies both.
+    place = ModelRegions(memory, on_grow=grew, clean_between_steps=True) if memory is not None else None
+    if orchestrator is not None and memory is not None:
+        # Cooperate before the first hold, the regions' sizes expected from the config: the host
+        # backup is pinned on a thread of its own (weights first: the first pause needs them) while
+        # the job builds its model and generates; the first pause waits for it only if it is not done.
+        for tag, n in R.region_sizes(a.size, a.dtype).items():
+            place.expect(tag, n)
+        t = time.monotonic()
+        place.worker = orchestrator.cooperate(memory, node=os.environ.get("TIMESLICE_NODE_NAME"),
+                                              prepin="background")
+        log.add("registered", swap="cooperative", seconds=time.monotonic() - t, held=False)
     # lockd needs the peak before the job reaches it (AdamW makes its state at the first step):
     hint = a.hint_bytes or R.footprint(a.size, a.dtype) + getattr(memory, "context_bytes", 0)
+    if a.generation == "dense" and not a.hint_bytes:         # the static cache of the dense generator
+        hint += R.dense_bytes(a.size, a.prompts * a.generations, a.prompt_len + a.completion_len, a.dtype)
     if device == "cuda" and not a.hint_bytes:
         hint += R.footprint(a.size, a.dtype) // 3 + int(a.activations_gib * (1 << 30))   # gradients, activations
     tok = R.tokenizer(R.SIZES[a.size][5])
-    job = {"model": None, "optimizer": None}
+    job = {"model": None, "optimizer": None, "dense": None}
 
     def on_accelerators(group_id: str):
         if orchestrator is None:
@@ -126,12 +142,9 @@ def main(argv=None) -> int:
             model = R.build_model(a.size, device, a.seed, a.dtype)
         model = place.module(model) if place else model
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr)
-        job.update(model=model, optimizer=place.optimizer(opt) if place else opt)
+        job.update(model=model, optimizer=place.optimizer(opt) if place else opt,
+                   dense=R.dense(model, memory, place.adopt if place else None, a.generation))
         torch.manual_seed(a.seed)                     # the sampling stream, from here on
-        if orchestrator is not None and memory is not None:
-            t = time.monotonic()
-            place.worker = orchestrator.cooperate(memory, node=os.environ.get("TIMESLICE_NODE_NAME"))
-            log.add("registered", swap="cooperative", seconds=time.monotonic() - t)
 
     @on_accelerators(group_id=a.group)
     def generate_phase(prompts: list[str]) -> list[tuple[list[int], list[int]]]:
@@ -195,9 +208,11 @@ def main(argv=None) -> int:
            "device": device, "steps": a.steps, "losses": losses, "digest": digest,
            "state_bytes": state, "wall_s": time.monotonic() - t0, "region_bytes": regions,
            "swaps": getattr(place.worker, "swaps", 0) if place else 0, "events": log.events,
+           "ops": list(getattr(getattr(place, "worker", None), "ops", [])),
            "peak_bytes": peak, "host_bytes": memory.host_bytes() if memory is not None else 0,
            "residues": list(getattr(getattr(place, "worker", None), "residues", [])),
-           "warnings": sorted(set(nondeterministic))}
+           "warnings": sorted(set(nondeterministic)), "generation": a.generation, "pin": R.pin_figures(memory),
+           "dense": job["dense"].stats.to_dict() if job["dense"] is not None else None}
     if orchestrator is not None:
         orchestrator.close()
     text = json.dumps(doc)

@@ -62,10 +62,41 @@ def pick_device(choice: str) -> str:
     return device
 
 
+#: The cooperative regions of the examples' jobs: the model and the optimizer state (copied out at a
+#: swap), the dense generator's static KV cache and CUDA graphs (released without a copy: every
+#: generate rewrites what it reads; timeslice.integrations.dense says why the graphs stay valid).
+TAGS = {"weights": "offload", "optimizer": "offload", "graphs": "discard"}
+GENERATIONS = ("dense", "eager")
+
+
 def sim_memory():
     """The SIMULATED device's memory for a job without a GPU (SimTorchMemory, on $TIMESLICE_SIM_DIR)."""
     from timeslice.sim.torch_memory import SimTorchMemory
-    return SimTorchMemory(sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+    return SimTorchMemory(TAGS, sim_dir=os.environ.get("TIMESLICE_SIM_DIR"))
+
+
+def device_bytes(doc: dict) -> int:
+    """What a job document says it keeps in its regions: its state (weights, optimizer) and its dense
+    generator's cache and graph buffers (a standalone run has no regions, but counts them the same)."""
+    return doc["state_bytes"] + ((doc.get("dense") or {}).get("region_bytes") or 0)
+
+
+def dense_bytes(size: str, rows: int, length: int, dtype: str = "float32") -> int:
+    """The dense generator's static KV cache for ``rows`` sequences of ``length`` tokens (its graph's
+    buffers come on top: a decode step's activations, small beside the cache at these sizes)."""
+    import torch
+    hidden, layers, heads, kv, _inter, _vocab, _tied = SIZES[size]
+    return 2 * layers * rows * kv * length * (hidden // heads) * torch.empty(0, dtype=getattr(torch, dtype)).element_size()
+
+
+def dense(model, memory, announce, choice: str):
+    """``--generation dense`` (default): the model generates with a static KV cache and, on CUDA, a
+    CUDA-graph decode step (timeslice.integrations.dense), its memory in the ``graphs`` region;
+    ``eager``: transformers' own generate. Returns the generator (None for eager)."""
+    if choice == "eager":
+        return None
+    from timeslice.integrations.dense import DenseGenerator
+    return DenseGenerator(model, memory=memory, announce=announce if memory is not None else None).install()
 
 
 def rendezvous(timeout: float = 300.0) -> None:
@@ -125,9 +156,10 @@ def build_model(size: str, device: str, seed: int, dtype: str = "float32"):
     return model
 
 
-def footprint(size: str, dtype: str = "float32") -> int:
-    """The bytes a job of this size keeps on the device once AdamW has its state: weights and
-    buffers, two moments per parameter and a step counter per tensor (from a meta-device model)."""
+def region_sizes(size: str, dtype: str = "float32") -> dict[str, int]:
+    """The bytes each cooperative region of a job of this size will hold once AdamW has its state:
+    weights and buffers; two moments per parameter and a step counter per tensor (from a meta-device
+    model: known before the model is built, so its host backup can be pinned meanwhile)."""
     import torch
     from transformers import Qwen2ForCausalLM
     default = torch.get_default_dtype()
@@ -140,7 +172,32 @@ def footprint(size: str, dtype: str = "float32") -> int:
     params = {id(p): p for p in model.parameters()}.values()
     weights = sum(p.numel() * p.element_size() for p in params)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    return 3 * weights + buffers + 4 * len(params)
+    return {"weights": weights + buffers, "optimizer": 2 * weights + 4 * len(params)}
+
+
+def footprint(size: str, dtype: str = "float32") -> int:
+    """The bytes a job of this size keeps on the device once AdamW has its state (``region_sizes``)."""
+    return sum(region_sizes(size, dtype).values())
+
+
+def pin_figures(memory) -> dict:
+    """How the job's host backup was pinned (seconds reserving, how, how long pauses waited for it) and
+    what its pauses copied (``backup``: copies, bytes, clean skips)."""
+    pool, book = getattr(memory, "host_pool", None), getattr(memory, "book", None)
+    if pool is None or book is None:
+        return {}
+    return {"seconds": round(pool.seconds, 3), "bytes": pool.size(), "method": pool.method,
+            "faulted_by": getattr(pool, "faulted_by", ""), "waited_s": round(book.pin_waited_s, 3),
+            "windows": [list(w) for w in getattr(pool, "windows", [])],
+            "backup": dict(book.stats)}                      # copies out/in, clean skips, wrong claims
+
+
+def register_early(ts, size: str, dtype: str) -> None:
+    """Cooperate before the first hold, the regions' sizes expected from the config: the host backup is
+    pinned on a thread of its own while the job builds its model and waits for its first grant."""
+    for tag, n in region_sizes(size, dtype).items():
+        ts.regions.expect(tag, n)
+    ts.register()
 
 
 def prompts(n: int, length: int, seed: int) -> list[str]:

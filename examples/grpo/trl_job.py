@@ -46,6 +46,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward-s", type=float, default=0.2, help="CPU seconds per reward call")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--hint-bytes", type=int, default=0, help="device peak (default: measured)")
+    ap.add_argument("--generation", choices=R.GENERATIONS, default="dense",
+                    help="dense: static KV cache and a CUDA-graph decode step (default); eager: transformers'")
     ap.add_argument("--stray", action="store_true",
                     help="negative control: the reward function runs the model outside the hold")
     ap.add_argument("--out", default="")
@@ -55,12 +57,9 @@ def parse(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = parse(argv)
     import torch
-    from datasets import Dataset
-    from trl import GRPOConfig
 
     from timeslice import OrchestratorClient
     from timeslice.integrations.slicing import TimeSlice
-    from timeslice.integrations.trl import TimeslicedGRPOTrainer
 
     nondeterministic = R.deterministic()
     device = R.pick_device(a.device)
@@ -71,6 +70,12 @@ def main(argv=None) -> int:
         memory = R.sim_memory()
     ts = TimeSlice(client, a.group, memory, swap=swap, device_bytes_hint=a.hint_bytes,
                    node=os.environ.get("TIMESLICE_NODE_NAME"), sync_phases=device == "cuda")
+    if client is not None and swap == "cooperative":
+        R.register_early(ts, a.size, a.dtype)        # the pin runs while TRL imports and the model is built
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from timeslice.integrations.trl import TimeslicedGRPOTrainer
     tok = R.tokenizer(R.SIZES[a.size][5])
     data = Dataset.from_dict({"prompt": R.prompts(a.steps * a.batch, a.prompt_len, a.seed)})
     stray = {"calls": 0, "nan": 0}
@@ -113,6 +118,7 @@ def main(argv=None) -> int:
             arena.alloc(first)
         trainer = TimeslicedGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
                                         processing_class=tok, timeslice=ts)
+        gen = R.dense(trainer.model, ts.memory, ts.regions.adopt, a.generation)
     from transformers import PrinterCallback
     trainer.remove_callback(PrinterCallback)          # the job's one output is its JSON line
     trainer.train()
@@ -130,7 +136,9 @@ def main(argv=None) -> int:
            "region_bytes": regions,
            "host_bytes": ts.memory.host_bytes() if ts.memory is not None else 0, "peak_bytes": peak,
            "residues": list(getattr(ts.worker, "residues", [])), "warnings": sorted(set(nondeterministic)),
-           "swaps": getattr(ts.worker, "swaps", 0)}
+           "swaps": getattr(ts.worker, "swaps", 0), "ops": list(getattr(ts.worker, "ops", [])),
+           "generation": a.generation,
+           "dense": gen.stats.to_dict() if gen is not None else None, "pin": R.pin_figures(ts.memory)}
     if client is not None:
         m = client.measured(a.group)     # what the lock was told of this job's holds (its next Acquire's)
         doc["measured"] = {"peak": m.peak_bytes, "context": m.context_bytes}

@@ -201,3 +201,73 @@ def test_what_the_clean_check_cannot_see_comes_back_as_copied_and_the_full_check
     assert r.pause("w") == 0                        # not seen: the promise is taken
     r.resume("w", MiB)                              # and the resume's full check passes: the pool is intact
     assert bytes(r.dev["w"]) == copied and r.book.stats["verified"] == 2
+
+
+class GatedPool(SimHostPool):
+    """The simulated pool, each reservation held until the test lets it go (a slow first pin)."""
+
+    def __init__(self, fail_on: int | None = None):
+        super().__init__(slab_bytes=MiB)
+        import threading
+        self.gates: list = []
+        self.started = threading.Semaphore(0)
+        self.fail_on = fail_on
+        self._mk = threading.Event
+
+    def let(self, i: int) -> None:
+        while len(self.gates) <= i:
+            self.gates.append(self._mk())
+        self.gates[i].set()
+
+    def reserve(self, nbytes: int) -> int:
+        i = getattr(self, "_calls", 0)
+        self._calls = i + 1
+        while len(self.gates) <= i:
+            self.gates.append(self._mk())
+        self.started.release()
+        assert self.gates[i].wait(10), "the test never let this reservation go"
+        if self.fail_on == i:
+            raise BackupError("the host has no room (test)")
+        return super().reserve(nbytes)
+
+
+def _background_rig(pool: GatedPool) -> Rig:
+    r = Rig.__new__(Rig)
+    rng = random.Random(7)
+    r.dev = {"w": bytearray(rng.randbytes(2 * MiB)), "o": bytearray(rng.randbytes(3 * MiB))}
+    r.pool, r.mover = pool, SimMover(r.dev, pool)
+    r.book = BackupBook(pool, r.mover, grow_min_bytes=MiB)
+    return r
+
+
+def test_a_background_reservation_returns_at_once_and_a_pause_waits_only_for_its_own_region():
+    import threading
+    pool = GatedPool()
+    r = _background_rig(pool)
+    assert r.book.reserve({"w": 2 * MiB, "o": 3 * MiB}, background=True) == 0   # at once: nothing pinned yet
+    assert pool.started.acquire(timeout=10) and r.book.pinning()
+    paused = []
+    t = threading.Thread(target=lambda: paused.append(r.pause("w")))
+    t.start()
+    t.join(0.3)
+    assert not paused                               # the weights' area is not there yet: the pause waits
+    pool.let(0)                                     # the weights' area is made; the optimizer's still is not
+    t.join(10)
+    assert paused == [2 * MiB] and r.book.pinning() and r.book.pin_waited_s > 0
+    assert r.book.reserve({"o": 3 * MiB}) == 0      # covered by the reservation in flight: no wait
+    pool.let(1)
+    r.book.settle()
+    assert not r.book.pinning() and pool.size() == 5 * MiB
+    assert r.pause("o") == 3 * MiB
+
+
+def test_a_reservation_that_failed_behind_fails_the_pause_that_needs_it_once():
+    pool = GatedPool(fail_on=0)
+    r = _background_rig(pool)
+    r.book.reserve({"w": 2 * MiB}, background=True)
+    pool.let(0)
+    with pytest.raises(BackupError, match="could not be reserved"):
+        r.pause("w")
+    pool.let(1)
+    assert r.book.reserve({"w": 2 * MiB}) == 2 * MiB   # asked again, in the foreground: it works
+    assert r.pause("w") == 2 * MiB

@@ -139,3 +139,96 @@ def test_a_failed_registration_frees_every_slab(monkeypatch):
     with pytest.raises(P.PinnedPoolError):
         pool.reserve(12 * MiB)
     assert pool.size() == 0 and gone == [calls[0], calls[2]]      # the registered ones given back
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * __import__("os").sysconf("SC_PAGE_SIZE")
+
+
+def _fresh(n: int) -> int:
+    import mmap
+    addr = P._libc.mmap(None, n, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    return int(addr)
+
+
+def test_the_kernel_populates_the_pages_where_it_can_and_they_are_resident(monkeypatch):
+    """MADV_POPULATE_WRITE (Linux 5.14+): the pages are the process's without one write of ours."""
+    monkeypatch.setattr(P, "_populate_works", [True])
+    n = 64 * MiB
+    addr = _fresh(n)
+    before = _resident_bytes()
+    try:
+        how = P.fault_in(addr, n, threads=4)
+        if how == "memset":
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE")
+        assert how == "populate"
+        assert _resident_bytes() - before >= n * 0.95          # faulted in, by the kernel
+    finally:
+        P._libc.munmap(addr, n)
+
+
+def test_a_kernel_without_populate_falls_back_to_memset_and_says_so(monkeypatch):
+    monkeypatch.setattr(P, "_populate_works", [True])
+    asked = []
+
+    def madvise(addr, n, advice):
+        asked.append(advice)
+        return __import__("errno").EINVAL                       # a kernel before 5.14
+    monkeypatch.setattr(P, "_madvise", madvise)
+    n = 16 * MiB
+    addr = _fresh(n)
+    before = _resident_bytes()
+    try:
+        assert P.fault_in(addr, n, threads=2) == "memset"
+        assert _resident_bytes() - before >= n * 0.95
+        assert P._populate_works == [False]                     # not asked again
+        assert P.fault_in(addr, n, threads=2) == "memset" and len(asked) == 1
+    finally:
+        P._libc.munmap(addr, n)
+
+
+def test_memory_the_host_cannot_give_is_an_error_not_a_crash(monkeypatch):
+    monkeypatch.setattr(P, "_populate_works", [True])
+    monkeypatch.setattr(P, "_madvise", lambda addr, n, advice: __import__("errno").ENOMEM)
+    addr = _fresh(4 * MiB)
+    try:
+        with pytest.raises(P.PinnedPoolError, match="could not give"):
+            P.fault_in(addr, 4 * MiB, threads=1)
+    finally:
+        P._libc.munmap(addr, 4 * MiB)
+
+
+def test_jobs_pinning_in_the_background_together_pin_every_first_region_before_any_second(monkeypatch, tmp_path):
+    """Two jobs' background reservations (weights, then optimizer) on one host lock: each job's weights,
+    what its first pause needs, are pinned before either job's optimizer state."""
+    import threading
+    import time as _time
+
+    from timeslice.backup import BackupBook
+    order: list[str] = []
+    real = P.fault_in
+
+    def slow(addr, n, threads):
+        _time.sleep(0.2)                           # a cold host's first touch
+        return real(addr, n, threads)
+    monkeypatch.setattr(P, "fault_in", slow)
+    lock = str(tmp_path / "pin.lock")
+    books = []
+    for job in ("a", "b"):
+        def register(addr, n, job=job):
+            order.append(f"{job}:{n // MiB}")
+        pool = P.PinnedPool("fault", threads=1, register=register, unregister=lambda a: None, lock_path=lock)
+        books.append((BackupBook(pool, mover=None), pool))
+    go = [threading.Thread(target=b.reserve, args=({"weights": 2 * MiB, "optimizer": 4 * MiB}, True))
+          for b, _ in books]
+    for t in go:
+        t.start()
+        _time.sleep(0.05)                          # a starts first, b right after
+    for t in go:
+        t.join()
+    for b, pool in books:
+        b.settle()
+        pool.close()
+    assert sorted(order[:2]) == ["a:2", "b:2"] and sorted(order[2:]) == ["a:4", "b:4"], order

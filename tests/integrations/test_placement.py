@@ -207,3 +207,60 @@ def test_an_expected_optimizer_state_sizes_the_host_backup_before_the_first_step
 def test_the_old_name_the_readme_documents_still_imports():
     from timeslice.integrations.pytorch import Placement
     assert Placement is ModelRegions
+
+
+class _Promising:
+    """A memory that keeps clean promises (as TorchMemory's pool backup does): records them in order."""
+    tags = {"weights": "offload", "optimizer": "offload"}
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def region(self, tag):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def region_bytes(self):
+        return {}
+
+    def mark_clean(self, tag):
+        self.calls.append(f"clean {tag}")
+
+    def mark_dirty(self, tag):
+        self.calls.append(f"dirty {tag}")
+
+    def writing(self, tag):
+        import contextlib
+
+        @contextlib.contextmanager
+        def w():
+            self.mark_dirty(tag)
+            yield
+            self.mark_clean(tag)
+        return w()
+
+
+def test_clean_between_steps_promises_both_regions_unchanged_except_inside_a_step():
+    """Only an optimizer step writes the weights and its state: between steps a pause (after a
+    generation) need not copy them out again. A step that fails leaves both dirty."""
+    mem = _Promising()
+    place = ModelRegions(mem, clean_between_steps=True)
+    m = place.module(torch.nn.Linear(4, 4))
+    assert mem.calls == ["clean weights"]
+    opt = place.optimizer(torch.optim.SGD(m.parameters(), lr=0.1))
+    real = opt.step.__func__ if hasattr(opt.step, "__func__") else None
+    assert real is not None
+    m(torch.ones(1, 4)).sum().backward()
+    mem.calls.clear()
+    opt.step()
+    assert mem.calls == ["dirty weights", "dirty optimizer", "clean optimizer", "clean weights"]
+    mem.calls.clear()
+    opt.zero_grad()
+    assert mem.calls == []                                 # only a step writes them
+    bad = torch.optim.SGD(m.parameters(), lr=0.1)
+    bad.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a failed step"))   # type: ignore[method-assign]
+    place.optimizer(bad)
+    with pytest.raises(RuntimeError):
+        bad.step()
+    assert mem.calls == ["dirty weights", "dirty optimizer"]
+    assert ModelRegions(_Promising()).clean is False        # off by default

@@ -12,17 +12,23 @@ function runs the model outside its hold computes with NaN and ends with other w
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch", reason="the real-framework tests need the test extra (torch, trl)")
 pytest.importorskip("trl", reason="the real-framework tests need the test extra (torch, trl)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "grpo"))
+import realmodel as R  # noqa: E402
 
 CONTEXT = 256 << 10          # SimTorchMemory's default context: what a parked job keeps on the device
 
 
 def capacity_for(alone: list[dict]) -> int:
     """Room for both contexts and one job's regions, never for both jobs' regions."""
-    regions = [d["state_bytes"] for d in alone]
+    regions = [R.device_bytes(d) for d in alone]
     assert all(r > 0 for r in regions), regions
     return 2 * CONTEXT + max(regions) + min(regions) // 2
 
@@ -37,7 +43,9 @@ def check_pair(alone: list[dict], sliced: list[dict]) -> None:
         assert s["losses"] == a["losses"], (s["job"], s["losses"], a["losses"])   # exact floats
         assert s["digest"] == a["digest"], s["job"]
         assert s["swaps"] >= 2, (s["job"], s["swaps"])      # paused and resumed at least once
-        assert sum(s["region_bytes"].values()) == s["state_bytes"] == a["state_bytes"]   # all of it in regions
+        state = s["region_bytes"]["weights"] + s["region_bytes"]["optimizer"]
+        assert state == s["state_bytes"] == a["state_bytes"]     # all of it in regions
+        assert s["region_bytes"].get("graphs", 0) > 0 or s["generation"] == "eager"   # the dense cache too
         assert any(h["restored"] for h in holds(s)), s["job"]
     assert alone[0]["digest"] != alone[1]["digest"]        # two different jobs (seeds)
 

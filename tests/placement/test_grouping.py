@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-from timeslice.advise.grouping import Advisor, Options, advise
+from copy import deepcopy
+
+from timeslice.advise.grouping import Advisor, Options, Plan, advise
 from timeslice.advise.profile import GpuSet, JobProfile, NodeInfo, ProfileFormatError, ProfileSet
 from timeslice.advise.simulate import SimGroup, simulate
 
@@ -130,3 +132,53 @@ def test_the_profile_file_round_trips_and_bad_files_are_refused():
 def test_bad_options(kw):
     with pytest.raises(ValueError):
         Options(**kw)
+
+
+def test_a_grouping_predicted_worse_than_todays_is_never_proposed():
+    """Over random mixes (the placement benchmark's ranges), the proposal is never predicted worse
+    than today's grouping: not more jobs past the bound, not less duty with as many. Without the
+    guard the search ended on worse groupings in about 1 mix in 20 (merging down to the GPU sets
+    there are, or a local optimum), as benchmarks/results/placement.json's mixes 2 and 4 did."""
+    import random
+    rng = random.Random(3)
+    kept = 0
+    for _ in range(60):
+        n = rng.choice([3, 4])
+        sets = rng.choice([2, 2, 3]) if n == 4 else 2
+        jobs = []
+        for i in range(n):
+            nb = rng.choice([8, 16, 24, 32, 40]) * MiB
+            jobs.append(prof(f"j{i}", f"g{i % sets}", rng.randint(50, 400), rng.randint(150, 1500), nbytes=nb,
+                             snap=int(nb / 0.5e6), restore=int(nb / 1e6)))
+        adv = advise(cluster(jobs, one_gpu_sets([f"g{k}" for k in range(sets)])),
+                     Options(max_slowdown=0.15, overhead_s=0.005, cycles=60))
+        p, t = adv.proposal, adv.today
+        assert p.over(0.15) <= t.over(0.15), (jobs, adv.to_dict())
+        if p.over(0.15) == t.over(0.15):
+            assert p.same_as(t) or p.duty >= t.duty + 0.005, (jobs, adv.to_dict())
+        if adv.kept:
+            kept += 1
+            assert p.same_as(t) and adv.to_dict()["gain"] == 0 and adv.to_dict()["kept"] == adv.kept
+    assert kept >= 1                                # the guard had something to do
+
+
+def test_why_a_proposal_is_not_worth_it():
+    ps = cluster([prof("a", "g0", 100, 400), prof("b", "g1", 100, 400)], one_gpu_sets(["g0", "g1"]))
+    a = Advisor(ps, Options(overhead_s=0.005))
+    today = Plan([a.evaluate(("a",)), a.evaluate(("b",))])
+    together = Plan([a.evaluate(("a", "b"))])
+    assert "today's grouping" in a.no_better(Plan(list(today.groups)), today)
+    assert a.no_better(together, today) == ""                       # one GPU at a higher duty: worth it
+    assert "predicts" in a.no_better(today, together)               # less duty, as many past the bound
+    slow = Plan([deepcopy(a.evaluate(("a", "b")))])
+    for j in slow.groups[0].result.jobs.values():
+        j.slowdown = 0.5
+    assert "past 15%" in a.no_better(slow, today)
+
+
+def test_a_better_grouping_is_still_proposed():
+    ps = cluster([prof("h1", "g0", 300, 200), prof("h2", "g0", 300, 200),
+                  prof("l1", "g1", 100, 400), prof("l2", "g1", 100, 400)], one_gpu_sets(["g0", "g1"]))
+    adv = advise(ps, Options(max_slowdown=0.15, overhead_s=0.005))
+    assert adv.kept == "" and not adv.proposal.same_as(adv.today)
+    assert adv.proposal.duty >= adv.today.duty + 0.005 or adv.proposal.over(0.15) < adv.today.over(0.15)

@@ -27,7 +27,11 @@ from timeslice.advise.profile import JobProfile, ProfileSet, mean
 from timeslice.advise.simulate import DEFAULT_HANDOFF_S, SimGroup, SimJob, SimResult, simulate
 
 DEFAULT_MAX_SLOWDOWN = 0.15
+DEFAULT_MIN_GAIN = 0.005     # duty a proposal must gain over today's to be proposed (the simulation's spread)
 DEFAULT_GBPS = 10.0          # copy rate assumed for a job never swapped when no job was (bytes / 1e9 per s)
+# What lockd admits beyond a job's measured footprint by default (lockd/footprints.py, --footprint-margin):
+# planned the same here, or two jobs the lock will not put side by side are simulated as fitting.
+LOCKD_MARGIN_FRACTION = 0.02
 MAX_IMPROVE_ROUNDS = 100
 
 
@@ -39,12 +43,15 @@ class Options:
     gbps: float = DEFAULT_GBPS
     cycles: int = 150
     seed: int = 0
+    min_gain: float = DEFAULT_MIN_GAIN
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_slowdown <= 10 or not 1 <= self.max_group_size <= 4:
             raise ValueError("max_slowdown must be in [0, 10] and max_group_size in [1, 4]")
         if self.gbps <= 0 or self.cycles < 10:
             raise ValueError("gbps must be > 0 and cycles >= 10")
+        if not 0 <= self.min_gain <= 1:
+            raise ValueError("min_gain must be in [0, 1]")
 
 
 @dataclass
@@ -86,6 +93,13 @@ class Plan:
     def slowdown(self) -> dict[str, float]:
         return {n: j.slowdown for p in self.groups for n, j in p.result.jobs.items()}
 
+    def over(self, bound: float) -> int:
+        """Jobs predicted to slow past ``bound``."""
+        return sum(1 for v in self.slowdown().values() if v > bound)
+
+    def same_as(self, other: Plan) -> bool:
+        return sorted(p.jobs for p in self.groups) == sorted(p.jobs for p in other.groups)
+
     def to_dict(self) -> dict:
         return {"duty": round(self.duty, 4), "gpus": self.gpus, "groups": [p.to_dict() for p in self.groups]}
 
@@ -98,12 +112,13 @@ class Advice:
     skipped: list[str] = field(default_factory=list)     # jobs without enough phases to plan with
     estimated: list[str] = field(default_factory=list)   # jobs never swapped: their swap time is estimated
     rate: str = ""                                       # how: "observed" (other jobs' swaps) or "assumed"
+    kept: str = ""                                       # why today's grouping is the proposal ("": it is not)
 
     def to_dict(self) -> dict:
         return {"proposal": self.proposal.to_dict(), "today": self.today.to_dict(),
                 "overhead_s": round(self.overhead_s, 5), "skipped": self.skipped,
                 "swap_estimated": {"jobs": self.estimated, "rate": self.rate},
-                "gain": round(self.proposal.duty - self.today.duty, 4)}
+                "gain": round(self.proposal.duty - self.today.duty, 4), "kept": self.kept}
 
 
 def observed_rates(profiles: list[JobProfile]) -> tuple[float | None, float | None]:
@@ -127,7 +142,20 @@ def sim_job(p: JobProfile, gbps: float = DEFAULT_GBPS, rates: tuple[float | None
     snap_guess, rest_guess = (moved / (r or gbps * 1e9) for r in rates)
     return SimJob(p.job, tuple(h / 1000 for h in p.hold_ms), tuple(g / 1000 for g in p.gap_ms),
                   mean(p.snapshot_ms) / 1000 if p.snapshot_ms else snap_guess,
-                  mean(p.restore_ms) / 1000 if p.restore_ms else rest_guess, p.per_gpu_bytes, p.busy_share)
+                  mean(p.restore_ms) / 1000 if p.restore_ms else rest_guess,
+                  int(p.per_gpu_bytes * (1 + LOCKD_MARGIN_FRACTION)), p.busy_share, alone_step_s(p))
+
+
+def alone_step_s(p: JobProfile) -> float:
+    """The job's step with no lock at all, from its profile: its own measure of its holds (``busy_ms``)
+    plus its gap less the lock's legs of it. lockd's hold of a job runs from the grant to the yield's
+    arrival, so it exceeds the job's own measure by the grant's delivery and the yield's way in; the
+    gap (the yield to the next request's arrival) carries the same two legs the other way (the yield's
+    answer, the request's way in), taken here as equal to the hold's. 0 where the job did not say."""
+    if not p.busy_ms:
+        return 0.0
+    legs = max(0.0, mean(p.hold_ms) - mean(p.busy_ms))
+    return max(0.0, (mean(p.busy_ms) + mean(p.gap_ms) - legs) / 1000)
 
 
 class Advisor:
@@ -266,7 +294,26 @@ class Advisor:
         groups = self._fit_sets(self._improve(self._greedy(names, feasible), feasible), feasible)
         plan = Plan(sorted((replace(feasible[g]) for g in groups), key=lambda p: p.jobs))
         self._assign(plan)
-        return Advice(plan, today_plan, self.overhead_s, self.skipped, self.estimated, self.rate)
+        kept = self.no_better(plan, today_plan)
+        if kept:
+            plan = Plan([replace(p) for p in today_plan.groups])
+        return Advice(plan, today_plan, self.overhead_s, self.skipped, self.estimated, self.rate, kept)
+
+    def no_better(self, plan: Plan, today: Plan) -> str:
+        """Why ``plan`` is not worth proposing over ``today`` ("" : it is): it is today's grouping, or it
+        slows more jobs past the bound, or as many and gains less than ``min_gain`` of duty. The search
+        (greedy packing, local search, then merging down to the GPU sets there are) can end on a
+        grouping it predicts worse than today's; a proposal must be better by its own prediction."""
+        if not today.groups or plan.same_as(today):
+            return "the search found today's grouping" if today.groups else ""
+        bound = self.opts.max_slowdown
+        po, to = plan.over(bound), today.over(bound)
+        if po > to:
+            return f"the best grouping found slows {po} job(s) past {bound:.0%}, today's {to}"
+        if po == to and plan.duty < today.duty + self.opts.min_gain:
+            return (f"the best grouping found predicts {plan.duty:.1%} against today's {today.duty:.1%} "
+                    f"(less than {self.opts.min_gain:.1%} better)")
+        return ""
 
     @staticmethod
     def _greedy(names: list[str], feasible: dict[tuple[str, ...], Candidate]) -> list[tuple[str, ...]]:

@@ -20,7 +20,10 @@ each job's recorded phases drawn at random (bootstrap) from its profile:
 * a yield with nobody waiting leaves the job resident (deferred snapshot).
 
 A job's predicted slowdown is its mean step (gap + wait + hold) in the group
-over its solo step (gap + hold + one handoff), less one.
+over its step alone, less one: alone is the job's own work with no lock at all
+(``alone_s``, where the profile says it: what the job would take on a GPU of its
+own without timeslice, so the lock's own round trips count as slowdown too),
+else its solo step through the lock (gap + hold + one handoff).
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class SimJob:
     restore_s: float = 0.0
     nbytes: int = 0                       # its footprint on each GPU of the group
     busy_share: float = 1.0               # of each hold, the share the job computes (the rest: round trips)
+    alone_s: float = 0.0                  # its step with no lock at all (its own work); 0: solo_step_s + handoff
 
     def __post_init__(self) -> None:
         if not self.hold_s or not self.gap_s:
@@ -177,7 +181,7 @@ def simulate(jobs: list[SimJob], group: SimGroup, *, horizon_s: float | None = N
     for i, j in enumerate(jobs):
         rel = [r for r in releases[i] if warm <= r <= end]
         steps = [b - a for a, b in itertools.pairwise(rel)]
-        solo = j.solo_step_s + group.handoff_s
+        solo = j.alone_s or j.solo_step_s + group.handoff_s
         mean_step = statistics.fmean(steps) if steps else float("inf")
         w = [x for g, x in waits[i] if warm <= g <= end]
         res.jobs[j.name] = SimJobResult(j.name, len(rel), mean_step, solo, statistics.fmean(w) if w else 0.0,

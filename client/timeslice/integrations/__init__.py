@@ -5,6 +5,8 @@
   memory's tagged regions, for a plain loop decorated with ``@client.on_accelerators``;
 * ``timeslice.integrations.slicing`` — ``TimeSlice``: one job's holds on one group,
   its memory and its worker registration, as a framework integration drives them;
+* ``timeslice.integrations.dense`` — ``DenseGenerator``: ``generate`` with a static KV cache
+  and a CUDA-graph decode step (its memory in a discard region), as RL engines generate;
 * ``timeslice.integrations.trl`` — ``TimeslicedGRPOTrainer`` (and its mixin): TRL's
   ``GRPOTrainer`` whose GPU phases run inside the hold and whose reward functions run
   outside it;

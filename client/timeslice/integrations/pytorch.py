@@ -38,6 +38,7 @@ nothing runs on them outside a hold. PyTorch is imported lazily.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -105,13 +106,17 @@ class ModelRegions:
     """
 
     def __init__(self, memory, weights_tag: str = "weights", optimizer_tag: str = "optimizer",
-                 worker=None, on_grow: Callable[[str, float], Any] | None = None):
+                 worker=None, on_grow: Callable[[str, float], Any] | None = None, clean_between_steps: bool = False):
         for tag in (weights_tag, optimizer_tag):
             if tag not in memory.tags:
                 raise ValueError(f"the memory declares no region {tag!r} (it has {sorted(memory.tags)})")
         self.memory, self.weights_tag, self.optimizer_tag = memory, weights_tag, optimizer_tag
         self.worker, self.on_grow = worker, on_grow
         self.expected: dict[str, int] = {}            # tag -> bytes it will hold once complete
+        # Clean between steps: only an optimizer step writes the weights and the optimizer state, so
+        # between two steps both are unchanged, and a pause there (after a generation) need not copy
+        # them out again (timeslice.backup: a promise the checksum checks, where the memory keeps one).
+        self.clean = clean_between_steps and hasattr(memory, "writing")
 
     def expect(self, tag: str, nbytes: int) -> None:
         """Region ``tag`` will hold about ``nbytes`` (e.g. optimizer state not created yet).
@@ -141,6 +146,8 @@ class ModelRegions:
             with self.memory.region(self.weights_tag):
                 module.to(target)
         self.adopt(self.weights_tag, module_tensors(module))
+        if self.clean:
+            self.memory.mark_clean(self.weights_tag)   # loaded: unchanged until the first step
         return module
 
     def adopt(self, tag: str, tensors: Iterable) -> None:
@@ -162,12 +169,13 @@ class ModelRegions:
         step, load = optimizer.step, optimizer.load_state_dict
 
         def placed_step(opt, *args, **kwargs):
-            if not needs_state(opt):
-                return step(*args, **kwargs)
-            with placement.memory.region(placement.optimizer_tag):
-                out = step(*args, **kwargs)
-            placement.adopt(placement.optimizer_tag, optimizer_tensors(opt))
-            return out
+            with placement._writing():
+                if not needs_state(opt):
+                    return step(*args, **kwargs)
+                with placement.memory.region(placement.optimizer_tag):
+                    out = step(*args, **kwargs)
+                placement.adopt(placement.optimizer_tag, optimizer_tensors(opt))
+                return out
 
         def placed_load(opt, *args, **kwargs):
             with placement.memory.region(placement.optimizer_tag):
@@ -180,6 +188,15 @@ class ModelRegions:
         optimizer.load_state_dict = types.MethodType(placed_load, optimizer)
         optimizer._timeslice_placed = True
         return optimizer
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a step: both regions dirty while it writes them, clean again after (``clean_between_steps``)."""
+        if not self.clean:
+            yield
+            return
+        with self.memory.writing(self.weights_tag), self.memory.writing(self.optimizer_tag):
+            yield
 
     # -- growth ------------------------------------------------------------------------
     def _grew(self, tag: str) -> None:

@@ -112,7 +112,9 @@ class TimeSlice:
                 raise RuntimeError("swap='cooperative' needs a memory to pause: no CUDA device here; give one "
                                    "(on the simulated device, SimTorchMemory) or use swap='none'")
             from timeslice.torch_memory import TorchMemory
-            self._memory = TorchMemory({"weights": "offload", "optimizer": "offload"})
+            # graphs: where a dense generator (timeslice.integrations.dense) keeps its static KV
+            # cache and CUDA graphs; released at a swap without a copy, empty unless one is used.
+            self._memory = TorchMemory({"weights": "offload", "optimizer": "offload", "graphs": "discard"})
         return self._memory
 
     @property
@@ -235,21 +237,27 @@ class TimeSlice:
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
-        """Tell the node agent about this process (once), inside a hold, once its memory is placed; or,
-        for a memory whose sizes are declared before its arrays exist (``pins_unheld``, as
-        ``timeslice.integrations.jax.JaxMemory``), before the first hold, so its pinning is outside any."""
+        """Tell the node agent about this process (once).
+
+        Cooperative: best *before* the first hold, with the regions' sizes expected
+        (``regions.expect``): the host backup is then pinned on a thread of its own while the job
+        builds its model and waits for its first grant (``cooperate(prepin="background")``; its
+        first pause waits for it). Inside a hold the pin runs at once, inside the hold. Checkpoint:
+        inside a hold, once the memory is on the device (the agent is told how much). A memory whose
+        sizes are declared before its arrays exist (``timeslice.integrations.jax.JaxMemory``) registers
+        before the first hold the same way."""
         if self._registered:
             return
-        unheld = self.swap == "cooperative" and getattr(self._memory, "pins_unheld", False)
-        if self.client is not None and self.swap != "none" and not self.held and not unheld:
+        if self.client is None or self.swap == "none":
+            self._registered = True
+            return
+        if not self.held and self.swap != "cooperative":
             raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
         self._registered = True
-        if self.client is None or self.swap == NO_SWAP:
-            return
         t0 = time.monotonic()
         if self.swap == swaps.COOPERATIVE:
             self.worker = self.client.cooperate(self.memory, node=self.node, socket_path=self.socket_path,
-                                                gpus=self.gpus)
+                                                gpus=self.gpus, prepin=True if self.held else "background")
             if self._regions is not None:
                 self._regions.worker = self.worker
         else:
@@ -257,7 +265,7 @@ class TimeSlice:
             if _cuda_ready():
                 used = sys.modules["torch"].cuda.memory_reserved()
             self.client.register_worker(node=self.node, device_bytes=used, gpus=self.gpus)
-        self.log.add("registered", swap=self.swap, seconds=time.monotonic() - t0,
+        self.log.add("registered", swap=self.swap, seconds=time.monotonic() - t0, held=self.held,
                      region_bytes=self.memory.region_bytes() if self.memory is not None else {},
                      host_bytes=self.memory.host_bytes() if self.memory is not None else 0)
         log.info("timeslice_registered", group=self.group_id, swap=self.swap,

@@ -228,9 +228,10 @@ class SimCooperativeMemory(SimStats):
         resident = sum(self._size[t] for t, b in self._dev.items() if b is not None)
         return max(0, self.dev.device_bytes - resident)
 
-    def prepin(self) -> None:
-        """Reserve the retained host pool now, one area per offload region (the first pause would otherwise)."""
-        self.book.reserve({t: n for t, n in self._size.items() if self.tags[t] == "offload"})
+    def prepin(self, background: bool = False) -> None:
+        """Reserve the retained host pool now, one area per offload region (the first pause would otherwise);
+        ``background``: on a thread (``BackupBook.reserve``)."""
+        self.book.reserve({t: n for t, n in self._size.items() if self.tags[t] == "offload"}, background=background)
 
     def mark_clean(self, tag: str) -> None:
         """The job's promise: region ``tag`` is not written until ``mark_dirty`` (``timeslice.backup``)."""

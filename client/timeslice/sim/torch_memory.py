@@ -189,8 +189,9 @@ class SimTorchMemory(SimStats):
                     else:
                         s.fill_(0)                                    # type: ignore[attr-defined]
 
-    def prepin(self, tags: Sequence[str] | None = None) -> None:
-        """Allocate the retained host backups now (the first pause would otherwise)."""
+    def prepin(self, tags: Sequence[str] | None = None, background: bool = False) -> None:
+        """Allocate the retained host backups now (the first pause would otherwise); ``background`` is
+        accepted and changes nothing (the clones take no time worth overlapping)."""
         with self._mu:
             todo = [(t, key, s) for t in (self.tags if tags is None else tags) if self.tags[t] == "offload"
                     for key, s in self._storages[t].items() if key not in self._host[t]]
