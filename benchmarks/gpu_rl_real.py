@@ -355,8 +355,9 @@ def sliced(a, dev: Device, regime: str, alone: list[dict], workdir: Path, where:
                 # its first step's optimizer state and activations are not on the device yet.
                 # --hint-factor below 1 declares a peak that is too low (0.8: 20% short): the lock's own
                 # measures (README, "Memory a grant admits") must keep every grant usable anyway.
-                argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", swap, False,
-                                  int(hint_of(a, d) * a.hint_factor)) for i, d in enumerate(alone)]
+                hints = [int(hint_of(a, d) * a.hint_factor) for d in alone]
+                argvs = [job_argv(a, i + 1, logdir / f"{job_id(i)}.json", swap, False, h)
+                         for i, h in enumerate(hints)]
                 docs = run_jobs(argvs, env, logdir, a.job_timeout, together=True, cpus=a.cpus)
                 from benchmarks.gpu_timeslice import agent_ops
                 ops = agent_ops(agent)
@@ -636,6 +637,7 @@ def report(doc: dict) -> str:
            f"{size(j['measured'].get('peak', 0))}, context {size(j['measured'].get('context', 0))}, "
            f"residue after each pause [{', '.join(map(size, j['residue_bytes']))}]"
            for name, r in doc["regimes"].items() if name != "standalone" and "jobs" in r and "hints_bytes" in r
+           for i, j in enumerate(r["jobs"])]
     lines = [f"{name}:\n{T.text(r['timeline'])}" for name, r in doc["regimes"].items() if "timeline" in r]
     return "\n".join([table(head, rows) + f"\n{note}; ratios (x) against standalone, same run", *mem, *lines])
 
