@@ -202,13 +202,15 @@ def main(argv=None) -> int:
                    help="room left for a parked cooperative job's residue when sizing the ballast")
     p.add_argument("--name", default="", help="file name stem (default gpu_jax_pair[_dryrun])")
     a = p.parse_args(argv)
+    a.jobs, a.mix, a.mixes = 2, "", []       # gpu_rl_real's pair mode (its Device sizes the ballast by them)
     a.jax_profile = dict(JAX_PROFILES["dry-run" if a.dry_run else "full"])
     if a.steps:
         a.jax_profile["steps"] = a.steps
     trl_profile = dict(TRL_PROFILES["dry-run" if a.dry_run else "quick"])
     if a.trl_steps:
         trl_profile["steps"] = a.trl_steps
-    a.trl = argparse.Namespace(profile=trl_profile, kind="trl", dry_run=a.dry_run, dtype="float32", lr=1e-5)
+    a.trl = argparse.Namespace(profile=trl_profile, kind="trl", dry_run=a.dry_run, dtype="float32", lr=1e-5,
+                               generation="eager")
     a.name = a.name or "gpu_jax_pair" + ("_dryrun" if a.dry_run else "")
     regimes = [r for r in a.regimes.split(",") if r]
     unknown = sorted(set(regimes) - set(REGIMES))

@@ -460,9 +460,10 @@ def main(argv=None) -> int:
                         "the device so that all, half or one of the jobs fit at once, and run some of the regimes "
                         f"{','.join(MIX_REGIMES)} (default per mix: "
                         + "; ".join(f"{m}: {','.join(r)}" for m, r in MIX_DEFAULTS.items()) + ")")
-    p.add_argument("--generation", choices=("dense", "eager"), default="dense",
-                   help="how the jobs generate: dense (static KV cache, CUDA-graph decode; default) or eager "
-                        "(transformers' generate): the standalone duty before/after")
+    p.add_argument("--generation", choices=("dense", "eager"), default="eager",
+                   help="how the jobs generate: eager (transformers' generate; default) or dense (static KV "
+                        "cache, CUDA-graph decode; not yet proven on a GPU: benchmarks/results/gpu_round4.md): "
+                        "the standalone duty before/after")
     p.add_argument("--profile", default="", choices=[""] + sorted(PROFILES),
                    help="the jobs' size and phases (default: full; --quick, --dry-run, --kind plain and --mix pick theirs)")
     a = p.parse_args(argv)

@@ -47,8 +47,9 @@ def parse(argv=None) -> argparse.Namespace:
                     help="the job's device peak for lockd (default: weights + AdamW state from the config, "
                          "plus gradients and --activations-gib on CUDA)")
     ap.add_argument("--activations-gib", type=float, default=2.0, help="CUDA: room for activations in the hint")
-    ap.add_argument("--generation", choices=R.GENERATIONS, default="dense",
-                    help="dense: static KV cache and a CUDA-graph decode step (default); eager: transformers'")
+    ap.add_argument("--generation", choices=R.GENERATIONS, default="eager",
+                    help="eager: transformers' generate (default); dense: static KV cache and a CUDA-graph decode "
+                         "step (not yet proven on a GPU: benchmarks/results/gpu_round4.md)")
     ap.add_argument("--out", default="")
     return ap.parse_args(argv)
 

@@ -90,7 +90,8 @@ def dense_bytes(size: str, rows: int, length: int, dtype: str = "float32") -> in
 
 
 def dense(model, memory, announce, choice: str):
-    """``--generation dense`` (default): the model generates with a static KV cache and, on CUDA, a
+    """``--generation dense`` (opt-in; the default is ``eager``: the CUDA path failed on the H200,
+    benchmarks/results/gpu_round4.md): the model generates with a static KV cache and, on CUDA, a
     CUDA-graph decode step (timeslice.integrations.dense), its memory in the ``graphs`` region;
     ``eager``: transformers' own generate. Returns the generator (None for eager)."""
     if choice == "eager":

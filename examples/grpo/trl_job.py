@@ -46,8 +46,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--reward-s", type=float, default=0.2, help="CPU seconds per reward call")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--hint-bytes", type=int, default=0, help="device peak (default: measured)")
-    ap.add_argument("--generation", choices=R.GENERATIONS, default="dense",
-                    help="dense: static KV cache and a CUDA-graph decode step (default); eager: transformers'")
+    ap.add_argument("--generation", choices=R.GENERATIONS, default="eager",
+                    help="eager: transformers' generate (default); dense: static KV cache and a CUDA-graph decode "
+                         "step (not yet proven on a GPU: benchmarks/results/gpu_round4.md)")
     ap.add_argument("--stray", action="store_true",
                     help="negative control: the reward function runs the model outside the hold")
     ap.add_argument("--out", default="")
