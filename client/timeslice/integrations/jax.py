@@ -339,8 +339,12 @@ class JaxMemory:
         if self._listener is not None:
             self._listener()
 
-    def prepin(self, tags: Sequence[str] | None = None) -> None:
-        """Reserve the retained host backup of the offload regions ``tags`` (default all): max(declared, live)."""
+    def prepin(self, tags: Sequence[str] | None = None, background: bool = False) -> None:
+        """Reserve the retained host backup of the offload regions ``tags`` (default all): max(declared, live).
+
+        ``background`` (the cooperative worker asks for it before the first hold) is taken as a plain
+        pin: a JAX job registers before its first hold (``TimeSlice.register``), so the pin is outside
+        any hold all the same, and its job reports how long it took."""
         offload = [t for t, p in self.tags.items() if p == OFFLOAD and (tags is None or t in tags)]
         self.book.reserve({t: max(self._declared.get(t, 0), self._regions[t].nbytes()) for t in offload})
 
