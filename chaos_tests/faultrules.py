@@ -26,7 +26,7 @@ from chaos_tests.swaprules import deadline, faults_of
 
 #: A grant written just before the quorum went may reach its client this much later.
 QUORUM_SLACK_S = 2.0
-#: The first grant after a heal comes within this (issue 33's promise; README "Fault tolerance").
+#: The first grant after a heal comes within this (README "Fault tolerance").
 HEAL_BOUND_S = 10.0
 
 

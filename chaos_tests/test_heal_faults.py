@@ -1,9 +1,9 @@
-"""Chaos scenarios that leave a half-done swap to a new leader or a new agent (issue 33's states).
+"""Chaos scenarios that leave a half-done swap to a new leader or a new agent (the states a long fault run found).
 
 The world of ``test_swap_faults.py`` (one SIMULATED node whose device holds about one job; two
 checkpointed and two cooperative jobs on ``g0``, two plain jobs on ``g1``), in the configuration
 ``timeslice up`` runs: the agent acts only on attested workers and every job's process attests
-itself. Each scenario reaches one state the fault run of issue 33 found and the suite did not:
+itself. Each scenario reaches one state a long fault run found and the suite did not:
 
 * the lockd leader and the job holding ``g0`` SIGKILLed at one moment;
 * a parked checkpoint job SIGKILLed and started again under its own job id;

@@ -248,10 +248,10 @@ class TimeSlice:
         before the first hold the same way."""
         if self._registered:
             return
-        if self.client is None or self.swap == "none":
+        if self.client is None or self.swap == NO_SWAP:
             self._registered = True
             return
-        if not self.held and self.swap != "cooperative":
+        if not self.held and self.swap != swaps.COOPERATIVE:
             raise RuntimeError("TimeSlice.register() runs inside a hold: the model must be on the device")
         self._registered = True
         t0 = time.monotonic()
