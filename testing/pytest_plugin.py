@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sys
 import tempfile
 
 import pytest
@@ -150,6 +151,17 @@ def _structlog_left_as_found():
     yield
     if not was and structlog.is_configured():
         structlog.reset_defaults()
+
+
+@pytest.fixture(autouse=True)
+def _sim_devices_forgotten():
+    # A test's job-side simulated device clients stand for one job's process. A later test on the same
+    # worker is another job: one it left open would make the channel's device check
+    # (timeslice.sim.runtime.opened_devices) see two devices and refuse with WrongDeviceError.
+    yield
+    runtime = sys.modules.get("timeslice.sim.runtime")
+    if runtime is not None:
+        runtime._live.clear()
 
 
 @pytest.fixture
