@@ -232,7 +232,7 @@ def figures(rep: Report) -> dict[str, dict]:
             "elided": {"total": g.elided, "fit_beside": g.elided_fit_beside, "partial_pause": g.elided_partial_pause},
             "bytes_moved": g.bytes_moved, "swap_s": round(g.swap_s, 3),
             "waits": {"count": len(waits), "p50_s": g.wait_p50_s, "max_s": g.wait_max_s},
-            "waiting_now": [w["job"] for w in g.waiting], "overlaps": g.overlaps,
+            "waiting_now": [w["job"] for w in g.waiting], "overlaps": g.overlaps, "sharing": g.sharing,
             "gpus": [asdict(gf) for gf in g.gpus],
         }
     return out
