@@ -243,12 +243,20 @@ class Device:
             # the regions a job keeps: its state and its dense generator's cache and graph buffers
             states = sorted(d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone)
             if a.mix:
-                # By the footprints the jobs declare (hint_of): k of them fit with half a job to spare and
-                # the others' contexts beside one holder, never k + 1 (then the parked jobs' contexts,
-                # their residue, are moved out for the k-th holder: the residue path).
-                fp = max(hint_of(a, d) for d in alone)
-                cap = max(k * fp + fp // 2, fp + (n - 1) * ctx + ctx // 2)
-                cap = cap if k >= n else min(cap, (k + 1) * fp - 1)
+                # By what lockd admits for the footprints the jobs declare (hint_of; lockd/footprints.py:
+                # the declaration, the measured context and the margin): in steady state k of them fit with
+                # half a job to spare beside the parked jobs' contexts (their residue), and a first hold
+                # beside the others' contexts; never k + 1, even with one residue fewer.
+                from timeslice.lockd import footprints as FP
+                big = {0: 1 << 40}
+                first = max(FP.admitted(FP.footprint({0}, hint=hint_of(a, d), context=ctx, capacity=big), 0)
+                            for d in alone)
+                fps = [FP.admitted(FP.footprint({0}, hint=hint_of(a, d), peak=hint_of(a, d), context=ctx,
+                                                capacity=big), 0) for d in alone]
+                fp = max(fps)
+                cap = max(k * fp + (n - k) * ctx + fp // 2, first + (n - 1) * ctx + ctx // 2)
+                # no k + 1 of them, not even the smallest (any k + 1 weigh at least that much)
+                cap = cap if k >= n else min(cap, (k + 1) * min(fps) + (n - k - 1) * ctx - 1)
             else:
                 # both contexts and one job, never both jobs
                 cap = n * ctx + states[-1] + states[0] // 2
