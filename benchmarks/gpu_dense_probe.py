@@ -88,6 +88,8 @@ def child(name: str, device: str) -> dict:
             torch.cuda.synchronize()
         t1 = time.monotonic()
         tokens = int(out.shape[0] * (out.shape[1] - ids.shape[1]))
+        print(f"[{name}] {getattr(fn, '__qualname__', fn)} seed {seed} sample {sample}: {t1 - t0:.2f} s",
+              file=sys.stderr, flush=True)
         return out, {"s": round(t1 - t0, 4), "tokens_per_s": round(tokens / (t1 - t0), 1),
                      "nvml": round(sampler.mean_util(t0, t1), 3) if sampler else None}
 
@@ -135,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in [x for x in a.cases.split(",") if x]:
         p = subprocess.run([sys.executable, "-m", "benchmarks.gpu_dense_probe", "--child", name]
-                           + (["--dry-run"] if a.dry_run else []), capture_output=True, text=True, cwd=ROOT)
+                           + (["--dry-run"] if a.dry_run else []), stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        # stderr passes through: the child's progress and warnings (a failed capture says why) reach the
+        # log as they come, also when a time limit ends the run
         got = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
         row = json.loads(got[-1][7:]) if got else {"case": name, "ok": False, "rc": p.returncode,
-                                                   "error": p.stderr[-3000:]}
+                                                   "error": "the child printed no result (its stderr is in the log)"}
         rows.append(row)
         print(json.dumps(row), flush=True)
     doc = {"command": "python -m benchmarks.gpu_dense_probe " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -28,6 +28,7 @@ checkpoint moves live bytes, not a pool (DESIGN's JAX measurements).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
     rendezvous()
     t0 = time.monotonic()
     losses, rewards, stray = [], [], {"calls": 0, "caught": []}
-    with ts.hold():                                    # the state is made on the device inside the first hold
+    with sampled(sampler, ts.hold()):                  # the state is made on the device inside the first hold
         params = jax.block_until_ready(pol.init(key))
         put("params", params)
         put("opt_state", jax.block_until_ready(pol.opt_init(params)))
@@ -233,7 +234,7 @@ def main(argv=None) -> int:
         if swap == "checkpoint":
             ts.register()
     for step in range(a.steps):
-        with ts.hold():
+        with sampled(sampler, ts.hold()):
             p = get("params")
             with ts.log.span("generate", gpu=True) as ev:
                 seq = jax.block_until_ready(pol.generate(p, jax.numpy.asarray(pol.prompts(step)),
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
                 ev["tokens"] = int(seq.shape[0] * a.seq_len)
             host_seq = jax.device_get(seq)
             del seq
-            with ts.released("rewards"):               # CPU work: the group is free for the other job
+            with sampled(sampler, ts.released("rewards"), hold=False):   # CPU work: the group is free for the other job
                 r, adv = pol.score(host_seq)
                 if a.stray:
                     stray["calls"] += 1
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
             del p, o, g
             losses.append(float(loss).hex())
             rewards.append(float(r.mean()).hex())
-    with ts.hold():                                    # the last look at the weights, while holding
+    with sampled(sampler, ts.hold()):                  # the last look at the weights, while holding
         weights = digest(jax, get("params"), get("opt_state"))
         nbytes = state_bytes(jax, get("params"), get("opt_state"))
         regions = memory.region_bytes() if memory is not None else {}
@@ -290,18 +291,54 @@ def main(argv=None) -> int:
 
 
 class PeakSampler(threading.Thread):
-    """This process's device memory (NVML) every 20 ms, its maximum kept: with the platform allocator XLA
-    keeps no peak of its own, and a benchmark sizes its ballast from this one."""
+    """This process's device memory (NVML) every 20 ms while the job holds the group, its maximum kept:
+    with the platform allocator XLA keeps no peak of its own, and a benchmark sizes its ballast from
+    this one. Only inside holds: NVML's process query made while the agent had this process
+    checkpointed (cuda-checkpoint) crashed it with SIGSEGV on the H200, in every regime that parked a
+    JAX job (benchmarks/results/gpu_round4.md)."""
 
     def __init__(self, jax):
         super().__init__(daemon=True)
         from timeslice.integrations.jax import process_device_bytes
         self.dev, self.read, self.peak = jax.devices()[0], process_device_bytes, 0
         self.stop = threading.Event()
+        self._on = False
+        self._mu = threading.Lock()            # held for each read: off() returns only once none is in flight
+
+    def on(self) -> None:
+        with self._mu:
+            self._on = True
+
+    def off(self) -> None:
+        with self._mu:
+            self._on = False
 
     def run(self) -> None:
         while not self.stop.wait(0.02):
-            self.peak = max(self.peak, self.read(self.dev) or 0)
+            with self._mu:
+                if self._on:
+                    self.peak = max(self.peak, self.read(self.dev) or 0)
+
+
+@contextlib.contextmanager
+def sampled(sampler, scope, hold: bool = True):
+    """``scope`` with the sampler on inside it (``hold``: a hold), or off inside it (a release within a hold)."""
+    if sampler is None:
+        with scope:
+            yield
+        return
+    if not hold:                               # off before the release: the agent may park the job at once
+        sampler.off()
+        with scope:
+            yield
+        sampler.on()                           # the group is held again
+        return
+    with scope:                                # on once the hold's memory is back, off before it ends
+        sampler.on()
+        try:
+            yield
+        finally:
+            sampler.off()
 
 
 def device_peak(jax, sampler) -> int:

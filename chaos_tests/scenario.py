@@ -81,6 +81,12 @@ def _node_spec(spec: str) -> pb.NodeSpec:
     return pb.NodeSpec(node=node, gpus=[int(g) for g in gpus.split(",")] if gpus else [])
 
 
+def _gpu_key(spec: str) -> str:
+    """The checker's "<node>/<gpu>" of a group's node spec: ``node`` (its GPU 0) or ``node:1`` (one GPU)."""
+    node, _, gpus = spec.partition(":")
+    return f"{node}/{gpus or 0}"
+
+
 def scenario_seed(default: int) -> int:
     """The seed: $CHAOS_SEED when set (to replay a failure), else the scenario's own."""
     return int(os.environ.get("CHAOS_SEED", default))
@@ -248,7 +254,7 @@ class World(ClientsView):
         simulated device per node)."""
         if self.sharing != "fit":
             return None
-        return {g: {"capacity": {f"{n}/0": self.fit_capacity[n] for n in self._nodes_of(g) if n in self.fit_capacity},
+        return {g: {"capacity": {_gpu_key(n): self.fit_capacity[n] for n in self._nodes_of(g) if n in self.fit_capacity},
                     "margin": 0} for g in self.groups}
 
     def call_any(self, method: str, req, timeout: float = 20.0):

@@ -40,18 +40,27 @@ DURATION_S = float(os.environ.get("TIMESLICE_CHAOS_LONG_S", "0") or 0) or (600.0
 #: 10 s, agent lease 10 s, refresh 2 s, reconnect grace 20 s, copies at local.env's bandwidths); the
 #: default is the suite's short ones (session TTL 3 s, agent lease 3 s), which see more faults a minute.
 UP_TIMINGS = os.environ.get("TIMESLICE_CHAOS_TIMINGS", "") == "up"
+#: TIMESLICE_CHAOS_SHARING=fit: both groups are fit groups (lockd/weights.py) on GPUs of FIT_GPU_BYTES, where
+#: two of a group's jobs fit side by side and three do not: holds overlap, and handoffs still swap; the
+#: checker adds the fit rules (chaos_tests/fitrules.py). The default is exclusive groups on 7 MiB GPUs.
+SHARING = os.environ.get("TIMESLICE_CHAOS_SHARING", "") or "exclusive"
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(int(DURATION_S) + 300)]
 
 CKPT_BYTES = 4 * MiB
 COOP = coop_regions(3 * MiB, MiB + MiB // 2)           # 1 MiB context + 4.5 MiB of regions
 GROUP_GPUS = {"g0": ["node-a:0"], "g1": ["node-a:1"]}
+FIT_GPU_BYTES = 11 * MiB                               # fit: a checkpointed job beside another job fits
 
 
 def long_world(world, etcd3):  # noqa: F811
     up = {"lockd_base": [], "session_ttl": 10} if UP_TIMINGS else {"lockd_flags": SWAP_FLAGS}
-    w = world("long-run", seed=3310, groups=2, group_nodes=GROUP_GPUS, library=True, kinds=[], **up)
-    node = SimNode(w, etcd3.endpoints_str, capacity=7 * MiB, gpus=2,
+    gpu_bytes = FIT_GPU_BYTES if SHARING == "fit" else 7 * MiB
+    fit = {"sharing": "fit", "fit_capacity": {n: gpu_bytes for ns in GROUP_GPUS.values() for n in ns}} \
+        if SHARING == "fit" else {}
+    name = "long-run" if SHARING == "exclusive" else f"long-run-{SHARING}"
+    w = world(name, seed=3310, groups=2, group_nodes=GROUP_GPUS, library=True, kinds=[], **up, **fit)
+    node = SimNode(w, etcd3.endpoints_str, capacity=gpu_bytes, gpus=2,
                    **({"agent_flags": [], "checkpoint_gbps": 1.8, "restore_gbps": 4.5, "coop_gbps": 4.5}
                       if UP_TIMINGS else {}))
     # g0 (GPU 0): two checkpointed jobs and one cooperative; g1 (GPU 1): one and two.

@@ -185,16 +185,29 @@ class TorchMemory:
         a capture (a block the graph freed could be handed to it while the graph still writes it)."""
         if self.tags.get(tag) != DISCARD:
             raise ValueError(f"a graph's memory goes in a discard region; {tag!r} is {self.tags.get(tag)!r}")
-        from timeslice.torch_regions import tms_pool
+        from timeslice.torch_regions import tms_pool, tms_region_config
         torch = self._torch
-        with self.region(tag):
+        with self.region(tag):                  # the region's pool exists after this (tms makes it on first use)
             pool = tms_pool(self._tms, tag, self.device)
-            if pool is None:
-                raise BackupError(f"region {tag!r}: torch-memory-saver's memory pool was not found")
+        if pool is None:
+            raise BackupError(f"region {tag!r}: torch-memory-saver's memory pool was not found")
+        if self.backup == "pool":
+            self._pools.setdefault(tag, pool)
+        # Not inside region(): tms's region already routes this thread's allocations to the pool, and a
+        # capture that routes them there again is refused ("beginAllocateToPool: already recording to
+        # mempool_id", the H200 run in benchmarks/results/gpu_round4.md). The capture routes them to the
+        # pool itself; tms only needs to know the tag (its allocator books each allocation under it).
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        free_before = torch.cuda.mem_get_info(self.device)[0]
+        with tms_region_config(self._tms, tag):
             # thread_local: another thread of this process (the pinning of a backup, the channel) may
             # make calls a global capture would refuse; the capture refuses only this thread's.
             with torch.cuda.graph(cuda_graph, pool=pool.id, stream=stream, capture_error_mode="thread_local"):
                 yield
+        torch.cuda.synchronize(self.device)
+        self._bytes[tag] += max(0, torch.cuda.memory_reserved(self.device) - before,
+                                free_before - torch.cuda.mem_get_info(self.device)[0])
 
     def device_id(self) -> str:
         uuid = str(self._torch.cuda.get_device_properties(self.device).uuid)

@@ -70,6 +70,18 @@ def tms_pool(tms, tag: str, device: int):
     return None
 
 
+def tms_region_config(tms, tag: str):
+    """torch-memory-saver's per-thread region settings (tag ``tag``, interesting, no CPU backup of its own)
+    without its ``use_mem_pool``: what a CUDA-graph capture into the region's pool needs (the capture
+    routes the allocations to the pool itself). 0.0.10 keeps this in ``_impl._with_region_config``."""
+    impl = getattr(tms, "_impl", None)
+    config = getattr(impl, "_with_region_config", None)
+    if config is None:
+        raise BackupError("this torch-memory-saver has no per-thread region settings where we can find them "
+                          "(0.0.10's _impl._with_region_config); capture the graph outside timeslice's regions")
+    return config(tag=tag, enable_cpu_backup=False, cpu_backup_backend=None)
+
+
 def live_spans(segments, pool_id, device: int) -> list[Span]:
     """The not-inactive blocks of ``pool_id``'s segments on ``device``, adjacent ones merged within a segment."""
     out: list[Span] = []

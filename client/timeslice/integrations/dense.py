@@ -367,8 +367,20 @@ class DenseGenerator:
             self.graphs = self.stats.graphs = False
             self.stats.why_not = f"capture failed: {type(e).__name__}: {str(e)[:300]}"
             log.warning("dense_capture_failed", error=self.stats.why_not)
+            self._check_generator(e)
         finally:
             self.stats.capture_s += time.monotonic() - t0
+
+    def _check_generator(self, failure: BaseException) -> None:
+        """A capture that failed before the stream began capturing can leave the CUDA generator in its
+        capture state; every later random draw then fails with "Offset increment outside graph capture"
+        (seen on the H200). Say so here, with the capture's own error, rather than at a later sample."""
+        try:
+            self.torch.rand(1, device=self.device)
+        except Exception as e:
+            raise RuntimeError(f"dense generation: a failed CUDA-graph capture ({self.stats.why_not}) left the "
+                               f"CUDA generator unusable ({type(e).__name__}: {str(e)[:200]}); run with "
+                               "graphs=False (the examples' --generation eager)") from failure
 
 
 def _settings(gc, kwargs: dict) -> dict:

@@ -180,6 +180,11 @@ class JaxMemory:
         self._nvml_peak = 0
         self._sampler: threading.Thread | None = None
         self._closed_ev = threading.Event()
+        # The sampler reads only inside a hold (from reset_peak to the yield's figures or a pause), each read
+        # under this lock, so none is in flight once a hold has ended: NVML's process query made while
+        # the agent had the process checkpointed (cuda-checkpoint) crashed it with SIGSEGV on the H200.
+        self._sample_mu = threading.Lock()
+        self._sampling = False
         self.left_behind: dict | None = None         # what the first pause found outside the regions
         self.pauses = 0
         self.backup = self._choose(backup)
@@ -351,6 +356,7 @@ class JaxMemory:
     def pause(self, tags: Sequence[str]) -> int:
         """Copy ``tags`` out (offload, unless unchanged since the last copy) and delete their arrays."""
         moved = 0
+        self._stop_sampling()
         with self._mu:
             self._peak_seen = max(self._peak_seen, self.process_bytes() or 0)
             self._hold_peak = max(self._hold_peak, self.allocator_bytes())     # the hold's end: all still there
@@ -474,14 +480,23 @@ class JaxMemory:
         On a GPU with NVML a sampler also keeps the process's largest holding in the hold: with the
         platform allocator XLA may count nothing, and its temporaries are no live arrays."""
         self._hold_peak = self.allocator_bytes()
-        self._nvml_peak = 0
+        with self._sample_mu:
+            self._nvml_peak = 0
+            self._sampling = True
         if self.gpu and self._sampler is None and nvml_handle(self.device) is not None:
             self._sampler = threading.Thread(target=self._sample, name="timeslice-jax-peak", daemon=True)
             self._sampler.start()
 
+    def _stop_sampling(self) -> None:
+        """The hold has ended (its figures are taken, or a pause came): no NVML read from now until the next."""
+        with self._sample_mu:
+            self._sampling = False
+
     def _sample(self) -> None:
         while not self._closed_ev.wait(SAMPLE_S):
-            self._nvml_peak = max(self._nvml_peak, self.process_bytes() or 0)
+            with self._sample_mu:
+                if self._sampling:
+                    self._nvml_peak = max(self._nvml_peak, self.process_bytes() or 0)
 
     def allocator_bytes(self) -> int:
         """XLA's count of the bytes it holds now, else the live arrays on this device."""
@@ -491,6 +506,7 @@ class JaxMemory:
         return sum(int(a.nbytes) for a in self.jax.live_arrays() if self.device in a.devices())
 
     def allocator_peak_bytes(self) -> int:
+        self._stop_sampling()                 # the yield takes the hold's figures: the hold is over
         now = self.allocator_bytes()
         self._hold_peak = max(self._hold_peak, now)
         used = self.process_bytes()
