@@ -244,19 +244,28 @@ class Device:
             states = sorted(d["state_bytes"] + ((d.get("dense") or {}).get("region_bytes") or 0) for d in alone)
             if a.mix:
                 # By what lockd admits for the footprints the jobs declare (hint_of; lockd/footprints.py:
-                # the declaration, the measured context and the margin): in steady state k of them fit with
-                # half a job to spare beside the parked jobs' contexts (their residue), and a first hold
-                # beside the others' contexts; never k + 1, even with one residue fewer.
+                # the declaration, the measured context, the margin, a first hold's spare): k of them fit
+                # (beside the parked jobs' residue where it can, else lockd moves a residue out first);
+                # never k + 1, first holds or later.
                 from timeslice.lockd import footprints as FP
-                big = {0: 1 << 40}
-                first = max(FP.admitted(FP.footprint({0}, hint=hint_of(a, d), context=ctx, capacity=big), 0)
-                            for d in alone)
-                fps = [FP.admitted(FP.footprint({0}, hint=hint_of(a, d), peak=hint_of(a, d), context=ctx,
-                                                capacity=big), 0) for d in alone]
-                fp = max(fps)
-                cap = max(k * fp + (n - k) * ctx + fp // 2, first + (n - 1) * ctx + ctx // 2)
-                # no k + 1 of them, not even the smallest (any k + 1 weigh at least that much)
-                cap = cap if k >= n else min(cap, (k + 1) * min(fps) + (n - k - 1) * ctx - 1)
+
+                def admitted(d: dict, cap: int, steady: bool) -> int:
+                    # a first hold: the declaration, no context measured yet (a share of the GPU), the
+                    # first-hold spare; later: the peak reported and the context measured
+                    return FP.admitted(FP.footprint({0}, hint=hint_of(a, d), peak=hint_of(a, d) if steady else 0,
+                                                    context=ctx if steady else 0, capacity={0: cap}), 0)
+                cap = sum(states) + n * ctx
+                for _ in range(4):                 # the unmeasured context is a share of the capacity itself
+                    first = [admitted(d, cap, False) for d in alone]
+                    steady = [admitted(d, cap, True) for d in alone]
+                    fp = max(steady)
+                    want = max(k * fp + (n - k) * ctx + fp // 2, max(first) + (n - 1) * ctx + ctx // 2)
+                    # no k + 1 of them, first holds or later, not even the smallest, also with every parked
+                    # job's residue moved off the device (lockd moves it to make room for a grant)
+                    cap = want if k >= n else min(want, (k + 1) * min(first + steady) - 1)
+                if cap < k * fp:
+                    raise RuntimeError(f"cannot size the simulated device: {k} jobs need {k * fp} bytes, "
+                                       f"{k + 1} first holds fit in {cap}")
             else:
                 # both contexts and one job, never both jobs
                 cap = n * ctx + states[-1] + states[0] // 2

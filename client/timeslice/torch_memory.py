@@ -200,11 +200,11 @@ class TorchMemory:
         torch.cuda.synchronize(self.device)
         before = torch.cuda.memory_reserved(self.device)
         free_before = torch.cuda.mem_get_info(self.device)[0]
-        with tms_region_config(self._tms, tag):
-            # thread_local: another thread of this process (the pinning of a backup, the channel) may
-            # make calls a global capture would refuse; the capture refuses only this thread's.
-            with torch.cuda.graph(cuda_graph, pool=pool.id, stream=stream, capture_error_mode="thread_local"):
-                yield
+        # thread_local: another thread of this process (the pinning of a backup, the channel) may make
+        # calls a global capture would refuse; the capture refuses only this thread's.
+        with tms_region_config(self._tms, tag), \
+                torch.cuda.graph(cuda_graph, pool=pool.id, stream=stream, capture_error_mode="thread_local"):
+            yield
         torch.cuda.synchronize(self.device)
         self._bytes[tag] += max(0, torch.cuda.memory_reserved(self.device) - before,
                                 free_before - torch.cuda.mem_get_info(self.device)[0])
