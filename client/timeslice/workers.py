@@ -30,6 +30,13 @@ log = get_logger(__name__)
 YIELD_SYNC_TIMEOUT_S = 2.0   # how long a Yield waits for the agent's fresh report (one refresh: ms)
 
 
+
+def never_checkpoint(memory) -> bool:
+    """A cooperative memory whose process the driver checkpoint must never take (``checkpoint_safe =
+    False``: JaxMemory) registers as a worker whose context is not checkpointed, which is what
+    ``collective`` tells lockd (no residue moved by checkpoint) and the node agent."""
+    return not getattr(memory, "checkpoint_safe", True)
+
 class Workers:
     """The job's registered workers, this process's attestation and its cooperative channels."""
 
@@ -157,7 +164,8 @@ class Workers:
         pid = await self.user.blocking(w.connect)
         try:
             await self.register_worker(pid=pid, node=node, device_bytes=sum(memory.region_bytes().values()),
-                                       swap=swaps.COOPERATIVE, gpus=gpus, tags=dict(memory.tags))
+                                       swap=swaps.COOPERATIVE, gpus=gpus, tags=dict(memory.tags),
+                                       collective=never_checkpoint(memory))
             w.start()
             if prepin and hasattr(memory, "prepin"):
                 t0 = time.monotonic()

@@ -268,3 +268,13 @@ def test_the_host_backup_is_admitted_before_it_is_made(sim):
     m.prepin()
     assert asked[-1] == 1 << 20 and m.host_bytes() == 1 << 20
     m.close()
+
+
+def test_a_jax_memory_registers_a_worker_the_driver_checkpoint_never_takes(mem):
+    """On the H200 a JAX process died of SIGSEGV after every cuda-checkpoint of it: its cooperative worker
+    registers as one whose context is never checkpointed (``collective``: lockd moves no residue of it by
+    checkpoint), a torch memory does not."""
+    from timeslice.sim.torch_memory import SimTorchMemory
+    from timeslice.workers import never_checkpoint
+    assert never_checkpoint(mem)
+    assert not never_checkpoint(SimTorchMemory.__new__(SimTorchMemory))

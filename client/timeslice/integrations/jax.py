@@ -147,6 +147,10 @@ class JaxMemory:
     """Tagged pytrees on one JAX device, with a retained host backup (``SwapMemory``'s shape)."""
 
     pins_unheld = True        # prepin is host work from declared sizes: cooperate may come before the first hold
+    # The driver checkpoint must never take this process (cooperate() registers it so: lockd then never
+    # moves its residue by checkpoint, the agent never checkpoints it): on the H200 a JAX process died
+    # of SIGSEGV 0.7-4 s after every cuda-checkpoint of it (benchmarks/results/gpu_round4.md).
+    checkpoint_safe = False
 
     def __init__(self, tags: Mapping[str, str] | None = None, *, device=None, backup: str = "auto",
                  checksum: bool = True, host_bytes: Mapping[str, int] | None = None, pin_method: str = "auto",
