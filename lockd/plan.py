@@ -203,6 +203,12 @@ class PlanContext:
     count: PR.Turns | None                # a priority group's grant counts itself in the turns key
 
 
+def _answered(ns: NodeState, job: str, ikv: KV) -> bool:
+    """The agent has reported the outcome of ``job``'s intent ``ikv`` (its status names that revision)."""
+    st = status_of(ns, job)
+    return st is not None and st.intent_revision == ikv.mod_revision and bool(st.outcome)
+
+
 def serve(ctx: PlanContext, head_job: str, head_kv: KV,
           reserve: dict[str, dict[int, int]] | None = None) -> list[Action]:
     """The swap for ``head_job`` (the steps in the module's docstring), node by node: its intents,
@@ -231,6 +237,13 @@ def serve(ctx: PlanContext, head_job: str, head_kv: KV,
         for job, ikv in (ns.intents.items() if ns else ()):
             intent = R.IntentValue.load(ikv.value)
             if intent.token != token:
+                if job == head_job and not _answered(ns, job, ikv) and (
+                        now_ms - intent.issued_ms <= policy.swap_timeout_ms):
+                    # An op on the head's own memory from an earlier swap is still running (it was being
+                    # parked for a waiter that has gone since: a job killed and started again under its
+                    # id): where its memory will be, only that op's answer says. Granting now would hand
+                    # the head a device the agent is checkpointing (the fit long fault run saw it).
+                    node_waiting = True
                 continue
             st = status_of(ns, job)
             if st is None or st.intent_revision != ikv.mod_revision or not st.outcome:

@@ -655,3 +655,21 @@ def test_a_phase_that_grew_past_its_declaration_is_granted_on_the_observed_peak(
     assert isinstance(g, P.WriteGrant), g
     [a] = P.plan_group(queued("B", 9, 20 * GB, peak=29 * GB, context=GB // 2), {"n1": ns}, jobs, 0)
     assert (a.job, a.op, a.isolation) == ("C", R.SNAPSHOT, R.ISOLATION_FULL), a
+
+
+def test_a_head_whose_own_snapshot_of_an_earlier_swap_is_running_waits_for_its_answer():
+    """The fit long fault run: A was being parked for C's swap (token 5) when C was killed; A, the head
+    now (token 9), must not be granted while the agent is still checkpointing it: only that op's answer
+    says where A's memory is (parked: restore it first)."""
+    snap = intent("A", R.SNAPSHOT, 5, mod=30, issued_ms=1000)
+    ns = NodeState(agent=agent(free=70 * GB), intents={"A": snap},
+                   statuses={"A": status("A", R.RUNNING, R.OK, intent_rev=20, token=3)})
+    pol = P.Policy(swap_timeout_ms=5000)
+    assert P.plan_group(group([("A", 9, 0)]), {"n1": ns}, workers("A"), 2000, pol) == []
+    ns.statuses["A"] = status("A", R.SNAPSHOTTED, R.OK, intent_rev=30, token=5, device_bytes=10 * GB)
+    assert P.plan_group(group([("A", 9, 0)]), {"n1": ns}, workers("A"), 2500, pol) == [
+        P.WriteIntent("n1", "A", R.RESTORE, 9, 30)]
+    # An earlier swap's op that nobody answered within the swap timeout does not hold the head forever.
+    ns.statuses["A"] = status("A", R.RUNNING, R.OK, intent_rev=20, token=3)
+    acts = P.plan_group(group([("A", 9, 0)]), {"n1": ns}, workers("A"), 7000, pol)
+    assert acts and not any(isinstance(a, P.FailWaiter) for a in acts)
