@@ -52,6 +52,7 @@ import tempfile
 import threading
 import time
 
+from benchmarks.gpu_multi_job import ENV_BARRIER
 from benchmarks.gpu_timeslice import load, wait_jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,6 +231,10 @@ def run_sliced(a, sampler, workdir: str, regime: str) -> dict:
             env = {**os.environ, "TIMESLICE_NODE_NAME": NODE, **sim_env}
             procs = []
             collective_a = regime == "collective-refused"
+            if not collective_a:
+                # Both jobs begin their loops together (their ranks up): on a loaded machine one job's
+                # start could otherwise come after the other's few phases, and nothing would swap.
+                env[ENV_BARRIER] = f"{os.path.join(logdir, 'barrier')}:2"
             for job in ("job-a", "job-b"):
                 coll = int(collective_a and job == "job-a")
                 cmd = job_cmd(a, job, "sliced", ev, ",".join(lockd.targets), collective=coll,

@@ -157,6 +157,23 @@ class SimRank:
             s.close()
 
 
+
+ENV_BARRIER = "TIMESLICE_MULTI_BARRIER"          # "<dir>:<n>": the loops of n jobs start together
+
+
+def rendezvous(timeout: float = 120.0) -> None:
+    raw = os.environ.get(ENV_BARRIER, "")
+    if not raw:
+        return
+    folder, n = raw.rsplit(":", 1)
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    end = time.monotonic() + timeout
+    while len(os.listdir(folder)) < int(n):
+        if time.monotonic() > end:
+            raise TimeoutError(f"only {len(os.listdir(folder))} of {n} jobs reached the barrier in {folder}")
+        time.sleep(0.05)
+
 def _line(s: socket.socket) -> str:
     buf = b""
     while not buf.endswith(b"\n"):
@@ -297,6 +314,7 @@ def job_main(a) -> int:
                 restored=getattr(grant, "restored", False), elided=getattr(grant, "elided", False),
                 bytes_moved=getattr(grant, "bytes_moved", 0), waited_ms=getattr(grant, "waited_ms", 0.0))
 
+    rendezvous()
     rc, t_start = 0, time.monotonic()
     try:
         for _ in range(a.iters):

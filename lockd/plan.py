@@ -203,7 +203,7 @@ class PlanContext:
     count: PR.Turns | None                # a priority group's grant counts itself in the turns key
 
 
-def _answered(ns: NodeState, job: str, ikv: KV) -> bool:
+def _answered(ns: NodeState | None, job: str, ikv: KV) -> bool:
     """The agent has reported the outcome of ``job``'s intent ``ikv`` (its status names that revision)."""
     st = status_of(ns, job)
     return st is not None and st.intent_revision == ikv.mod_revision and bool(st.outcome)
