@@ -16,6 +16,9 @@ session over a list of replicas, starting at ``home``:
   first call is left running*: the re-sent one finds the same queue entry
   (same token), and cancelling the first would delete it. Each send is
   numbered (``attempt_seq``): lockd lets a late, older one change nothing.
+  Only the newest send's answer counts (an older one's grant included: the
+  newest, still on its way, would enqueue the job again after a Yield of
+  it); once it answers, the older sends are cancelled, as the library does.
 * A Yield re-sent with the same token that finds the job ``not_queued``
   means the earlier one applied.
 * ABORTED / UNAUTHENTICATED mean the session is gone: ``RawSessionLost``.
@@ -208,21 +211,22 @@ class RawJob:
             return await self.stub.Acquire(req, timeout=timeout)
         deadline = time.monotonic() + timeout
         calls: dict[asyncio.Future, int] = {}
+        newest: asyncio.Future | None = None       # the last send: the only one whose answer counts
         backoff = Backoff(*BACKOFF_S)
         try:
             while True:
                 if self.lost:
                     raise RawSessionLost(self.lost)
-                if self._i not in calls.values():
+                if newest not in calls or calls[newest] != self._i:
                     # Send (again) to the current replica; earlier sends stay running.
                     idx, self.seq = self._i, self.seq + 1
                     req.attempt_seq = self.seq
                     if calls:
                         self.resends.append(("Acquire", "moved"))
-                    call = asyncio.ensure_future(self.channels.stub(self.targets[idx], self.slot).Acquire(
+                    newest = asyncio.ensure_future(self.channels.stub(self.targets[idx], self.slot).Acquire(
                         req, timeout=deadline - time.monotonic() + 30))
-                    call.add_done_callback(lambda f: f.cancelled() or f.exception())   # read, never lost
-                    calls[call] = idx
+                    newest.add_done_callback(lambda f: f.cancelled() or f.exception())   # read, never lost
+                    calls[newest] = idx
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise GiveUp(f"{self.job_id}: Acquire not granted within {timeout:.1f}s")
@@ -231,15 +235,24 @@ class RawJob:
                                              return_when=asyncio.FIRST_COMPLETED)
                 for call in [c for c in done if c in calls]:
                     idx = calls.pop(call)
+                    if call is not newest:
+                        # An older attempt's answer does not count, a grant included: lockd orders attempts
+                        # by number, so the newest one, still on its way, owns the entry. Returning the older
+                        # grant and yielding it would let the newest enqueue the job again when it lands:
+                        # granted to nobody (the fit netns chaos scenario saw that ghost).
+                        continue
                     try:
                         reply = call.result()
-                        self.answered_by = self.targets[idx]
-                        return reply
                     except grpc.aio.AioRpcError as e:
                         self._failed(idx, "Acquire", e)
                         if e.code() not in RETRYABLE:
                             raise
                         await asyncio.sleep(backoff.next())
+                        continue
+                    self.answered_by = self.targets[idx]
+                    for older in calls:
+                        older.cancel()      # their replicas withdraw them: they own nothing the newest took over
+                    return reply
         except BaseException:
             # The attempt failed: withdraw every copy of it.
             for call in calls:

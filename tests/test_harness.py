@@ -220,3 +220,67 @@ async def test_raw_job_resends_a_waiting_acquire_when_its_replica_stalls_and_kee
         for j in (holder, waiter):
             await j.close()
         await asyncio.to_thread(lockd.stop)
+
+
+async def test_raw_job_returns_only_its_newest_acquire_attempt_so_a_late_one_leaves_no_ghost(
+        etcd, key_prefix, tmp_path):
+    """The raw job client: an older Acquire attempt that is granted while a newer one waits on a
+    stopped replica does not count. Returning it (and yielding it) let the newer attempt, once its
+    replica ran again, enqueue the job afresh: a grant for nobody (the fit netns chaos scenario)."""
+    import asyncio
+
+    from timeslice.proto import lockd_pb2 as pb
+    from timeslice.proto import lockd_pb2_grpc as pbg
+    from timeslice.testing.lockd import LockdCluster, admin_channel
+    from timeslice.testing.rawjob import RawJob
+
+    lockd = await asyncio.to_thread(LockdCluster(etcd.endpoints_str, key_prefix, n=2, logdir=str(tmp_path),
+                                                 extra=["--lease-ttl", "3", "--renew-deadline", "2",
+                                                        "--retry-period", "0.5"]).start)
+    t = [r.target for r in lockd.replicas]
+    holder = await RawJob("holder", [t[0]]).open()
+    waiter = await RawJob("waiter", t, home=0, rpc_timeout=0.5).open()
+    keep = None
+    try:
+        async with admin_channel(t[0]) as ch:
+            stub = pbg.LockdStub(ch)
+
+            async def status():
+                return await stub.GetGroupStatus(pb.GroupRef(group_id="g"), timeout=10)
+
+            await stub.CreateGroup(pb.CreateGroupRequest(group_id="g"), timeout=10)
+            first = await holder.acquire("g")
+            pending = asyncio.ensure_future(waiter.acquire("g", timeout=60))
+            while not (st := await status()).waiters:      # attempt 1, on replica 0
+                await asyncio.sleep(0.05)
+            place = st.waiters[0].token
+            await asyncio.to_thread(lockd.replicas[1].pause)
+            resumed = False
+            try:
+                waiter.leave(0, "test: move to the stopped replica")   # attempt 2, on replica 1: stuck
+                while waiter.seq < 2:
+                    await asyncio.sleep(0.01)
+                await holder.yield_("g", first.token)       # attempt 1's entry is granted on replica 0
+                while not (st := await status()).HasField("grant"):
+                    await asyncio.sleep(0.05)
+                # Its keepalive now gives the stopped replica up: attempt 3, on replica 0, takes the entry over.
+                keep = asyncio.create_task(waiter.keepalive_loop(0.3))
+                got = await asyncio.wait_for(pending, 60)
+                assert (got.token, waiter.seq, waiter.answered_by) == (place, 3, t[0])
+                await waiter.yield_("g", got.token)
+                await asyncio.to_thread(lockd.replicas[1].resume)
+                resumed = True
+                # Attempt 2 (cancelled, or stale by its number when replica 1 gets to it) enqueues nothing.
+                for _ in range(30):
+                    st = await status()
+                    assert not st.HasField("holder") and not st.waiters, st
+                    await asyncio.sleep(0.1)
+            finally:
+                if not resumed:
+                    await asyncio.to_thread(lockd.replicas[1].resume)
+    finally:
+        if keep is not None:
+            keep.cancel()
+        for j in (holder, waiter):
+            await j.close()
+        await asyncio.to_thread(lockd.stop)
