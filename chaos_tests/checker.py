@@ -137,6 +137,11 @@ class _Group:
     # (job, token) -> when the observer saw the grant deleted (``grant_end``): a holder's section counts
     # while its grant exists (fitrules.py); one paused past its lease runs on, and the device stops it
     grant_ends: dict[tuple[str, int], int] = field(default_factory=dict)
+    # (job, token) -> etcd's revision of the grant's first write / of its deletion, where the observer
+    # recorded them: its times are delivery times, late when its thread or watch lagged, so which grant
+    # the lock ended before writing the next is read from these (fitrules.py)
+    grant_put_revs: dict[tuple[str, int], int] = field(default_factory=dict)
+    grant_end_revs: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -275,6 +280,10 @@ def _step(e: dict, g: _Group, st: _JobState, report: Report, at) -> None:
         report.abandoned += ev == "abandoned"
     elif ev == "grant_end" and token is not None:
         g.grant_ends.setdefault((job, token), t)
+        if e.get("rev"):
+            g.grant_end_revs.setdefault((job, token), e["rev"])
+    elif ev == "grant_put" and token is not None and e.get("rev"):
+        g.grant_put_revs.setdefault((job, token), e["rev"])
     elif ev == "data_check" and not e.get("ok"):
         report.violations.append(f"[data] {where}: {e.get('detail', 'data check failed')}")
 

@@ -14,6 +14,14 @@ ghost         Every grant the server wrote is returned to a live caller (a
               for an attempt nobody waits for (a stale one, processed late), even if
               the job's next acquire happens to find it. Otherwise the group is held
               by a ghost, which blocks everyone else until the job's session ends.
+              The observer's times are when its watch delivered an event, which after
+              a watch re-opened (a member lost its leader, quorum came back) can be
+              seconds late; so "written after the last acquire returned" is also
+              judged by etcd's order where the observer recorded it (``rev``, the
+              grant's mod revision): a grant whose revision is below the token (the
+              entry's create revision) the last acquire returned was written before
+              that acquire's entry existed, so before it returned, however late the
+              watch told it.
 session-loss  No job is told its session is lost while etcd still gives its lease
               more than ``SLACK_S`` to live. (A client that woke from a pause past
               its TTL may declare the loss a moment before etcd expires the lease:
@@ -46,8 +54,8 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
             asks.setdefault(key, []).append([e["t"], None, None])
         elif e["ev"] in ("granted", "error", "abandoned") and asks.get(key) and asks[key][-1][1] is None:
             asks[key][-1][1:] = [e["ev"], e.get("token")]
-    open_grants: dict[str, tuple[int, str, int]] = {}   # group -> (put t, job, token)
-    judged: list[tuple[str, int, str, int, int | None]] = []
+    open_grants: dict[str, tuple[int, str, int, int | None]] = {}   # group -> (put t, job, token, rev)
+    judged: list[tuple[str, int, str, int, int | None, int | None]] = []
 
     def close(group: str, t_end: int | None) -> None:
         put = open_grants.pop(group, None)
@@ -61,7 +69,7 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
             if cur is not None and cur[2] == e.get("token"):
                 continue                                # the same grant rewritten: keeps its start
             close(group, e["t"])
-            open_grants[group] = (e["t"], e.get("job"), e.get("token"))
+            open_grants[group] = (e["t"], e.get("job"), e.get("token"), e.get("rev"))
         elif ev == "grant_end":
             close(group, e["t"])
         elif ev == "session_lost":
@@ -73,11 +81,11 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
     _check_lost_leases(events, report, at, end_t)
     for group in list(open_grants):
         close(group, None)
-    for group, t, job, token, t_end in judged:
+    for group, t, job, token, rev, t_end in judged:
         before = [a for a in asks.get((group, job), ()) if a[0] <= t]
         if any(a[1] == "granted" and a[2] == token for a in before):
             continue                                    # returned to the call that asked for it
-        if before and before[-1][1] == "granted":
+        if before and before[-1][1] == "granted" and not _written_before(rev, before[-1][2]):
             report.violations.append(
                 f"[ghost] {group}: grant of token {token} to {job} written at {at(t)}, after the job's "
                 f"last acquire (asked at {at(before[-1][0])}) had returned token {before[-1][2]}: "
@@ -91,6 +99,12 @@ def check_claims(events: list[dict], report, at, bound_s: float) -> None:
         report.violations.append(
             f"[ghost] {group}: grant of token {token} to {job} at {at(t)} was returned to no live "
             f"caller within {bound_s:g}s and {released}")
+
+
+def _written_before(rev: int | None, returned: int | None) -> bool:
+    """Whether etcd's order proves a grant written at mod revision ``rev`` came before the
+    entry (create revision ``returned``) whose grant an acquire returned: the watch told it late."""
+    return rev is not None and returned is not None and rev < returned
 
 
 def _check_lost_leases(events: list[dict], report, at, end_t: int) -> None:

@@ -11,7 +11,9 @@ fit         At every moment the critical sections in progress weigh, on each GPU
             section whose grant weighs the whole device (``exclusive``, or no footprint) overlaps no
             other job's section. A section counts while its grant exists: up to the observer's
             ``grant_end`` of it when one was seen (a holder paused past its lease runs on after its
-            grant expired; the device exclusion stops such a process, not the lock).
+            grant expired; the device exclusion stops such a process, not the lock). The observer's
+            times are delivery times, late when its thread lags: where it recorded revisions, a
+            section whose grant etcd deleted before the other's grant was written does not count.
 token-job   Each job's grant tokens strictly increase (its next entry is created after its last).
 fifo-fit    If A was queued (``enqueued``) before B asked (``acquire_req``), both were granted, and
             B's grant was not ``backfilled``, A's grant token is below B's: only a backfill goes
@@ -29,6 +31,13 @@ from itertools import pairwise
 from typing import Any
 
 
+def _ended_before(g: Any, o: Any, s: Any) -> bool:
+    """Whether etcd's order proves ``o``'s grant was deleted before ``s``'s was written (the observer's
+    revisions): then they never held together, however late the observer's thread told the delete."""
+    end, put = g.grant_end_revs.get((o.job, o.token)), g.grant_put_revs.get((s.job, s.token))
+    return end is not None and put is not None and end < put
+
+
 def check_fit_group(group: str, g: Any, spec: dict, report: Any, at) -> None:
     """``g``: checker.py's _Group (attempts, sections, grant facts); ``spec``: {"capacity": {"<node>/<gpu>":
     bytes}, "margin": bytes, "max_backfills": int | None}."""
@@ -41,7 +50,7 @@ def check_fit_group(group: str, g: Any, spec: dict, report: Any, at) -> None:
     for i, (start, _, s) in enumerate(spans):
         fp, excl, _ = facts.get((s.job, s.token), ({}, True, False))
         inside = [(o, facts.get((o.job, o.token), ({}, True, False))) for (st, en, o) in spans[:i]
-                  if en > start and o.job != s.job]
+                  if en > start and o.job != s.job and not _ended_before(g, o, s)]
         if not inside:
             continue
         whole = excl or not fp

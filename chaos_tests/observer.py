@@ -4,9 +4,10 @@
 A thread of the test process runs one resumable etcd watch (``timeslice.common.server.etcd``'s ``Watch``)
 on the whole prefix, so its events come in etcd's revision order, and records:
 
-    grant_put   group, job, token     a group's grant was written (or rewritten); a fit group's holders
-                                      each have their own (``grants/<job>``)
-    grant_end   group, job, token     it was deleted (yield, lease expiry, ...)
+    grant_put   group, job, token, rev   a group's grant was written (or rewritten); a fit group's
+                                      holders each have their own (``grants/<job>``); rev: etcd's
+                                      revision of the write
+    grant_end   group, job, token, rev   it was deleted (yield, lease expiry, ...)
     group_spec  group, nodes          a group's spec was written
     parked      job, node, gpus, state   the agent's status of the job entered a parked state
                                       (gpus: indexes, from the agent key's device list)
@@ -22,8 +23,9 @@ on the whole prefix, so its events come in etcd's revision order, and records:
 The test reads what is true now from ``states`` ((node, job) -> the agent's status state)
 and ``sessions`` (jobs with a session key), e.g. to inject a fault while a job is restoring.
 
-Times are when the watch delivered the event, a few ms after etcd applied it; the
-checker's bound is seconds, so this does not matter. The watch starts from the
+Times are when the watch delivered the event, a few ms after etcd applied it, but seconds
+after it when the watch had to re-open (its member lost the leader, the majority was down):
+the checker's bounds are seconds, and where order matters it also reads ``rev``. The watch starts from the
 revision read at start-up, so nothing between start-up and the first event is missed.
 """
 from __future__ import annotations
@@ -84,7 +86,7 @@ class GrantObserver:
         try:
             r = await client.range(ops.range_req(root, prefix=True))
             for kv in r.kvs:
-                self._note(kv.key, kv.value, True)
+                self._note(kv.key, kv.value, True, rev=kv.mod_revision)
             self._ready.set()
             async with Watch(client, root, prefix=True, start_revision=r.header.revision + 1,
                              prev_kv=True) as w:
@@ -92,15 +94,17 @@ class GrantObserver:
                     for ev in batch:
                         raw = ev.kv.value if ev.is_put else (ev.prev_kv.value if ev.prev_kv else b"")
                         self._note(ev.kv.key, raw, ev.is_put,
-                                   ev.kv.create_revision if ev.is_put and ev.kv.version == 1 else 0)
+                                   ev.kv.create_revision if ev.is_put and ev.kv.version == 1 else 0,
+                                   rev=ev.revision)
         except asyncio.CancelledError:
             pass
         finally:
             self._ready.set()
             await client.close()
 
-    def _note(self, key: bytes, raw: bytes, put: bool, created: int = 0) -> None:
-        """``created``: the key's create revision when this put created it, else 0."""
+    def _note(self, key: bytes, raw: bytes, put: bool, created: int = 0, rev: int = 0) -> None:
+        """``created``: the key's create revision when this put created it, else 0; ``rev``: the
+        event's revision (for a put, the key's mod revision)."""
         parts = key.decode(errors="replace")[len(self.prefix):].split("/")
         try:
             v = json.loads(raw) if raw else {}
@@ -112,7 +116,7 @@ class GrantObserver:
         elif (len(parts) == 3 and parts[0] == "groups" and parts[2] == "grant") or \
                 (len(parts) == 4 and parts[0] == "groups" and parts[2] == "grants"):
             self.rec.record("grant_put" if put else "grant_end", group=parts[1], job=v.get("job"),
-                            token=v.get("token"))
+                            token=v.get("token"), rev=rev or None)
         elif len(parts) == 3 and parts[0] == "groups" and parts[2] == "spec" and put:
             self.rec.record("group_spec", group=parts[1], job=None, nodes=v.get("nodes", []))
         elif len(parts) == 3 and parts[0] == "nodes" and parts[2] == "agent" and put:

@@ -220,8 +220,8 @@ def test_fence_serialises_processes(tmp_path):
 
 
 # -- grants nobody claimed, false session loss (claims.py) ----------------------
-def grant_put(t_ms, job, token, group="g"):
-    return ev(t_ms, "grant_put", job, group, token=token)
+def grant_put(t_ms, job, token, group="g", **fields):
+    return ev(t_ms, "grant_put", job, group, token=token, **fields)
 
 
 def test_ghost_grant_is_a_violation_and_claimed_or_released_grants_are_not():
@@ -251,6 +251,25 @@ def test_ghost_grant_is_a_violation_and_claimed_or_released_grants_are_not():
     assert len(v) == 1 and "nobody waits for" in v[0]
     # A grant still open when the history ends is judged only once the bound has passed.
     assert check(claimed + [grant_put(8, "B", 12)], ghost_bound_s=5).of_kind("ghost") == []
+
+
+def test_a_grant_the_observer_was_told_late_is_judged_by_etcds_order_not_its_delivery_time():
+    """CI's etcd quorum-loss run: the observer's watch re-opened after the majority came back and
+    delivered an earlier attempt's grant (token 56, written at revision 60, released at 61) after the
+    job's next acquire had already returned token 95 (entry created at revision 95). Written before
+    that entry existed, it cannot have been written after the acquire returned; by delivery time
+    alone it looked so."""
+    S = 1000.0
+    earlier = [ev(0, "acquire_req", "A"), ev(2 * S, "error", "A", message="session lost")]
+    told_late = earlier + [ev(3 * S, "acquire_req", "A"), ev(3 * S + 5, "granted", "A", token=95),
+                           grant_put(3 * S + 50, "A", 56, rev=60), ev(3 * S + 51, "grant_end", "A", token=56, rev=61),
+                           grant_put(3 * S + 52, "A", 95, rev=97), ev(3 * S + 60, "yield", "A", token=95),
+                           ev(3 * S + 61, "grant_end", "A", token=95, rev=98)]
+    assert check(told_late, ghost_bound_s=5).of_kind("ghost") == []
+    # The same delivery with a revision after the returned entry's: a stale attempt's grant, a ghost.
+    stale = [dict(e, rev=99) if e["ev"] == "grant_put" and e["token"] == 56 else e for e in told_late]
+    v = check(stale, ghost_bound_s=5).of_kind("ghost")
+    assert len(v) == 1 and "token 56" in v[0] and "nobody waits for" in v[0]
 
 
 def test_session_loss_while_the_lease_is_alive_is_a_violation():

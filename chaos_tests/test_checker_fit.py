@@ -73,3 +73,16 @@ def test_a_section_counts_while_its_grant_exists():
     assert check(events, fit=FIT).of_kind("fit")
     events.append(ev(5, "grant_end", "A", token=10))
     assert check(events, fit=FIT).ok
+
+
+def test_a_grant_end_the_observer_told_late_is_ordered_by_etcds_revisions():
+    """CI's fit run with a holder paused past its TTL: etcd deleted A's grant (revision 40) before it
+    wrote B's (41), but the observer's thread, lagging on a loaded machine, delivered the delete
+    after B's client had entered. By delivery time they overlapped; by etcd's order they did not."""
+    events = turn(0, 1, 10, "A", 10, 60) + turn(2, 6, 20, "B", 12, 60)
+    events += [ev(5.9, "grant_put", "B", token=12, rev=41), ev(7, "grant_end", "A", token=10, rev=40)]
+    report = check(events, fit=FIT)
+    assert report.ok, report.violations
+    # B's grant written while A's still stood (the delete after it): over capacity, a violation.
+    events[-1] = ev(7, "grant_end", "A", token=10, rev=42)
+    assert check(events, fit=FIT).of_kind("fit")

@@ -74,6 +74,8 @@ class HarnessMember(launcher.EtcdMember):
     def pause(self) -> None:
         """SIGSTOP: alive but silent, as in a long GC pause or a frozen VM."""
         self._signal(signal.SIGSTOP)
+        if self.proc is not None:
+            procs.wait_stopped(self.proc.pid)   # returns once it is really silent (testing/procs.py)
         self.paused = True
 
     def resume(self) -> None:

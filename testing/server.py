@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING
 
 from timeslice.launcher.procs import log_events
-from timeslice.testing.procs import terminate, track, untrack
+from timeslice.testing.procs import terminate, track, untrack, wait_stopped
 
 if TYPE_CHECKING:
     # What the mixin is mixed into, for the type checker only (at run time the launcher class
@@ -71,6 +71,8 @@ class ServerProcess(_Launched):
 
     def pause(self) -> None:
         self.signal(signal.SIGSTOP)
+        if self.proc is not None:
+            wait_stopped(self.proc.pid)      # returns once it is really silent (testing/procs.py)
 
     def resume(self) -> None:
         self.signal(signal.SIGCONT)
