@@ -43,7 +43,8 @@ from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
 from timeslice.lockd.reasons import room_text, size_text
-from timeslice.lockd.residency import RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced
+from timeslice.lockd.residency import (RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced,
+                                       unreported_memory)
 
 # What the agent keeps free beside a restore (nodeagent/hostmem.py's DEFAULT_DEVICE_HEADROOM_BYTES; lockd
 # imports nothing of the agent): a restore planned beside a residue's checkpoint must pass its admission.
@@ -275,7 +276,9 @@ def serve(ctx: PlanContext, head_job: str, head_kv: KV,
         running = sorted(j for j, w in where.items() if w in RESIDENT)
         b_where = residency(ns, head_job, head_job in on_node, agent)
         if ns is None or agent is None:
-            if running or b_where != "absent":
+            # Nothing can be moved here, and what is on its devices only the agent could say: the jobs
+            # registered here, and those whose last status says their memory may be here.
+            if running or b_where != "absent" or unreported_memory(ns, head_job):
                 return [FailWaiter(head_job, token, lease, node=node,
                                    reason=f"node agent on {node} is not alive")]
             continue

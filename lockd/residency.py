@@ -40,6 +40,27 @@ def residency(ns: NodeState | None, job: str, on_node: bool, agent: R.AgentValue
     return "gone"                                         # gone or lost: nothing to move
 
 
+#: Status states whose job may still have memory on the node's devices (or, for a job's own, memory not
+#: back): what only the agent could say otherwise.
+_MAYBE_THERE = (R.RUNNING, R.SNAPSHOTTING, R.FROZEN, R.UNKNOWN, R.RESTORING)
+
+
+def unreported_memory(ns: NodeState | None, head_job: str) -> list[str]:
+    """Jobs whose last status on a node whose agent is not alive says their memory may be on its devices,
+    registered there or not (a job whose session was replaced while its process lived on keeps its memory
+    there, unregistered); and the head itself if its status says anything but gone: parked, its memory is
+    not back, and only the agent can bring it back. Granting past them would promise a device nobody can
+    vouch for (the agent-kill chaos run saw a grant land on a full device)."""
+    out = []
+    for job in sorted(ns.statuses if ns is not None else ()):
+        st = status_of(ns, job)
+        if st is None:
+            continue
+        if st.state in _MAYBE_THERE or (job == head_job and st.state not in (R.GONE, R.LOST)):
+            out.append(job)
+    return out
+
+
 def unfenced(agent: R.AgentValue, node: str, head_job: str, jobs: dict[str, JobState],
              ns: NodeState | None = None) -> list[str]:
     """Jobs on ``node``'s devices (per its agent) that lost their registrations and are not frozen yet

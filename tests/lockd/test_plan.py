@@ -126,6 +126,23 @@ def test_dead_agent_fails_waiter_when_something_must_move():
     assert isinstance(acts[0], P.FailWaiter) and "not alive" in acts[0].reason
 
 
+def test_dead_agent_fails_waiter_while_a_status_says_memory_may_be_on_the_node():
+    """The agent-kill chaos run: with the agent dead, C (its session replaced while its process lived on,
+    so no registration) still had its memory on the device, and a new job was granted onto a full device;
+    and a parked job whose session was replaced would be granted with its memory not back."""
+    # A's last status: running here, though A has no registration (its session was replaced).
+    ns = NodeState(statuses={"A": status("A", R.RUNNING, R.OK)})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers(), 0)
+    assert isinstance(acts[0], P.FailWaiter) and "not alive" in acts[0].reason
+    # The head's own memory parked here, unregistered: not back, and nobody to bring it back.
+    ns = NodeState(statuses={"B": status("B", R.SNAPSHOTTED, R.OK, device_bytes=GB)})
+    acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers(), 0)
+    assert isinstance(acts[0], P.FailWaiter) and "not alive" in acts[0].reason
+    # Gone, or another job parked (its memory off the device): nothing stands in the way.
+    ns = NodeState(statuses={"A": status("A", R.GONE, R.PROCESS_GONE), "C": status("C", R.SNAPSHOTTED, R.OK)})
+    assert [type(a) for a in P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers(), 0)] == [P.WriteGrant]
+
+
 def test_gone_processes_are_not_residents():
     ns = NodeState(agent=agent(free=1 * GB), statuses={"A": status("A", R.GONE, R.PROCESS_GONE)})
     acts = P.plan_group(group([("B", 9, 0)]), {"n1": ns}, workers("A"), 0)
