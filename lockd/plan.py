@@ -43,8 +43,15 @@ from timeslice.lockd import strict as S
 from timeslice.lockd.index import KV, GroupState, JobState, NodeState, status_of
 from timeslice.lockd.occupancy import NodeView, is_protected, need_per_gpu
 from timeslice.lockd.reasons import room_text, size_text
-from timeslice.lockd.residency import (RESIDENT, may_checkpoint_rest, parked_left, residency, residue_holders, unfenced,
-                                       unreported_memory)
+from timeslice.lockd.residency import (
+    RESIDENT,
+    may_checkpoint_rest,
+    parked_left,
+    residency,
+    residue_holders,
+    unfenced,
+    unreported_memory,
+)
 
 # What the agent keeps free beside a restore (nodeagent/hostmem.py's DEFAULT_DEVICE_HEADROOM_BYTES; lockd
 # imports nothing of the agent): a restore planned beside a residue's checkpoint must pass its admission.
