@@ -45,8 +45,8 @@ from dataclasses import dataclass, field
 import grpc
 
 from chaos_tests.checker import Report, check
-from chaos_tests.clients import ClientProc, ClientsView
 from chaos_tests.faultrules import HEAL_BOUND_S
+from chaos_tests.clients import ClientProc, ClientsView
 from chaos_tests.figures import fault_recoveries, print_figures
 from chaos_tests.history import HistoryRecorder, load_history
 from timeslice.auth import metadata_for

@@ -3,12 +3,8 @@ from __future__ import annotations
 
 import json
 
-from chaos_tests.holders import (
-    Event,
-    check_backfills_spare_the_head,
-    check_grants_in_revision_order,
-    check_holders_not_parked,
-)
+from chaos_tests.holders import (Event, check_backfills_spare_the_head, check_grants_in_revision_order,
+                                 check_holders_not_parked)
 from timeslice.common.server.keys import Keys
 
 K = Keys("/t/")

@@ -109,7 +109,8 @@ def test_a_checkpointed_worker_on_a_device_nobody_watches_fails_too(cluster, tmp
     dev = SimDeviceClient.open(tmp_path / "elsewhere")
     try:
         dev.alloc(MiB)
-        with OrchestratorClient(job_id="unwatched-2") as client, pytest.raises(WrongDeviceError):
-            client.register_worker(device_bytes=MiB)
+        with OrchestratorClient(job_id="unwatched-2") as client:
+            with pytest.raises(WrongDeviceError):
+                client.register_worker(device_bytes=MiB)
     finally:
         dev.close()

@@ -70,7 +70,7 @@ def test_lockd_takes_exactly_the_registered_kinds_and_asks_an_endpoint_where_the
 def test_the_integrations_offer_the_kinds_a_job_registers_its_own_process_with():
     from timeslice.integrations.slicing import NO_SWAP, SWAPS
 
-    assert (*swaps.job_kinds(), NO_SWAP) == SWAPS and NO_SWAP not in swaps.KINDS
+    assert SWAPS == (*swaps.job_kinds(), NO_SWAP) and NO_SWAP not in swaps.KINDS
     assert set(swaps.job_kinds()) == {swaps.COOPERATIVE, swaps.CHECKPOINT}
 
 

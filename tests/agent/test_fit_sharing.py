@@ -12,8 +12,8 @@ from agenthelpers import NODE, MiB, wait_agent
 from chaos_tests.checker import check
 from chaos_tests.holders import check_backfills_spare_the_head, check_grants_in_revision_order, etcd_history
 from timeslice.common.server import records as R
-from timeslice.common.server.etcd import ops
 from timeslice.lockd import footprints as FP
+from timeslice.common.server.etcd import ops
 from timeslice.proto import lockd_pb2 as lpb
 
 CAP = 12 * MiB          # the device: two 4 MiB jobs at once, not three (by the footprint rule)

@@ -21,7 +21,7 @@ pytest.importorskip("torch", reason="the real-framework tests need the test extr
 pytest.importorskip("trl", reason="the real-framework tests need the test extra (torch, trl)")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "grpo"))
-import realmodel as R
+import realmodel as R  # noqa: E402
 
 CONTEXT = 256 << 10          # SimTorchMemory's default context: what a parked job keeps on the device
 

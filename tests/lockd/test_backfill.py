@@ -18,7 +18,7 @@ import random
 
 import pytest
 
-from tests.lockd.test_fitplan import EXACT, GB, SPEC, held_by, node
+from tests.lockd.test_fitplan import EXACT, SPEC, GB, held_by, node
 from tests.lockd.test_plan import kv, worker_on
 from timeslice.common.server import records as R
 from timeslice.lockd import plan as P

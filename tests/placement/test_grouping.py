@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
-from copy import deepcopy
 
 import pytest
+
+from copy import deepcopy
 
 from timeslice.advise.grouping import Advisor, Options, Plan, advise
 from timeslice.advise.profile import GpuSet, JobProfile, NodeInfo, ProfileFormatError, ProfileSet

@@ -24,7 +24,7 @@ import time
 
 import grpc
 
-from tests.security.conftest import NODE, Job, MiB, rpc_error
+from tests.security.conftest import NODE, MiB, Job, rpc_error
 from tests.security.test_pid_ownership import Process
 from timeslice.common.server import records as R
 from timeslice.common.server.etcd import EtcdClient, EtcdConfig, ops
