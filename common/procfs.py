@@ -56,6 +56,16 @@ def is_alive(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> bool:
     return start_time(pid, proc_root) is not None
 
 
+def thread_states(pid: int, proc_root: str | os.PathLike = PROC_ROOT) -> list[str] | None:
+    """The state letter (``R``, ``S``, ``T``, ...) of each thread of ``pid``, or None if it is gone."""
+    try:
+        tids = os.listdir(Path(proc_root) / str(pid) / "task")
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError, PermissionError):
+        return None
+    fields = (_stat_fields(int(t), Path(proc_root) / str(pid) / "task") for t in tids)
+    return [f[2] for f in fields if f is not None]         # a thread that exited meanwhile is left out
+
+
 def same_process(pid: int, recorded_start: int | None, proc_root: str | os.PathLike = PROC_ROOT) -> bool:
     """True if ``pid`` is alive and (when a start time was recorded) is the same incarnation."""
     now = start_time(pid, proc_root)

@@ -10,12 +10,12 @@ launcher must not do that (a detached cluster outlives it), a test must.
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import subprocess
 import threading
 import time
 
+from timeslice.common import procfs
 from timeslice.launcher import pids
 from timeslice.launcher.pids import pid_alive, signal_tree
 
@@ -51,22 +51,13 @@ def wait_stopped(pid: int, timeout: float = 5.0) -> bool:
     """Block until every thread of ``pid`` is stopped (state T in /proc): kill(SIGSTOP) returns once
     the signal is queued, and on a loaded machine a thread that is mid-request when it is sent can
     still answer that request (a paused etcd member said "healthy" to a probe sent after the pause).
-    False if not all stopped within ``timeout`` (or no /proc): the caller's pause is then best effort."""
+    False if not all stopped within ``timeout`` (or it is gone): the caller's pause is then best effort."""
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-            states = []
-            for tid in tids:
-                try:
-                    with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                        stat = f.read()
-                except FileNotFoundError:
-                    continue                    # a thread that exited meanwhile
-                states.append(stat[stat.rindex(b")") + 2:][:1])   # after "pid (comm) "
-        except (FileNotFoundError, ValueError):
-            return False                        # gone (or no /proc here)
-        if states and all(s in (b"T", b"t") for s in states):
+        states = procfs.thread_states(pid)
+        if states is None:
+            return False
+        if states and all(s in ("T", "t") for s in states):
             return True
         if time.monotonic() >= deadline:
             return False
